@@ -143,8 +143,11 @@ def test_fp8_casts_by_hand_with_and_without_sequence_parallelism():
         (4, True, True, "megatron"): 4 * held + 2 * 8192 * 2 * (3 / 4 + 2),
         (4, True, False, "megatron"): 3 * held + 2 * 8192 * 2 * (3 / 4),
         (4, False, True, "megatron"): 4 * held + 2 * 8192 * 2 * 4,
-        # torchao's float8 TP (eab345c) casts the gradient shard before DTensor's backward gather too
-        (4, True, True, "dtensor"): 4 * held + 2 * 8192 * 2 * (3 / 4 + 2),
+        # torchao's float8 TP (eab345c) casts the gradient shard before DTensor's backward gather too, and
+        # casts its weights in each micro-batch (forward and backward, 5 B each compiled): wq + wo 2·8192·8192/4,
+        # wk + wv 2·8192·128 a KV head (2 on the rank), w1 / w3 / w2 3·8192·28672/4, over the micro-batch's s tokens
+        (4, True, True, "dtensor"): 4 * held + 2 * 8192 * 2 * (3 / 4 + 2)
+        + 10 * (2 * 8192 * 8192 / 4 + 2 * 8192 * 128 * 2 + 3 * 8192 * 28672 / 4) / s,
     }
     for (tp, sp, hopper, impl), want in cases.items():
         p = plan(tp=tp, dp=2, sp=sp, seq_len=s, dtype="fp8", recipe="tensorwise", tp_impl=impl)

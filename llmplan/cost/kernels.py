@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from llmplan.arith import where
 from llmplan.cost.overhead import CP_STEP_KERNELS
+from llmplan.cost.quantize import torchao_float8
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 
@@ -270,21 +271,28 @@ def quant_recipe(plan: ParallelPlan) -> str | None:
 
 def _weight_casts(plan: ParallelPlan, key: str, weights: Any) -> Any:
     """Weight quantisation kernels per micro-batch of `weights` weights: one quantisation each on the step's first
-    micro-batch (is_first_microbatch; cached after), none where the weights are kept quantised (fp8_params)."""
-    return where(plan.fp8_params, 0.0, QUANTIZE_KERNELS[key] * weights / plan.num_microbatches)
+    micro-batch (is_first_microbatch; cached after), none where the weights are kept quantised (fp8_params).
+    torchao's Float8Linear (torchao_float8) caches nothing: one each micro-batch (and one more in backward,
+    linear_quant_kernels). Derived: docs/formulas.md#precision.torchao_weight_casts"""
+    per_step = 1 if torchao_float8(plan) else plan.num_microbatches
+    return where(plan.fp8_params, 0.0, QUANTIZE_KERNELS[key] * weights / per_step)
 
 
-def linear_quant_kernels(m: ModelSpec, plan: ParallelPlan, norm: bool = False) -> Kernels:
+def linear_quant_kernels(m: ModelSpec, plan: ParallelPlan, norm: bool = False, weights: int = 1) -> Kernels:
     """Quantisation kernels of one Transformer Engine Linear (LayerNormLinear with `norm`), one micro-batch:
     forward the input's quantisation (less what the norm fuses), the weight's scale swizzle and its cast on the
     first micro-batch; backward the output gradient's quantisation (with NVFP4's RNG state) and the weight's
-    swizzle; times the share of layers in the low format. Derived: docs/formulas.md#step.quant_kernels"""
+    swizzle; times the share of layers in the low format. Under torchao (torchao_float8) the linear stands for
+    `weights` Float8Linears reading one input, each casting its weight in every micro-batch's forward and again
+    for the input-gradient GEMM (cast_config_weight_for_grad_input). Derived: docs/formulas.md#step.quant_kernels,
+    docs/formulas.md#precision.torchao_weight_casts"""
     key = quant_recipe(plan)
     if key is None:
         return ZERO
     q, swz = QUANTIZE_KERNELS[key], SCALE_SWIZZLE.get(key, 0)
-    fwd = q - (NORM_FUSED_CAST.get(key, 0) if norm else 0) + swz + _weight_casts(plan, key, 1)
-    bwd = q + (NVFP4_GRAD_RNG if key == "nvfp4" else 0) + swz
+    torchao = torchao_float8(plan)
+    fwd = q - (NORM_FUSED_CAST.get(key, 0) if norm else 0) + swz + _weight_casts(plan, key, weights if torchao else 1)
+    bwd = q + (NVFP4_GRAD_RNG if key == "nvfp4" else 0) + swz + (_weight_casts(plan, key, weights) if torchao else 0)
     share = plan.low_precision_layer_fraction(m.num_hidden_layers)
     return Kernels(fwd * share, bwd * share)
 
@@ -306,10 +314,16 @@ def grouped_linear_quant_kernels(m: ModelSpec, plan: ParallelPlan, local: Any) -
     return Kernels(fwd * share, (split_grad + swz) * share)
 
 
-def projections_quant_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
+def projections_quant_kernels(m: ModelSpec, plan: ParallelPlan, torchao_weights: int = 2) -> Kernels:
     """A block's two TE linears, the first with its norm fused (LayerNormLinear QKV / in_proj / fc1) and the
-    second plain (the output projection / out_proj / fc2)."""
-    return linear_quant_kernels(m, plan, norm=True) + linear_quant_kernels(m, plan)
+    second plain (the output projection / out_proj / fc2); under torchao `torchao_weights` Float8Linears in all
+    (wq, wk, wv, wo: 4; w1, w3, w2: 3 gated), the first's input shared by all but the last."""
+    return linear_quant_kernels(m, plan, norm=True, weights=torchao_weights - 1) + linear_quant_kernels(m, plan)
+
+
+def _mlp_weights(m: ModelSpec) -> int:
+    """Linears of a dense MLP as torchtitan builds it: w1, w3 and w2 gated, two plain."""
+    return 3 if m.gated_mlp else 2
 
 
 GRAPH_IO = Kernels(1, 1)
@@ -336,7 +350,7 @@ def attention_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
     DSA, sliding and chunked attention are counted as this module (not itemised apart).
     Derived: docs/formulas.md#step.kernel_count"""
     k = QKV_PROJECTION + QKV_SPLIT + ROTARY + CORE_ATTENTION + PROJECTION + _tp(plan)
-    k = k + projections_quant_kernels(m, plan)
+    k = k + projections_quant_kernels(m, plan, torchao_weights=4)  # torchtitan's wq, wk, wv, wo
     if m.qk_norm:
         k = k + QK_NORM
     if m.attention_output_gate:
@@ -403,7 +417,8 @@ def moe_kernels(m: ModelSpec, plan: ParallelPlan, static_capacity: bool = False,
     if force_balance:
         k = k + FORCE_BALANCE
     if m.shared_ffn:
-        k = k + SHARED_EXPERT + _tp(plan) + linear_quant_kernels(m, plan).times(2)
+        k = k + SHARED_EXPERT + _tp(plan) + linear_quant_kernels(m, plan, weights=_mlp_weights(m) - 1) \
+            + linear_quant_kernels(m, plan)
         if m.shared_expert_intermediate_size is not None:
             k = k + SHARED_EXPERT_GATE
     return k
@@ -415,7 +430,7 @@ def layer_kernels(m: ModelSpec, plan: ParallelPlan, kind: str, mlp: str, **moe: 
     if mlp == "moe":
         return k + moe_kernels(m, plan, **moe)
     if mlp == "dense":
-        return k + DENSE_MLP + _tp(plan) + projections_quant_kernels(m, plan)
+        return k + DENSE_MLP + _tp(plan) + projections_quant_kernels(m, plan, _mlp_weights(m))
     return k
 
 
@@ -469,7 +484,7 @@ def graphed_kernels(m: ModelSpec, plan: ParallelPlan, kind: str, mlp: str, scope
     if "attn" in scopes and kind != "none":
         k = k + mixer_kernels(m, plan, kind) + RESIDUAL_ADD
     if "mlp" in scopes and mlp == "dense":
-        k = k + DENSE_MLP + _tp(plan) + projections_quant_kernels(m, plan) + RESIDUAL_ADD
+        k = k + DENSE_MLP + _tp(plan) + projections_quant_kernels(m, plan, _mlp_weights(m)) + RESIDUAL_ADD
     if "moe_router" in scopes and mlp == "moe":
         k = k + PRE_MLP_NORM + router_kernels(m, plan) + (FORCE_BALANCE if moe.get("force_balance") else ZERO)
     return k

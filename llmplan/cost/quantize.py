@@ -13,6 +13,7 @@ from llmplan.cost.compressed import is_v4_attention
 from llmplan.cost.flops import attention_head_dims
 from llmplan.cost.gemm import attention_shapes, fused_grouped_mlp
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
+from llmplan.cost.params import attention_params_per_rank, attention_replicated_params
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.units import MXFP8_BYTES, NVFP4_BYTES
@@ -87,7 +88,8 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     its GEMM (read 2 bytes, write the recipe's copies: CAST_BYTES; on Hopper, `fp8_tn_only`, the per-tensor and
     blockwise casts also write the transposed copy): forward the QKV and fc1 inputs (h each per token) and the
     output-projection and fc2 inputs; backward the output gradients of the output projection and fc2 (h each)
-    and of QKV and fc1. Weights are cast once per step and left out. Under sequence parallelism the h-wide
+    and of QKV and fc1. Transformer Engine's weights are cast once per step and left out; torchao's are cast in
+    every micro-batch (torchao_weight_cast_bytes, added per micro-batch, not per token). Under sequence parallelism the h-wide
     tensors that TP all-gathers (the two inputs, the two gradients; torchao's float8 DTensor TP casts the
     gradient shard too: Float8RowwiseParallel at eab345c) are cast on the rank's sequence shard before the
     gather (as comm.gather_bytes sends them); a per-tensor fp8 tensor gathers its row-wise data only, so on
@@ -116,6 +118,7 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     mlp = moe_mlp_cast_bytes(m, plan, transposed, h * gathered, on_shard) if moe else 0.0
     mlp = mlp + save_original_input_cast_bytes(m, plan, moe, transposed, on_shard) \
         + torchao_requantize_bytes(m, plan, moe, transposed)
+    weights = torchao_weight_cast_bytes(m, plan, moe)  # per micro-batch, not per token
     if m.is_hybrid:  # its sub-blocks' own projections, the h-wide ones gathered under SP as below
         local, inputs, grads = hybrid_cast_widths(m, t, moe)
         own = amax * (local + h * grads * on_shard)  # the h-wide inputs are the norms'
@@ -128,7 +131,7 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     local = (m.num_attention_heads * d_v + f) / t + qkv_out + (2 if m.gated_mlp else 1) * f / t
     wide = 2 if moe else 4
     own = amax * (local + (wide // 2) * h * on_shard)  # the output gradients TP gathers; not the norms' outputs
-    return (cast * local + wide * h * gathered + own + mlp) * s * b * share / 3
+    return ((cast * local + wide * h * gathered + own + mlp) * s * b + weights) * share / 3
 
 
 def moe_mlp_cast_bytes(m: ModelSpec, plan: ParallelPlan, transposed: float, gathered: Any, on_shard: Any) -> Any:
@@ -323,6 +326,43 @@ def torchao_requantize_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, transp
     f = m.shared_ffn if moe else m.intermediate_size
     mlp = m.hidden_size + f / plan.tp if f else 0.0
     return on * (per - transposed) * (attn * attention_share(m) + mlp)
+
+
+def torchao_linear_weights(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+    """Weight elements one rank holds of one layer's Float8Linears (torchtitan's float8 converter swaps every
+    nn.Linear but the output layer): the attention projections (attention_params_per_rank less the output bias
+    and q/k norms every rank holds whole; a QKV bias, where a model has one, counted in) on the attention share,
+    and the dense MLP's (an MoE layer's shared expert's: the routed experts and the router are no Float8Linear)
+    2 or 3 matrices of h x f/t. Derived: docs/formulas.md#precision.torchao_weight_casts"""
+    f = m.shared_ffn if moe else m.intermediate_size
+    attn = attention_params_per_rank(m, plan.tp) - attention_replicated_params(m)
+    return attn * attention_share(m) + (3 if m.gated_mlp else 2) * m.hidden_size * f / plan.tp
+
+
+def torchao_weight_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+    """HBM bytes, one micro-batch and rank, of one layer's torchao weight casts over the step (fp8_cast_bytes
+    applies the layer share and the 3 passes): Float8Linear keeps no fp8 weight across micro-batches and casts
+    the bf16 weight twice in each, in forward (cast_config_weight) and for the input-gradient GEMM
+    (cast_config_weight_for_grad_input), each at TORCHAO_REQUANTIZE_BYTES (an amax pass, then the cast;
+    compiled with fused_kernels, eager as its ops run, where the forward operand, weight.t(), is column-major
+    already and skips preprocess_addmm's copy, 2 B). None where FSDP's float8 all-gather (fp8_params) hands
+    the linear an fp8 weight (tensor_already_casted_to_fp8, both passes); 0 off torchao and for a hybrid stack.
+    Source: pytorch/ao@36027d82d1 torchao/float8/float8_linear.py (matmul_with_hp_or_float8_args.forward /
+    backward: hp_tensor_to_float8_dynamic(weight_hp_t) unless tensor_already_casted_to_fp8), fsdp_utils.py
+    (WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather / fsdp_post_all_gather), float8_ops.py
+    (preprocess_addmm). Derived: docs/formulas.md#precision.torchao_weight_casts"""
+    if m.is_hybrid or not torchao_float8(plan):
+        return 0.0
+    eager = TORCHAO_REQUANTIZE_BYTES["eager"]
+    per = where(plan.fused_kernels, 2 * TORCHAO_REQUANTIZE_BYTES["compiled"], 2 * eager - TORCHAO_COLUMN_MAJOR_COPY)
+    return where(plan.fp8_params, 0.0, per * torchao_linear_weights(m, plan, moe))
+
+
+TORCHAO_COLUMN_MAJOR_COPY = 1.0 + 1.0
+"""HBM bytes per element of preprocess_addmm's column-major copy of a row-major fp8 second operand (read 1,
+write 1), in TORCHAO_REQUANTIZE_BYTES["eager"]; the forward weight operand (weight.t()) needs none. Source:
+pytorch/ao@36027d82d1 torchao/float8/float8_ops.py (preprocess_addmm: b_data.t().contiguous().t() where
+is_row_major). Derived: docs/formulas.md#precision.torchao_weight_casts"""
 
 
 def fused_expert_cast_width(m: ModelSpec, plan: ParallelPlan) -> Any:
