@@ -41,13 +41,14 @@ MOE_ACT = {"recompute": "selective", "recompute_modules": ("moe_act",)}
 def test_the_fused_glu_experts_saved_tensors_by_hand():
     # Qwen3-30B-A3B (h 2,048, 128 experts, k 8, f_e 768, no shared expert), one rank, T = 4,096 tokens, every layer
     # MXFP8. Per (token, expert) row the fused op keeps fc1's input columnwise (h MXFP8), fc1's bf16 output
-    # (2 f_e x 2 bytes), fc2's input columnwise (f_e MXFP8); per token the router's fp32 probabilities (E x 4).
+    # (2 f_e x 2 bytes), fc2's input columnwise (f_e MXFP8); per token the router's fp32 probabilities (E x 4)
+    # and, Qwen3 training with the aux loss, the loss's saved fp32 scores (E x 4, docs/formulas.md#mem.aux_loss_scores).
     m = builtin_models()["qwen3-30b-a3b"]
     plan = _plan()
     assert fused_grouped_mlp(m, plan)
     tokens = 4096
     rows = tokens * 8
-    hand = rows * (2048 * MXFP8 + 2 * 768 * 2 + 768 * MXFP8) + tokens * 128 * 4
+    hand = rows * (2048 * MXFP8 + 2 * 768 * 2 + 768 * MXFP8) + tokens * 128 * 4 + tokens * 128 * 4
     assert float(layer_activation_parts(m, plan, True).mlp) == pytest.approx(hand)
     # moe_act recompute drops none of it on the fused path ...
     fused = _plan(**MOE_ACT)
