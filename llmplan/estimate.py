@@ -91,9 +91,8 @@ def tp_overlap_gain(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, step
     Derived: docs/formulas.md#step.ub_loses"""
     if not bool(userbuffers_on(plan)) or mla_turns_tp_overlap_off(m, plan):
         return None
-    off = on_cluster(plan.model_copy(update={"tp_comm_overlap": False}), cluster)  # as _evaluate prices the plan
-    secs = comm_seconds(step_comm(m, off, place(off.degrees, cluster, order), cluster.system), cluster.system)
-    return float(step_time(m, off, cluster.system.gpu, secs).total) - step_s
+    off = plan.model_copy(update={"tp_comm_overlap": False})
+    return float(_evaluate(m, cluster, off, None, order)[2].total) - step_s  # priced as the plan itself is
 
 
 def with_checkpoint(e: TrainingEstimate, checkpoint: CheckpointPolicy) -> TrainingEstimate:
