@@ -103,11 +103,19 @@ def torchtitan_toml_fields(checkout: Path) -> dict[str, dict[str, str]]:
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules["job_config"] = module
     spec.loader.exec_module(module)  # type: ignore[union-attr]
-    hints = typing.get_type_hints(module.JobConfig)
     name = lambda t: t.__name__ if isinstance(t, type) else str(t).replace("typing.", "")  # noqa: E731
-    return {f.name: {g.name: name(typing.get_type_hints(hints[f.name])[g.name])
-                     for g in dataclasses.fields(hints[f.name])}
-            for f in dataclasses.fields(module.JobConfig) if dataclasses.is_dataclass(hints[f.name])}
+    sections: dict[str, dict[str, str]] = {}
+
+    def walk(cls: type, prefix: str) -> None:  # a nested dataclass is a TOML table of its own: [a.b.c]
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                sub = typing.get_type_hints(hints[f.name])
+                sections[prefix + f.name] = {g.name: name(sub[g.name]) for g in dataclasses.fields(hints[f.name])}
+                walk(hints[f.name], f"{prefix}{f.name}.")
+
+    walk(module.JobConfig, "")
+    return sections
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import bf16_kept_params, low_precision_params
 from llmplan.cost.mixers import attention_share, dense_mlp_share, lightning
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
+from llmplan.cost.quantize import torchao_float8
 from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_bytes, offload_layer_bytes
 from llmplan.cost.params import (
     attention_params,
@@ -807,6 +808,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     out: list[Transfer[G]] = []
     groups = ((rp.dense, kept.dense, dense_group, plan.zero_shard),
               (rp.expert, kept.expert, expert_group, plan.expert_shard))
+    cast = torchao_fp8_gather_cast_bytes(m, plan, stage)  # per gather call, before the dense all-gather
     for params, bf16, group, ranks in groups:
         reduced_b, gathered_b = sync_bytes(plan, params, bf16)
         copies = per_tensor & (ranks > 1)  # a group of one rank runs no collective, so copies nothing
@@ -818,7 +820,8 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
                          copy_bytes=where(copies, ZERO3_REDUCE_COPIES * reduced_b / u, 0.0)),
                 Transfer("all-gather", gather_calls * b_g, gathered_b / u / b_g, group,
                          host_s=where(params > 0, host, 0.0),
-                         copy_bytes=where(copies, ZERO3_GATHER_COPIES * gathered_b / u, 0.0))]
+                         copy_bytes=where(copies, ZERO3_GATHER_COPIES * gathered_b / u, 0.0) + cast / u)]
+        cast = 0.0  # the dense gather only: torchao's Float8Linear weights (no routed expert)
     if dense_outer is not None and expert_outer is not None:
         out += hsdp_transfers(plan, rp.dense / plan.zero_shard, dense_outer, u, whole,
                               kept.dense / plan.zero_shard) \
@@ -936,6 +939,60 @@ def mxfp8_amax_transfers(m: ModelSpec, plan: ParallelPlan, dense_groups: tuple[G
         out += [Transfer("all-reduce", whole, message, full, step_end=True),
                 Transfer("all-reduce", part, message, inner, step_end=True)]
     return out
+
+
+TORCHAO_FP8_GATHER_CAST_BYTES = (4.0 + 4.0) + (4.0 + 4.0) + (4.0 + 1.0)
+"""HBM bytes per element of the fp32 weight shard that torchao casts to float8 before each FSDP2 all-gather
+(torchtitan enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp, the scale known):
+hp_tensor_and_scale_to_float8 on FSDP2's sharded fp32 parameter, `* scale` (read 4, write 4), to_fp8_saturated's
+clamp (4, 4) and `.to(float8)` (4, 1); `.to(torch.float32)` of an fp32 tensor returns it uncopied. Eager: FSDP2
+calls fsdp_pre_all_gather from its pre-forward / pre-backward hooks, which dynamo skips (skip_fsdp_hooks, default
+True), and torchtitan compiles each block before fully_shard. Source: pytorch/ao@36027d82d1
+torchao/float8/fsdp_utils.py (WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather), float8_training_tensor.py
+(_ToFloat8ConstrFunc.forward), float8_utils.py (to_fp8_saturated); pytorch/pytorch
+torch/distributed/fsdp/_fully_shard/_fsdp_param.py @010ae4a (all_gather_inputs: the extension gets
+_sharded_local_tensor, not the param_dtype copy), torch/_dynamo/config.py (skip_fsdp_hooks = True).
+Derived: docs/formulas.md#comm.torchao_fp8_gather"""
+
+TORCHAO_AMAX_READ_BYTES = 4.0
+"""HBM bytes per fp32 shard element of precompute_float8_dynamic_scale_for_fsdp's amax (torch._foreach_norm, inf
+norm, over every float8 weight shard) once a step after the optimizer step. Source: pytorch/ao@36027d82d1
+torchao/float8/fsdp_utils.py (precompute_float8_dynamic_scale_for_fsdp). Derived: docs/formulas.md#comm.torchao_fp8_gather"""
+
+
+def torchao_fp8_gather(plan: ParallelPlan) -> Any:
+    """Whether FSDP2 gathers torchao's Float8Linear weights in float8 (fp8_params read as torchtitan's
+    enable_fsdp_float8_all_gather): torchao_float8, the weights sharded (zero >= 2) over more than one rank
+    (torchtitan: dp_shard_enabled and enable_fsdp_float8_all_gather). Derived: docs/formulas.md#comm.torchao_fp8_gather"""
+    return plan.fp8_params & torchao_float8(plan) & (plan.zero >= 2) & (plan.zero_shard > 1)
+
+
+def torchao_fp8_gather_cast_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any = 0) -> Any:
+    """HBM bytes, per gather of a rank's whole shard, of torchao's casts of its Float8Linear weight shards to
+    float8 before FSDP2's all-gather (TORCHAO_FP8_GATHER_CAST_BYTES a shard element: the dense low-precision
+    weights of the rank, low_precision_params, over the zero_shard ranks), serial with the gather on its copy-in
+    stream (Transfer.copy_bytes; dp_transfers divides it over the gather's units); 0 off torchao_fp8_gather.
+    Derived: docs/formulas.md#comm.torchao_fp8_gather"""
+    shard = low_precision_params(m, plan, stage).dense / plan.zero_shard
+    return where(torchao_fp8_gather(plan), TORCHAO_FP8_GATHER_CAST_BYTES * shard, 0.0)
+
+
+def torchao_amax_transfers(m: ModelSpec, plan: ParallelPlan, group: G, stage: Any = 0) -> list[Transfer[G]]:
+    """torchtitan's precompute_float8_dynamic_scale_for_fsdp under torchao_fp8_gather, once a step after the
+    optimizer step, exposed whole (step_end): the inf-norm of every Float8Linear weight shard of the rank
+    (TORCHAO_AMAX_READ_BYTES a shard element, as the call's copy_bytes) and one all-reduce of one fp32 amax per
+    Float8Linear (attention 4, the dense MLP or shared expert 3 gated / 2) over the shard group. The TP group's
+    share of the DTensor reduction is not priced. Source: pytorch/ao@36027d82d1 torchao/float8/fsdp_utils.py
+    (precompute_float8_dynamic_scale_for_fsdp: torch._foreach_norm, torch.clamp "will issue a single
+    all-reduce"); pytorch/torchtitan v0.2.2 components/quantization/float8.py (post_optimizer_hook).
+    Derived: docs/formulas.md#comm.torchao_fp8_gather"""
+    on = torchao_fp8_gather(plan)
+    dense, moe = stage_layers(m, plan, stage)
+    mlp = 3 if m.gated_mlp else 2
+    linears = dense * (4 + mlp) + moe * (4 + (mlp if m.shared_ffn else 0))
+    read = TORCHAO_AMAX_READ_BYTES * low_precision_params(m, plan, stage).dense / plan.zero_shard
+    return [Transfer("all-reduce", where(on, 1, 0), 4.0 * linears, group, copy_bytes=where(on, read, 0.0),
+                     step_end=True)]
 
 
 def dp_step_calls(plan: ParallelPlan, params: Any, overlapped: Any) -> Any:
@@ -1338,7 +1395,8 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
                     lambda i: _timed("dp", dp_transfers(m, plan, spans["dpcp_in"], spans["edp_in"], i,
                                                         spans["dpcp_out"], spans["edp_out"])
                                      + mxfp8_amax_transfers(m, plan, (spans["dpcp"], spans["dpcp_in"]),
-                                                            (spans["edp"], spans["edp_in"]), i), system),
+                                                            (spans["edp"], spans["edp_in"]), i)
+                                     + torchao_amax_transfers(m, plan, spans["dpcp_in"], i), system),
                     class_key(m, plan))  # the stages of a class: one rank's transfers
     return CommBreakdown({
         "tp": _timed("tp", tp_transfers(m, plan, spans["tp"]) + tp_step_end_transfers(m, plan, spans["tp"]), system),

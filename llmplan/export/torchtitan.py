@@ -110,6 +110,26 @@ def tensorwise_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "re-plan with --precision fp8-rowwise, or export to torchtitan-0.2 / megatron")
 
 
+def fp8_params_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """fp8_params (read as FSDP2's float8 all-gather, enable_fsdp_float8_all_gather) under torchao's rowwise recipe,
+    refused whatever else the plan sets: torchao's float8 all-gather is per-tensor only (torchtitan v0.2.2
+    components/quantization/float8.py asserts it off with a recipe_name; 0.3.0's float8 converter is rowwise and has
+    no such switch)."""
+    return ("fp8_params with fp8 rowwise scaling (torchao's FSDP float8 all-gather casts per-tensor only; torchtitan "
+            "runs rowwise with bf16 weight gathers)", p.dtype == "fp8" and p.recipe == "rowwise" and p.fp8_params,
+            "re-plan with --no-fp8-params")
+
+
+def saved_input_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """torchao_saves_hp_input False (torchao before v0.9.0 saved the per-tensor linear's fp8 input), refused: the
+    torchao a torchtitan release runs is not a job-config key, and both releases here run a torchao that saves the
+    bf16 input (v0.2.2 pins a torchao nightly; 0.3.0 is rowwise, which saves it at every version)."""
+    return ("torchao_saves_hp_input false (torchao < v0.9.0's per-tensor Float8Linear, which saved its fp8 input; "
+            "torchtitan's job config cannot pin torchao, and the torchao it runs saves the bf16 input)",
+            p.dtype == "fp8" and not p.torchao_saves_hp_input,
+            "set torchao_saves_hp_input true in the plan and re-estimate")
+
+
 def muon_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """The Muon optimizer, refused whatever else the plan sets (export.EVERY_PLAN): torchtitan v0.2.2
     components/optimizer.py builds Adam or AdamW only (its DistMuon came on main 2026-08-13, bb90ff9c2,
@@ -213,9 +233,9 @@ def _check_common(pf: PlanFile, target: str) -> None:
     what, bad, fix = swiglu_fp8_refusal(p)
     if bad:
         raise refuse(target, what, fix)
-    what, bad, fix = fp8_attention_refusal(p)
-    if bad:
-        raise refuse(target, what, fix)
+    for what, bad, fix in (fp8_attention_refusal(p), fp8_params_refusal(p), saved_input_refusal(p)):
+        if bad:
+            raise refuse(target, what, fix)
     if p.fused_kernels and not p.rope_fusion:
         raise refuse(target, "the rotary embedding unfused (rope_fusion off, Megatron-Core's eager rotary) with "
                      "fused kernels: torch.compile of the model, which this export turns on for them, fuses it",
@@ -409,6 +429,15 @@ def check_legacy(pf: PlanFile) -> None:
                      "this export writes only the TOML)", "export to torchtitan (0.3), or set cuda_lazy_loading true "
                      "in the plan")
     _check_tp_impl(pf, LEGACY_TARGET)
+    if p.dtype == "fp8" and p.recipe == "tensorwise" and p.tp > 1:  # torchtitan@73a0e69 models/*/infra/parallelize.py
+        raise refuse(LEGACY_TARGET, f"float8 tensor parallelism (fp8 tensorwise at tp {p.tp}: torchtitan "
+                     f"{LEGACY_VERSION} turns it on only when model.converters holds \"float8\", a name it no longer "
+                     "registers (\"quantize.linear.float8\"), so its TP gathers bf16 and the linears save other "
+                     "inputs than priced)", "re-plan with --tp 1 or --precision fp8-rowwise, or export to megatron")
+    if p.dtype == "fp8" and p.fp8_params and _fsdp(pf)[1] == 1:
+        raise refuse(LEGACY_TARGET, f"fp8_params with zero {p.zero} and dp {p.dp} (torchtitan {LEGACY_VERSION} "
+                     "enables the float8 all-gather only where FSDP shards the weights, data_parallel_shard_degree "
+                     "> 1: this plan's weights would stay bf16)", "re-plan with --no-fp8-params, or --zero 3")
     if p.cp > 1 and p.cp_impl == "te":
         raise refuse(LEGACY_TARGET, f"context parallelism priced as Transformer Engine's (cp_impl te, cp_comm_type "
                      f"{p.cp_comm_type}); torchtitan "
@@ -534,8 +563,8 @@ def toml_text(pf: PlanFile) -> str:
         "  # tokenizer and config: python scripts/download_hf_assets.py --repo_id "
         f"{hf_repo(m.name)} --assets tokenizer",
     ]
-    if p.dtype == "fp8":
-        lines.append('converters = ["float8"]')
+    if p.dtype == "fp8":  # the name v0.2.2 registers (components/quantization/float8.py register_model_converter)
+        lines.append('converters = ["quantize.linear.float8"]')
     lines += [
         "", "[training]", 'dataset = "c4"  # or your dataset registered in torchtitan/datasets; dataset_path for local files',
         f"local_batch_size = {local_batch if p.pp > 1 else p.micro_batch}",
@@ -561,7 +590,26 @@ def toml_text(pf: PlanFile) -> str:
               "", "[activation_checkpoint]", f'mode = "{AC_MODE[p.recompute]}"']
     if p.recompute == "op":
         lines.append('selective_ac_option = "op"')
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + float8_lines(pf)) + "\n"
+
+
+def float8_lines(pf: PlanFile) -> list[str]:
+    """v0.2.2's [quantize.linear.float8] table for an fp8 plan (torchtitan/config/job_config.py Float8Linear): rowwise
+    as recipe_name; per-tensor (no recipe_name: Float8LinearConverter builds the tensorwise config) with FSDP2's float8
+    all-gather and its precomputed scale on exactly when the plan keeps fp8_params (llmplan prices the gather at 1 B
+    a Float8Linear weight, the shard cast and the step's amax all-reduce: docs/formulas.md#comm.torchao_fp8_gather);
+    the output layer, and an MoE model's router gate, left in bf16, as llmplan prices them (torchao_linear_weights)."""
+    p, m = pf.plan, pf.model
+    if p.dtype != "fp8":
+        return []
+    skip = ["output", "router.gate"] if m.is_moe else ["output"]
+    lines = ["", "[quantize.linear.float8]"]
+    if p.recipe == "rowwise":
+        lines.append('recipe_name = "rowwise"')
+    else:
+        on = str(bool(p.fp8_params)).lower()
+        lines += [f"enable_fsdp_float8_all_gather = {on}", f"precompute_float8_dynamic_scale_for_fsdp = {on}"]
+    return lines + ["filter_fqns = [" + ", ".join(f'"{x}"' for x in skip) + "]"]
 
 
 def render_legacy(pf: PlanFile) -> dict[str, str]:

@@ -14,6 +14,7 @@ import numpy as np
 
 from llmplan.cost.comm import (aux_loss_transfers, copy_seconds, cp_mixer_split, cp_transfers, dispatch_coeffs,
                                dp_transfers, te_cp_split, ep_transfers, mxfp8_amax_transfers, pp_transfers,
+                               torchao_amax_transfers,
                                reduce_gather_split, tp_step_end_transfers, tp_transfers)
 from llmplan.cost.memory import (ActivationBytes, TrainingMemory, candidate_stages, each_stage, stage_memory,
                                  training_memory)
@@ -179,7 +180,8 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
                         lambda i: dp_transfers(m, plans.as_plan, "dpcp_in", "edp_in", i, "dpcp_out", "edp_out"))
     dp_stages = each_stage(tuple(stages), lambda x: tuple(map(total, reduce_gather_split(x))))  # repeated: once
     dp = stages[0]
-    step_end = total(mxfp8_amax_transfers(m, plans.as_plan, ("dpcp", "dpcp_in"), ("edp", "edp_in")))
+    step_end = total(mxfp8_amax_transfers(m, plans.as_plan, ("dpcp", "dpcp_in"), ("edp", "edp_in"))
+                     + torchao_amax_transfers(m, plans.as_plan, "dpcp_in"))
     return CommSeconds(
         tp=total(tp_transfers(m, plans.as_plan, "tp")),
         tp_step_end=total(tp_step_end_transfers(m, plans.as_plan, "tp")),

@@ -1,0 +1,62 @@
+"""torchtitan's float8 switches in the exports (docs/formulas.md#comm.torchao_fp8_gather).
+
+Read at pytorch/torchtitan v0.2.2 (73a0e69): components/quantization/float8.py registers the converter as
+"quantize.linear.float8" (protocols/model_converter.py looks model.converters up by that name, so "float8" raises
+KeyError); config/job_config.py Float8Linear: enable_fsdp_float8_all_gather, precompute_float8_dynamic_scale_for_fsdp,
+recipe_name (None: tensorwise; asserted without the all-gather), filter_fqns (module_filter_fn converts every
+nn.Linear not named, the output layer included); models/*/infra/parallelize.py turns float8 TP on only for
+`"float8" in job_config.model.converters`. 0.3.0's Float8LinearConverter.Config: recipe_name rowwise only, no
+float8 all-gather.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from llmplan.export import render_all
+from llmplan.export.common import CannotExpress
+from llmplan.planfile import load_plan
+
+PLANS = Path(__file__).parent / "data" / "plans"
+FP8 = {"dtype": "fp8", "recipe": "tensorwise", "fp8_scaling": "current", "tp_impl": "dtensor"}
+
+
+def plan_file(**changes):
+    base = load_plan(PLANS / "fsdp_train.json")  # llama-3.1-8b, ZeRO-3 over 16, tp 1
+    return dataclasses.replace(base, plan=base.plan.model_copy(update=changes))
+
+
+def toml(**changes) -> dict:
+    return tomllib.loads(render_all(plan_file(**changes), "torchtitan-0.2")[0]["torchtitan-v0.2.2.toml"])
+
+
+@pytest.mark.parametrize("fp8_params", [True, False])
+def test_tensorwise_writes_the_float8_all_gather_as_priced(fp8_params):
+    cfg = toml(**FP8, fp8_params=fp8_params)
+    assert cfg["model"]["converters"] == ["quantize.linear.float8"]
+    assert cfg["quantize"]["linear"]["float8"] == {"enable_fsdp_float8_all_gather": fp8_params,
+                                                   "precompute_float8_dynamic_scale_for_fsdp": fp8_params,
+                                                   "filter_fqns": ["output"]}
+
+
+def test_rowwise_names_its_recipe_and_bf16_has_no_table():
+    cfg = toml(dtype="fp8", recipe="rowwise")
+    assert cfg["quantize"]["linear"]["float8"] == {"recipe_name": "rowwise", "filter_fqns": ["output"]}
+    bf16 = toml()
+    assert "quantize" not in bf16 and "converters" not in bf16["model"]
+
+
+@pytest.mark.parametrize(("target", "changes", "words"), [
+    ("torchtitan-0.2", {"dtype": "fp8", "recipe": "rowwise", "fp8_params": True}, "fp8_params with fp8 rowwise"),
+    ("torchtitan", {"dtype": "fp8", "recipe": "rowwise", "fp8_params": True}, "fp8_params with fp8 rowwise"),
+    ("torchtitan-0.2", {**FP8, "torchao_saves_hp_input": False}, "torchao_saves_hp_input false"),
+    ("torchtitan-0.2", {**FP8, "tp": 2, "sp": True, "dp": 8}, "float8 tensor parallelism"),
+    ("torchtitan-0.2", {**FP8, "fp8_params": True, "zero": 0, "grad_accumulation": "cast-add"}, "fp8_params with zero 0"),
+])
+def test_refusals_name_the_rule(target, changes, words):
+    with pytest.raises(CannotExpress, match=words):
+        render_all(plan_file(**changes), target)
