@@ -85,23 +85,27 @@ def test_ep_exposed_with_delayed_weight_gradients_by_hand():
     # Windows (1, 4, 1.5, 3) ms: hidden 1 + 2 + 1.5 + 2 = 6.5 ms a layer. Deferred (0.5, 1.5) ms: the dispatch
     # backward's window 1.5 + min(1.5, 4 - 2) = 3 ms, the combine backward's 1 + min(0.5, 3 - 2) = 1.5 ms:
     # hidden 1.5 + 2 + 2 + 2 = 7.5 ms.
-    # That is the deepep dispatcher's pricing (the share scales the grown windows).
-    plan = ParallelPlan(dp=8, ep=8, global_batch=64, ep_comm_overlap=True, delay_wgrad=True, moe_dispatcher="deepep")
+    # With the residual on the compute (the share of the grown windows) that is 0.8 ms a layer less; on the
+    # communication stream (docs/formulas.md#moe.delay_wgrad) a paired layer leaves 8 - 0.8 x 6.5 = 2.8 ms exposed,
+    # each transfer stretches to t' with (t' - 1) + (t' - 1.5) = 2.8: 2.65 ms, where the deferral grows A_f to
+    # 1 + min(0.5, 3 - 2.65) = 1.35 and M_f to 1.5 + min(1.5, 4 - 2.65) = 2.85 ms: 1.5 ms less. The smaller, 0.8.
+    plan = ParallelPlan(dp=8, ep=8, global_batch=64, ep_comm_overlap=True, delay_wgrad=True)
     pair = (0.001, 0.004, 0.0015, 0.003)
     plain = ep_exposed(plan, 0.016, 1.0, 0.0, pair, 2)
     delayed = ep_exposed(plan, 0.016, 1.0, 0.0, pair, 2, (0.0005, 0.0015))
+    assert stretched_transfer(pair, 0.0028) == pytest.approx(0.00265)
     assert plain == pytest.approx(0.016 - EP_OVERLAP_HIDDEN * 7 / 8 * 2 * 0.0065)
     assert delayed == pytest.approx(0.016 - EP_OVERLAP_HIDDEN * 7 / 8 * 2 * 0.0075)
-    # NCCL's alltoall (docs/formulas.md#moe.delay_wgrad): a paired layer leaves 8 - 0.8 x 6.5 = 2.8 ms exposed, so
-    # each transfer stretches to t' with (t' - 1) + (t' - 1.5) = 2.8: 2.65 ms (over A_f and M_f only). At t' the
-    # deferral grows A_f to 1 + min(0.5, 3 - 2.65) = 1.35 and M_f to 1.5 + min(1.5, 4 - 2.65) = 2.85 ms, which
-    # takes the exposure to (2.65 - 1.35) + 0 = 1.3 ms: 1.5 ms a layer less. Without the deferral: as the deepep
-    # plan.
-    a2a = plan.model_copy(update={"moe_dispatcher": "alltoall"})
-    assert stretched_transfer(pair, 0.0028) == pytest.approx(0.00265)
-    assert ep_exposed(a2a, 0.016, 1.0, 0.0, pair, 2) == pytest.approx(plain, rel=1e-12)
-    assert ep_exposed(a2a, 0.016, 1.0, 0.0, pair, 2, (0.0005, 0.0015)) == pytest.approx(
-        0.016 - 7 / 8 * 2 * (EP_OVERLAP_HIDDEN * 0.0065 + 0.0015))
+    # PR 3862's shape (test_delayed_windows_by_hand): windows (1, 2, 1.1, 2) ms, t 1.85, deferred (0.25, 0.9). On
+    # the compute: 0.8 x (0.15 + 0.15) = 0.24 ms. Exposed 7.4 - 0.8 x 5.8 = 2.76 ms: t' = (2.76 + 6.1) / 4 = 2.215 ms,
+    # longer than every window, so the deferral frees nothing of it: no gain.
+    pair, t = (0.001, 0.002, 0.0011, 0.002), 0.00185
+    assert stretched_transfer(pair, 0.00276) == pytest.approx(0.002215)
+    for dispatcher in ("alltoall", "deepep"):
+        p = plan.model_copy(update={"moe_dispatcher": dispatcher})
+        assert ep_exposed(p, 8 * t, 1.0, 0.0, pair, 2, (0.00025, 0.0009)) == pytest.approx(
+            ep_exposed(p, 8 * t, 1.0, 0.0, pair, 2), rel=1e-12)
+        assert ep_exposed(p, 8 * t, 1.0, 0.0, pair, 2) == pytest.approx(8 * t - EP_OVERLAP_HIDDEN * 7 / 8 * 2 * 0.0058)
 
 
 def test_stretched_transfer_inverts_the_exposure():
@@ -209,8 +213,9 @@ def test_pr3862_delayed_wgrad_pair(row_setup):
     # the overlap was "neutral": 31.31 s -> 31.20 s (0.35%; "directional rather than release-grade"), inside the
     # 0.38% that PR 5094's overlap arm moves between its two published windows (21.0725 / 20.992 s). Priced with
     # the overlap's residual on NCCL's communication stream (docs/formulas.md#moe.delay_wgrad), each transfer
-    # stretches past every window, so the deferral frees nothing (docs/validation.md#ab-pairs; it priced 2.55%,
-    # 3.64% at first, when the share scaled the grown windows). Tolerance 0.5 point: the measured change is noise.
+    # stretches past every window, so the deferral frees nothing, and it gains the smaller of that and the share of
+    # the grown windows (docs/validation.md#ab-pairs; it priced 2.55%, 3.64% at first, when the share of the grown
+    # windows was all). Tolerance 0.5 point: the measured change is noise.
     from llmplan.cost.compute import ep_deferred_wgrad, ep_pair_windows
     from llmplan.cost.moe import stretched_transfer
     m, cluster, plan = row_setup("bridgecard-h100-bf16-qwen3-30b-a3b-16gpu-gbs1024-ep-overlap-off-pr5094")
