@@ -211,8 +211,8 @@ def test_pr3862_delayed_wgrad_pair(row_setup):
     # Megatron-Bridge PR 3862 (750d0d322, docs/training/communication-overlap.md, skills/perf-expert-parallel-overlap/
     # SKILL.md): on the alltoall EP16 H100 Qwen3-30B-A3B smoke, iterations 3-8 of 8, adding delay_wgrad_compute to
     # the overlap was "neutral": 31.31 s -> 31.20 s (0.35%; "directional rather than release-grade"), inside the
-    # 0.38% that PR 5094's overlap arm moves between its two published windows (21.0725 / 20.992 s). Priced with
-    # the overlap's residual on NCCL's communication stream (docs/formulas.md#moe.delay_wgrad), each transfer
+    # 0.38% that PR 5094's overlap arm moves between its two published windows (21.0725 / 20.992 s). Read with
+    # the overlap's residual on the communication stream (docs/formulas.md#moe.delay_wgrad), each transfer
     # stretches past every window, so the deferral frees nothing, and it gains the smaller of that and the share of
     # the grown windows (docs/validation.md#ab-pairs; it priced 2.55%, 3.64% at first, when the share of the grown
     # windows was all). Tolerance 0.5 point: the measured change is noise.
