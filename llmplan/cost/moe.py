@@ -6,6 +6,7 @@ Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py
 
 from __future__ import annotations
 
+from itertools import combinations
 from typing import Any
 
 import numpy as np
@@ -100,19 +101,45 @@ def ep_exposed(plan: ParallelPlan, ep: Any, window: Any, kappa: float, pair: tup
     so it hides at most that chunk's length: min(t, w_i), summed over the four and the `layers` MoE layers; the
     micro-batches the schedule runs unpaired (unpaired_microbatches) hide nothing; of the rest EP_OVERLAP_HIDDEN
     hides (as measured), the compute beside it slowed by kappa. With delay_wgrad (`deferred`: the attention
-    node's and the experts' deferred weight-gradient seconds, cost.compute.ep_deferred_wgrad) two windows grow:
-    delayed_windows. Derived: docs/formulas.md#moe.overlap"""
+    node's and the experts' deferred weight-gradient seconds, cost.compute.ep_deferred_wgrad) two windows grow
+    (delayed_windows); the deferral gains the smaller of what the two placements of the share's residual allow:
+    the share of the grown windows (the residual on the compute), and what the grown windows free of transfers
+    stretched to the exposure without it (on the communication stream: stretched_transfer).
+    Derived: docs/formulas.md#moe.overlap, docs/formulas.md#moe.delay_wgrad"""
     if schedule_of(plan).hides_ep:
         return ep - minimum(ep, window) * (1.0 - kappa)
     if not plan.ep_comm_overlap:  # a workload switch: one value for all plans of a search
         return ep
     t = ep / maximum(layers, 1) / 4  # one all-to-all of one MoE layer
-    hideable = 0.0 * t
-    for w in delayed_windows(pair, t, deferred):
-        hideable = hideable + minimum(t, w)
     n = plan.num_microbatches
     paired = maximum(n - unpaired_microbatches(plan), 0) / n
-    return ep - EP_OVERLAP_HIDDEN * paired * layers * hideable * (1.0 - kappa)
+    share = EP_OVERLAP_HIDDEN * (1.0 - kappa)
+    hidden = on_compute = 0.0 * t
+    for w, w_dw in zip(pair, delayed_windows(pair, t, deferred), strict=True):
+        hidden = hidden + minimum(t, w)
+        on_compute = on_compute + share * (minimum(t, w_dw) - minimum(t, w))
+    stretched = stretched_transfer(pair, 4 * t - share * hidden)
+    on_comm = 0.0 * t
+    for w, w_dw in zip(pair, delayed_windows(pair, stretched, deferred), strict=True):
+        on_comm = on_comm + maximum(stretched - w, 0.0) - maximum(stretched - w_dw, 0.0)
+    return ep - paired * layers * (share * hidden + minimum(on_compute, on_comm))
+
+
+def stretched_transfer(pair: tuple[Any, ...], exposed: Any) -> Any:
+    """Length of each of a MoE layer's four all-to-alls for which the two streams, every transfer in its window
+    (the pairing at share 1), leave `exposed` seconds of a layer pair exposed: the t' with
+    sum_i max(t' - w_i, 0) = exposed. That sum is the largest of k·t' - (the k smallest windows' sum) over k, so
+    t' is the smallest (exposed + sum of a subset of the windows) / the subset's size. The residual read as
+    stretched transfers: PR 3862's overlap arm (31.31 s) implies transfers of 2.42 ms against the 1.73 ms its off
+    arm (41.25 s) implies, longer than every window, and the same run measured the deferral neutral (31.20 s),
+    which only a saturated communication stream gives.
+    Derived: docs/formulas.md#moe.delay_wgrad"""
+    best: Any = None
+    for size in range(1, len(pair) + 1):
+        for subset in combinations(pair, size):
+            v = (exposed + sum(subset)) / size
+            best = v if best is None else minimum(best, v)
+    return exposed if best is None else best
 
 
 def delayed_windows(pair: tuple[Any, ...], t: Any, deferred: tuple[Any, Any]) -> tuple[Any, ...]:
