@@ -377,6 +377,16 @@ conf/peft/llama/sft.yaml, none setting nccl_ub), which keeps each bucket's reduc
 next step's zero_grad (ParallelPlan.kept_grad_shards; docs/formulas.md#mem.kept_grad_shards)."""
 
 
+UB_WITHOUT_WGRAD_BUFFERS = ("nemo2407",)
+"""Families whose userbuffers TP overlap ran on a Transformer Engine before 2.7, whose initialize_ub registers
+no proj / fc2 wgrad all-gather buffers (ParallelPlan.ub_wgrad_buffers False; docs/formulas.md#mem.userbuffers):
+NeMo 24.07 ships Transformer Engine 1.8.0.dev0 and Megatron-Core 0.8 (NeMo Framework user guide, "Software
+Component Versions", NeMo Framework 24.07 table); NVIDIA/TransformerEngine v1.8 (3ec998e96c)
+transformer_engine/pytorch/module/base.py initialize_ub: layers_all_gather_overlap qkv_fprop, qkv_dgrad,
+proj_dgrad, fc1_fprop, fc1_dgrad, fc2_dgrad; layers_reduce_scatter_overlap proj_fprop, fc2_fprop, qkv_wgrad,
+fc1_wgrad (the same lists at v1.7 ... v2.6; proj_wgrad and fc2_wgrad from 077e26c31, first in v2.7)."""
+
+
 PP_SCATTER_GATHER = ("narayanan2021", "korthikanti2022", "bloom", "mtnlg")
 """Families whose pipeline sends are split over the TP ranks without SP and all-gathered on receipt
 (ParallelPlan.pp_scatter_gather): Megatron-LM 2021-22 (--no-scatter-gather-tensors-in-pipeline opted out:
@@ -1819,6 +1829,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # torchtitan's December 2024 rows ran torchao eab345c, whose tensorwise Float8Linear saved the fp8 input
         # (before v0.9.0, 12396c648): docs/formulas.md#precision.torchao_saved_input
         torchao_saves_hp_input=fam != "torchtitan",
+        ub_wgrad_buffers=fam not in UB_WITHOUT_WGRAD_BUFFERS,  # Transformer Engine before 2.7: 10 userbuffers
         fp8_scaling=fp8_scaling(rec, fam),  # delayed or current per-tensor scaling, as each stack ran it
         # GPT-OSS's clamped GLU: NeMo AutoModel clamps inside its compiled activation (quick_geglu_deepep,
         # components/moe/experts.py at 36044ad3d); Megatron-Core clamps eagerly before it, but in the TE op-fuser

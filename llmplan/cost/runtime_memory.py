@@ -57,6 +57,10 @@ and LL DEFAULT_LL_BUFFSIZE (8 lines x 512 threads x 8 steps x 16 B): NVIDIA/nccl
 UB_ALL_GATHER_BUFFERS = 8
 """Userbuffers of Transformer Engine's all-gather overlaps (qkv / fc1 fprop, qkv / proj / fc1 / fc2 dgrad, proj /
 fc2 wgrad): initialize_ub's layers_all_gather_overlap (NVIDIA/TransformerEngine pytorch/module/base.py)."""
+UB_WGRAD_ALL_GATHER_BUFFERS = 2
+"""Of those, the weight-gradient ones (proj / fc2 wgrad, the "external" method) that Transformer Engine registers
+from 2.7 (NVIDIA/TransformerEngine 077e26c31, #1982; ParallelPlan.ub_wgrad_buffers); v1.8 ... v2.6 register the
+other six all-gather buffers only (pytorch/module/base.py initialize_ub at v1.8, 3ec998e96c)."""
 UB_REDUCE_SCATTER_BUFFERS = 4
 """Userbuffers of its reduce-scatter overlaps (proj / fc2 fprop, qkv / fc1 wgrad): layers_reduce_scatter_overlap."""
 TREE_CONNECTIONS = 2
@@ -141,14 +145,16 @@ def userbuffer_bytes(hidden: int, plan: ParallelPlan, bf16_layers: Any = 0) -> A
     initialize_ub registers one buffer per overlapped GEMM, UB_ALL_GATHER_BUFFERS all-gather ones and
     UB_REDUCE_SCATTER_BUFFERS reduce-scatter ones, each of Megatron's input shape (s x b / cp, h), in bf16, the
     all-gather ones in fp8 (1 B) under an fp8 / fp4 recipe, plus a bf16 set when such a recipe keeps bf16
-    layers (`bf16_layers` > 0: one set per quantization mode). Registered outside PyTorch's caching allocator.
+    layers (`bf16_layers` > 0: one set per quantization mode); two all-gather buffers fewer before Transformer
+    Engine 2.7 (ParallelPlan.ub_wgrad_buffers False). Registered outside PyTorch's caching allocator.
     0 without the overlap, or with PyTorch's DTensor TP (tp_impl dtensor: no userbuffers).
     Source: NVIDIA/TransformerEngine pytorch/module/base.py initialize_ub, common/comm_gemm_overlap/
-    comm_gemm_overlap.cpp (CommOverlapBase / CommOverlapP2PBase buffers) at d0067d0; NVIDIA/Megatron-LM
-    megatron/training/initialize.py _initialize_tp_communicators at d98e8a6"""
+    comm_gemm_overlap.cpp (CommOverlapBase / CommOverlapP2PBase buffers) at d0067d0, and base.py initialize_ub at
+    v1.8 (3ec998e96c); NVIDIA/Megatron-LM megatron/training/initialize.py _initialize_tp_communicators at d98e8a6"""
     row = plan.seq_len * plan.micro_batch / plan.cp * hidden
-    bf16_set = (UB_ALL_GATHER_BUFFERS + UB_REDUCE_SCATTER_BUFFERS) * 2.0 * row
-    low_set = (UB_ALL_GATHER_BUFFERS * 1.0 + UB_REDUCE_SCATTER_BUFFERS * 2.0) * row  # the all-gather ones in fp8
+    gathers = UB_ALL_GATHER_BUFFERS - (0 if plan.ub_wgrad_buffers else UB_WGRAD_ALL_GATHER_BUFFERS)  # TE < 2.7: 6
+    bf16_set = (gathers + UB_REDUCE_SCATTER_BUFFERS) * 2.0 * row
+    low_set = (gathers * 1.0 + UB_REDUCE_SCATTER_BUFFERS * 2.0) * row  # the all-gather ones in fp8
     sets = low_set + where(bf16_layers > 0, bf16_set, 0.0) if plan.low_precision else bf16_set
     return where(userbuffers_on(plan), sets, 0.0)
 

@@ -393,6 +393,12 @@ class ParallelPlan(PlanQuantities, Spec):
     columnwise copy the weight-gradient GEMM reads (TE 2.15 on, NVIDIA/TransformerEngine#2555). False: TE 2.9 -
     2.14, whose rowwise cast and RHT-columnwise cast are two kernels that each read the bf16 tensor (as
     Megatron-Bridge v0.2.2 - v0.4.2 pin TE). Priced in the casts' bytes (docs/formulas.md#precision)."""
+    ub_wgrad_buffers: bool = True
+    """Under Transformer Engine's userbuffers TP overlap (tp_comm_overlap), initialize_ub registers the two
+    weight-gradient all-gather buffers (proj_wgrad, fc2_wgrad: the "external" method, Transformer Engine >= 2.7,
+    NVIDIA/TransformerEngine 077e26c31, #1982) beside the other ten. False: Transformer Engine before 2.7 (v1.8
+    ... v2.6 base.py initialize_ub: six all-gather and four reduce-scatter buffers), as NeMo 24.07's TE 1.8 ran
+    (docs/formulas.md#mem.userbuffers)."""
     torchao_saves_hp_input: bool = True
     """With dtype fp8 on the PyTorch-native stack (tp_impl dtensor: torchao's Float8Linear as torchtitan converts
     nn.Linear), each linear saves its bf16 input for backward and quantises it again there for the
