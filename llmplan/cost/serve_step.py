@@ -437,7 +437,9 @@ def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 
                                 1 + (draft_tokens or 0), VLLM_MODEL_MAX_CAPTURE.get(host.model_type or ""))
     if engine == "sglang":
         ranks = ranks or SglangRanks(tp_size=tp)
-        return sglang_graph_sizes(sglang_graph_max_bs(host.hbm_bytes, ranks.tp_size), max_bs, ranks, draft_tokens)
+        # None where the runner keeps no size (SGLang would refuse to start; e.g. tp 7 under DeepEP on a small GPU)
+        return sglang_graph_sizes(sglang_graph_max_bs(host.hbm_bytes, ranks.tp_size), max_bs, ranks,
+                                  draft_tokens) or None
     return None
 
 
