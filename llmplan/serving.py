@@ -17,7 +17,7 @@ from llmplan.cost.queueing import prefill_queue_seconds
 from llmplan.cost.speculative import SpeculativeStep, draft_weight_bytes, speculative_step
 from llmplan.cost.serve_phase import PhaseTiming, phase_timing
 from llmplan.cost.serve_memory import batched_tokens_for_plan, sglang_mem_fraction_static, sglang_server_of
-from llmplan.cost.serve_step import GraphHost, decode_graphs, graph_sizes_at
+from llmplan.cost.serve_step import GraphHost, SglangRanks, decode_graphs, graph_sizes_at
 from llmplan.errors import PlanViolationError
 from llmplan.specs.check import check_serve_plan
 from llmplan.specs.hardware import SystemSpec
@@ -114,14 +114,16 @@ def loaded_model(m: ModelSpec, job: ServeJob) -> ModelSpec:
 def job_for_plan(m: ModelSpec, job: ServeJob, plan: ServePlan, system: SystemSpec,
                  batch: int | None = None) -> ServeJob:
     """The job as a server of `plan` on `system` runs `m` (at `batch` sequences, else the job's): the engine's
-    default captured CUDA graph sizes depend on the plan's TP, the GPU's memory and compute capability, the
-    model and the batch (cost.serve_step.graph_sizes_at), SGLang's default chunked-prefill size on the GPU's memory
+    default captured CUDA graph sizes depend on the plan's TP (SGLang: its exported server's --tp-size, tp x
+    dp under DP attention, and the alignment of its attention ranks, cost.serve_step.SglangRanks), the GPU's
+    memory and compute capability, the model, speculative decoding and the batch (cost.serve_step.graph_sizes_at), SGLang's default chunked-prefill size on the GPU's memory
     (cost.serve_memory.batched_tokens_for_plan) and its default memory fraction on the GPU's memory, TP, chunk and
     graphs (cost.serve_memory.sglang_mem_fraction_static) where none was given; idempotent. Every caller
     that prices a plan's decode (estimate_serving,
     the searches' SLO batch) takes the job from here, so that they agree."""
     update: dict[str, Any] = {"cuda_graph_batch_sizes": graph_sizes_at(job, batch, tp=plan.tp,
-                                                                      host=GraphHost.of(system, m))}
+                                                                      host=GraphHost.of(system, m),
+                                                                      ranks=SglangRanks.of(plan))}
     if job.engine == "sglang" and job.max_num_batched_tokens_default:  # SGLang's default chunk for this GPU
         update["max_num_batched_tokens"] = batched_tokens_for_plan(job, plan, system.gpu.hbm_gib * GIB)
     if job.engine == "sglang" and job.memory_fraction_default:  # SGLang's default fraction for this server

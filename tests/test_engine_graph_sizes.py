@@ -41,7 +41,10 @@ def test_vllm_adds_max_num_batched_tokens_under_the_ceiling():
 def test_default_graph_sizes_per_engine_and_the_padding():
     assert default_graph_sizes("vllm", 64, 8192) == vllm_graph_sizes(64, 8192)
     assert default_graph_sizes("sglang", 1000, 8192, 1, GraphHost(79.1 * GIB)) == sglang_graph_sizes(256)
-    assert default_graph_sizes("sglang", 1000, 8192, 1, GraphHost(79.1 * GIB), draft_tokens=1) is None
+    # speculative decoding: SGLang 0.5.23's speculative grid (cuda_graph_hook.py generate_decode_cuda_graph_batch_sizes,
+    # written out here from the source: 1-8, every 2 to 32, every 4 to 64, every 8 to 256), max_bs 256 on an H100 at tp 1
+    spec = (*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8))
+    assert default_graph_sizes("sglang", 1000, 8192, 1, GraphHost(79.1 * GIB), draft_tokens=1) == spec
     # the pool of llmplan's export (--max-running-requests = the batch) under max_bs: captured exactly
     assert default_graph_sizes("sglang", 100, 8192, 1, GraphHost(79.1 * GIB)) == (*sglang_graph_sizes(96), 100)
     assert graph_padded_rows(50, default_graph_sizes("vllm", 64, 8192)) == 56

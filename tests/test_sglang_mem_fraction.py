@@ -85,6 +85,15 @@ def test_dp_attention_deepep_and_disaggregation_by_hand():
     # max_bs 512, 8 draft tokens: 512 + 1.5 x 4,096 + 128 + 1,024 = 7,808 -> 0.84115.
     assert _f(49_152, chunked_prefill_size=8192, decode_graph_max_bs=512, prefill_graph_max_tokens=8192,
               phase="decode", draft_tokens=8) == 0.841
+    # SGLang reads --max-running-requests first (memory_hook.py: max_running_requests or the decode max_bs): a decode
+    # server of 1,024 running requests and 4 draft tokens: 512 + 1.5 x 4,096 + 128 + 1,024 = 7,808 -> 0.841 too,
+    # and 2,048 of them: 512 + 1.5 x 8,192 + 128 + 1,024 = 13,952 -> 0.71615.
+    assert _f(49_152, decode_graph_max_bs=512, max_running_requests=1024, phase="decode", draft_tokens=4) == 0.841
+    assert _f(49_152, decode_graph_max_bs=512, max_running_requests=2048, phase="decode", draft_tokens=4) == 0.716
+    # DP attention with decode graphs off: no 2 MiB per request, no DeepEP buffers, but the DP term stays:
+    # 80 GiB, tp 8, 8 ranks, max_bs 256: 512 + 12,288 + 1,024 + 256 x 8 x 3 = 19,968 -> 0.75625.
+    dp_off = {**dp, "decode_graph_max_bs": 256, "decode_graphs": False, "deepep": True}
+    assert sglang_mem_fraction_static(SglangServer(**dp_off)) == 0.756
     # A prefill server keeps no decode-graph reserve: 512 + 12,288 + 128 + 58 x 8 = 13,392 -> 0.72754.
     assert _f(49_152, chunked_prefill_size=8192, decode_graph_max_bs=32, prefill_graph_max_tokens=8192,
               phase="prefill") == 0.728
@@ -103,7 +112,11 @@ def test_the_server_llmplans_export_launches():
     assert sglang_server_of(llama, ServePlan(tp=1), job, h100).prefill_graph_max_tokens == 4096
     assert sglang_server_of(llama, ServePlan(tp=1), job, S["mi300x-8"].gpu).prefill_graph_max_tokens is None
     eager = sglang_server_of(llama, ServePlan(tp=1), job.model_copy(update={"cuda_graphs": False}), h100)
-    assert eager.decode_graph_max_bs is None and eager.prefill_graph_max_tokens is None
+    # --no-cuda-graphs: no graphs captured, but SGLang still resolves the decode max_bs (256 on an H100 at tp-size 1,
+    # cut to --max-running-requests 64: memory_hook.py handle_gpu_memory_settings reads no backend), which its
+    # DP-attention reserve reads (reserve_for_graph_mb); --max-running-requests is the batch x the attention ranks
+    assert not eager.decode_graphs and eager.decode_graph_max_bs == 64 and eager.prefill_graph_max_tokens is None
+    assert (s.max_running_requests, eager.max_running_requests) == (8 * job.batch, job.batch)
     mine = job.model_copy(update={"cuda_graph_batch_sizes": (1, 8, 96), "cuda_graph_sizes_default": False})
     assert sglang_server_of(llama, ServePlan(tp=1), mine, h100).decode_graph_max_bs == 96
 

@@ -124,7 +124,12 @@ class SglangServer:
     pp_size: int = 1
     chunked_prefill_size: int = 8192
     decode_graph_max_bs: int | None = None
-    """The decode CUDA graphs' max_bs; None: decode graphs off."""
+    """The decode CUDA graphs' max_bs, which SGLang resolves with decode graphs on or off; None: unknown (then
+    decode graphs off)."""
+    decode_graphs: bool | None = None
+    """Whether decode CUDA graphs are captured; None: where decode_graph_max_bs is given."""
+    max_running_requests: int | None = None
+    """--max-running-requests (all attention ranks together); None: not given."""
     prefill_graph_max_tokens: int | None = None
     """The breakable prefill CUDA graphs' largest token count; None: prefill graphs off."""
     mla: bool = False
@@ -147,12 +152,15 @@ def sglang_prefill_graph_sizes(max_tokens: int) -> int:
 
 
 def sglang_graph_reserve_mib(s: SglangServer) -> float:
-    """MiB SGLang's default fraction keeps for CUDA graphs: 2 per decode-graph request; with DP attention 3 per
-    request per attention rank, 1.5 more above 300; 8 per captured prefill size (1.5 GiB for an MLA model),
-    1 GiB more with DeepEP. Source: sgl-project/sglang v0.5.23, arg_groups/memory_hook.py, reserve_for_graph_mb."""
+    """MiB SGLang's default fraction keeps for CUDA graphs: 2 per decode-graph request (decode graphs on); with DP
+    attention 3 per request of the decode max_bs per attention rank, 1.5 more above 300, whether decode graphs are
+    on or off; 8 per captured prefill size (1.5 GiB for an MLA model), 1 GiB more with DeepEP.
+    Source: sgl-project/sglang v0.5.23, arg_groups/memory_hook.py, reserve_for_graph_mb (its DP-attention term
+    does not read the decode backend; handle_gpu_memory_settings resolves max_bs either way)."""
     mib, bs = 0.0, s.decode_graph_max_bs
+    on = s.decode_graphs if s.decode_graphs is not None else bs is not None
     if s.phase != "prefill" and bs is not None:
-        mib += bs * SGLANG_DECODE_GRAPH_MIB_PER_BS
+        mib += bs * SGLANG_DECODE_GRAPH_MIB_PER_BS if on else 0.0
         if s.attn_dp_size:
             mib += bs * s.attn_dp_size * (SGLANG_DP_ATTN_MIB_PER_BS + SGLANG_DP_ATTN_LARGE_MIB_PER_BS
                                           * (bs > SGLANG_DP_ATTN_LARGE_BS))
@@ -166,17 +174,19 @@ def sglang_graph_reserve_mib(s: SglangServer) -> float:
 def sglang_mem_fraction_static(s: SglangServer) -> float:
     """SGLang's --mem-fraction-static when none is given: round((G - R) / G, 3), G the GPU's memory in MiB and R
     the reserve for activations and CUDA graphs: 512 + 1.5 x the activation tokens (max(chunked prefill,
-    2,048); a decode server: max(decode max_bs x draft tokens, 2,048)) + tp_size x pp_size / 8 x 1,024 + the
+    2,048); a decode server: max(--max-running-requests, else the decode max_bs, x draft tokens, 2,048)) +
+    tp_size x pp_size / 8 x 1,024 + the
     graphs' reserve (sglang_graph_reserve_mib), at least 10 GiB on a GPU above 60 GiB, plus 2 GiB for DeepEP's
     buffers under decode graphs. Source: sgl-project/sglang v0.5.23 (PyPI wheel),
     python/sglang/srt/arg_groups/memory_hook.py, handle_gpu_memory_settings. Derived: docs/formulas.md#infer.capacity"""
     gpu = s.gpu_mem_bytes / MIB
-    tokens = (s.decode_graph_max_bs or 1) * s.draft_tokens if s.phase == "decode" else s.chunked_prefill_size
+    running = s.max_running_requests or s.decode_graph_max_bs or 1
+    tokens = running * s.draft_tokens if s.phase == "decode" else s.chunked_prefill_size
     reserved = (SGLANG_RESERVE_MIB + SGLANG_ACTIVATION_MIB_PER_TOKEN * max(tokens, SGLANG_MIN_ACTIVATION_TOKENS)
                 + s.tp_size * s.pp_size * SGLANG_PARALLEL_MIB + sglang_graph_reserve_mib(s))
     if gpu > SGLANG_FLOOR_ABOVE_MIB:
         reserved = max(reserved, SGLANG_FLOOR_MIB)
-    if s.deepep and s.phase != "prefill" and s.decode_graph_max_bs is not None:
+    if s.deepep and s.phase != "prefill" and s.decode_graph_max_bs is not None and s.decode_graphs is not False:
         reserved += SGLANG_DEEPEP_MIB
     return round((gpu - reserved) / gpu, 3)
 
@@ -242,14 +252,15 @@ def sglang_server_of(m: ModelSpec, plan: ServePlan, job: ServeJob, gpu: Any) -> 
     dp = plan.dp if plan.dp_attention else 1
     tp, chunk = plan.tp * dp, sglang_chunk_total(job, plan, gpu.hbm_gib * GIB)
     user = job.cuda_graph_batch_sizes if not job.cuda_graph_sizes_default else None
-    # A default max_bs above --max-running-requests (the export writes the batch x dp) is cut to it.
-    decode = (max(user) if user else min(sglang_graph_max_bs(gpu.hbm_bytes, tp), job.batch * dp)) \
-        if job.cuda_graphs else None
+    # A default max_bs above --max-running-requests (the export writes the batch x dp) is cut to it; SGLang
+    # resolves it with decode graphs off too (its DP-attention reserve reads it).
+    decode = max(user) if user and job.cuda_graphs else min(sglang_graph_max_bs(gpu.hbm_bytes, tp), job.batch * dp)
     prefill = job.cuda_graphs and gpu.vendor == "nvidia" and plan.pp == 1 and not plan.two_batch_overlap \
         and not m.compressed_layers
     return SglangServer(
         gpu_mem_bytes=gpu.hbm_gib * GIB, tp_size=tp, pp_size=plan.pp, chunked_prefill_size=chunk,
-        decode_graph_max_bs=decode, prefill_graph_max_tokens=chunk if prefill else None, mla=m.mla is not None,
+        decode_graph_max_bs=decode, decode_graphs=job.cuda_graphs, max_running_requests=job.batch * dp,
+        prefill_graph_max_tokens=chunk if prefill else None, mla=m.mla is not None,
         attn_dp_size=plan.dp if plan.dp_attention else 0, deepep=plan.moe_dispatcher == "deepep",
         phase=plan.phase, draft_tokens=job.speculative.num_speculative_tokens + 1 if job.speculative else 1)
 

@@ -121,14 +121,14 @@ def graph_ceiling(job: ServeJob, plan: ServePlan, host: GraphHost | None = None)
     """The most sequences a decode step may hold and still replay a CUDA graph on the server the job
     describes: the largest captured size (the user's, or for the engine's default list,
     ServeJob.cuda_graph_sizes_default, the default's own ceiling, which a server configured for the batch
-    reaches: vLLM min(its platform or model ceiling, max_num_batched_tokens), SGLang's max_bs at the plan's
-    TP, TensorRT-LLM its list up to max_num_tokens), over decode_query_len (vLLM counts tokens: a speculative
+    reaches: vLLM min(its platform or model ceiling, max_num_batched_tokens), SGLang's max_bs at its
+    server's --tp-size as its runner keeps it (SglangRanks), TensorRT-LLM its list up to max_num_tokens), over decode_query_len (vLLM counts tokens: a speculative
     verification of b requests is b x (1 + k) of them, against the sizes fitted to it, effective_graph_sizes);
     None without graphs. Derived: docs/formulas.md#infer.graph_padding"""
     sizes = job.decode_graph_sizes
     if sizes and job.cuda_graph_sizes_default:
         sizes = default_graph_sizes(job.engine, 1 << 24, job.max_num_batched_tokens, plan.tp, host,
-                                    draft_tokens_of(job))
+                                    draft_tokens_of(job), SglangRanks.of(plan) if job.engine == "sglang" else None)
     sizes = effective_graph_sizes(job, sizes) if sizes else None
     return max(sizes) // decode_query_len(job) if sizes else None
 
@@ -297,7 +297,9 @@ def vllm_graph_sizes(max_num_seqs: int, max_num_batched_tokens: int, platform_ma
     256 to C, max_num_batched_tokens when it is <= C, and with query_len = 1 + k > 1 (speculative decoding,
     no model_max) the uniform decode sizes n x query_len <= C for the request counts n (the same grid up to
     min(max_num_seqs, platform_max), and that bound itself). A batch at or below the largest size replays the
-    smallest size >= it (graph_padded_rows); one above runs eagerly (graph_ceiling).
+    smallest size >= it (graph_padded_rows); one above runs eagerly (graph_ceiling). vLLM 0.33.0 keeps this
+    speculative rule (its PyPI sdist, the same file) but without speculation also appends max_num_seqs itself
+    (<= platform_max), which llmplan does not yet (docs/validation.md#serve-capture).
     Source: vllm-project/vllm vllm/config/vllm.py @000fc94b754f66aeb60ef5acf1ea2e94cdc65164,
     VllmConfig._set_cudagraph_sizes (request_counts, uniform_decode_sizes)."""
     uniform: set[int] = set()
@@ -338,22 +340,84 @@ def sglang_graph_max_bs(hbm_bytes: float | None, tp: int) -> int:
     return 512
 
 
-def sglang_graph_sizes(max_bs: int, requests: int | None = None) -> tuple[int, ...]:
-    """SGLang's default decode capture sizes up to max_bs (no speculative decoding, padding on): 1, 2, 4, 8, 12,
-    every 8 from 16 to 256, every 16 from 272 to 496, every 32 from 512, those <= max_bs, and max_bs itself;
-    with a request pool of `requests` (--max-running-requests) under max_bs, the sizes under it and the pool
-    itself (the runner adds the pool's size and drops the larger ones), so a server of llmplan's export, which
-    sets --max-running-requests to the planned batch (export/serve.py), captures that batch exactly and
-    runs a larger one (over max_bs) without a graph. Source: sgl-project/sglang python/sglang/srt/arg_groups/
-    cuda_graph_hook.py @399499ca159da099c16d20ddc2f5898491071431, generate_decode_cuda_graph_batch_sizes;
-    model_executor/cuda_graph_runner/base_runner.py @f438a118, get_batch_sizes_to_capture."""
-    listed = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
-    top = max_bs if requests is None else min(max_bs, requests)
-    return tuple(sorted({b for b in listed if b <= top} | {top}))
+SGLANG_SPEC_GRAPH_BS = (*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8))
+"""SGLang's decode capture sizes under speculative decoding up to 256 (every 16 from 272 to max_bs above it):
+less padding at small batches. Source: sgl-project/sglang v0.5.23 (PyPI wheel), python/sglang/srt/arg_groups/
+cuda_graph_hook.py, generate_decode_cuda_graph_batch_sizes (its speculative branch)."""
+
+
+@dataclass(frozen=True)
+class SglangRanks:
+    """What SGLang's decode capture list reads of the server llmplan's export launches for a plan
+    (export.serve.render_sglang): --tp-size, every GPU of the instance (tp x dp under DP attention); the
+    attention DP ranks, each with its own request pool (--max-running-requests over --attn-dp-size); the
+    alignment its runner keeps captured sizes to (get_cuda_graph_batch_size_alignment: 2 with two-batch
+    overlap, times the attention TP size where the decode input is gathered: DP attention or a DeepEP
+    all-to-all, utils/common.py require_gathered_buffer); whether two-batch overlap splits each request's rows
+    (the alignment then counts requests, not tokens). Source: sgl-project/sglang v0.5.23 (PyPI wheel),
+    python/sglang/srt/utils/common.py (require_mlp_tp_gather, require_attn_tp_gather,
+    get_cuda_graph_batch_size_alignment: with --moe-dense-tp-size 1 and --enable-dp-lm-head, as exported,
+    a gathered input whenever the attention TP size is above 1)."""
+
+    tp_size: int = 1
+    attn_dp: int = 1
+    align: int = 1
+    two_batch: bool = False
+
+    @classmethod
+    def of(cls, plan: ServePlan) -> SglangRanks:
+        """The ranks of `plan`'s exported SGLang server."""
+        dp = plan.dp if plan.dp_attention else 1
+        gathered = plan.dp_attention or plan.moe_dispatcher == "deepep"
+        return cls(plan.tp * dp, dp, (2 if plan.two_batch_overlap else 1) * (plan.tp if gathered else 1),
+                   plan.two_batch_overlap)
+
+
+def sglang_listed_sizes(max_bs: int, speculative: bool = False) -> tuple[int, ...]:
+    """SGLang's default decode capture list up to max_bs (padding on): without speculative decoding 1, 2, 4,
+    8, 12, every 8 from 16 to 256, every 16 from 272 to 496, every 32 from 512; with it SGLANG_SPEC_GRAPH_BS
+    then every 16 from 272; those <= max_bs, and max_bs itself. Source: sgl-project/sglang v0.5.23 (PyPI
+    wheel), python/sglang/srt/arg_groups/cuda_graph_hook.py, generate_decode_cuda_graph_batch_sizes (also
+    @399499ca)."""
+    if speculative:
+        listed = [*SGLANG_SPEC_GRAPH_BS, *range(272, max_bs + 1, 16)]
+    else:
+        listed = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    return tuple(sorted({b for b in listed if b <= max_bs} | {max_bs}))
+
+
+def sglang_runner_sizes(listed: tuple[int, ...], pool: int, align: int = 1, width: int = 1) -> tuple[int, ...]:
+    """The sizes SGLang's decode runner captures of `listed` for a request pool of `pool` per attention rank:
+    the pool rounded up to a multiple of `align` (N), N added when the list reaches above it, then the sizes
+    <= N whose tokens (size x `width`, the tokens a request carries: speculative_num_draft_tokens when it
+    verifies drafts, else 1) are a multiple of `align`. Empty where none is left (SGLang then refuses to
+    start). Source: sgl-project/sglang v0.5.23 (PyPI wheel), python/sglang/srt/model_executor/runner/
+    base_cuda_graph_runner.py, get_batch_sizes_to_capture; decode_cuda_graph_runner.py (captured_req_width:
+    model_runner.decode_num_tokens_per_req, speculative/spec_info.py: num_draft_tokens for target verify)."""
+    top = -(-pool // align) * align
+    sizes = set(listed) | ({top} if listed and max(listed) > top else set())
+    return tuple(sorted(b for b in sizes if b <= top and b * width % align == 0))
+
+
+def sglang_graph_sizes(max_bs: int, requests: int | None = None, ranks: SglangRanks | None = None,
+                       draft_tokens: int | None = None) -> tuple[int, ...]:
+    """SGLang's captured decode sizes for a server whose default max_bs is `max_bs` (sglang_graph_max_bs) and
+    whose attention ranks each hold a pool of `requests` (None: a pool of max_bs): the default list
+    (sglang_listed_sizes, its speculative grid with `draft_tokens`) as the runner keeps it (sglang_runner_sizes
+    at the ranks' alignment, each request carrying draft_tokens + 1 tokens when it verifies, 1 under two-batch
+    overlap). llmplan's export sets --max-running-requests to the planned batch x the attention ranks
+    (export/serve.py), so each rank captures its planned batch (rounded up to the alignment) when max_bs
+    allows it and runs a larger one without a graph. Sizes count requests of one attention rank.
+    Derived: docs/formulas.md#infer.graph_padding"""
+    ranks = ranks or SglangRanks()
+    width = 1 if draft_tokens is None or ranks.two_batch else draft_tokens + 1
+    return sglang_runner_sizes(sglang_listed_sizes(max_bs, draft_tokens is not None),
+                               max_bs if requests is None else requests, ranks.align, width)
 
 
 def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 1,
-                        host: GraphHost | None = None, draft_tokens: int | None = None) -> tuple[int, ...] | None:
+                        host: GraphHost | None = None, draft_tokens: int | None = None,
+                        ranks: SglangRanks | None = None) -> tuple[int, ...] | None:
     """The captured sizes a decode step pads to when the user gives none; `draft_tokens` the speculative
     num_speculative_tokens (None: no speculation). TensorRT-LLM (PyTorch backend): its perf overview's padded
     list (TRTLLM_GRAPH_BATCH_SIZES) cut to the engine's limits (trtllm_graph_sizes). TensorRT-LLM's own
@@ -361,33 +425,37 @@ def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 
     without the perf overview's llm_options runs batches off its list without a graph, which llmplan does not
     price; --cuda-graph-sizes gives the list such a server captures. vLLM: its default capture sizes in tokens
     for max_num_seqs = max_bs on the host's GPU and model, with 1 + draft_tokens tokens per decode request
-    (vllm_graph_sizes). SGLang: its default list for the GPU's memory and `tp` (sglang_graph_max_bs) cut at
-    a request pool of max_bs (sglang_graph_sizes: the planned batch is captured when SGLang's max_bs allows
-    it, else it runs without a graph); None (unpadded) with speculative decoding, whose list and request cap
-    (48 by default) differ by algorithm. Derived: docs/formulas.md#infer.graph_padding"""
+    (vllm_graph_sizes). SGLang: its default list for the GPU's memory and --tp-size (sglang_graph_max_bs at
+    `ranks`' tp_size: the instance's GPUs under DP attention; without `ranks` a plain server of `tp`), as
+    its runner keeps it for a pool of max_bs requests per attention rank (sglang_graph_sizes: its speculative
+    list with draft_tokens). Derived: docs/formulas.md#infer.graph_padding"""
     host = host or GraphHost()
     if engine == "trtllm":
         return trtllm_graph_sizes(TRTLLM_GRAPH_BATCH_SIZES, max_bs, max_tokens)
     if engine == "vllm":
         return vllm_graph_sizes(max_bs, max_tokens, vllm_platform_max_capture(host.compute_capability),
                                 1 + (draft_tokens or 0), VLLM_MODEL_MAX_CAPTURE.get(host.model_type or ""))
-    if engine == "sglang" and draft_tokens is None:
-        return sglang_graph_sizes(sglang_graph_max_bs(host.hbm_bytes, tp), max_bs)
+    if engine == "sglang":
+        ranks = ranks or SglangRanks(tp_size=tp)
+        # None where the runner keeps no size (SGLang would refuse to start; e.g. tp 7 under DeepEP on a small GPU)
+        return sglang_graph_sizes(sglang_graph_max_bs(host.hbm_bytes, ranks.tp_size), max_bs, ranks,
+                                  draft_tokens) or None
     return None
 
 
 def graph_sizes_at(job: Any, batch: int | None = None, tp: int | None = None,
-                   host: GraphHost | None = None) -> tuple[int, ...] | None:
+                   host: GraphHost | None = None, ranks: SglangRanks | None = None) -> tuple[int, ...] | None:
     """The job's captured sizes for a server started at another batch, at tensor
-    parallelism `tp` on `host` (SGLang's default depends on the GPU's memory and TP, vLLM's on its compute
+    parallelism `tp` (SGLang: the ranks of the plan's server, `ranks`, where given) on `host` (SGLang's
+    default depends on the GPU's memory, --tp-size and the attention ranks, vLLM's on its compute
     capability and the model): where the job carries the engine's default (ServeJob.cuda_graph_sizes_default),
-    the default at the new settings; else the user's sizes as given. SGLang without `tp` keeps the job's list
-    (serving.job_for_plan derives it at the plan's TP before anything is priced).
+    the default at the new settings; else the user's sizes as given. SGLang without `tp` or `ranks` keeps the
+    job's list (serving.job_for_plan derives it for the plan before anything is priced).
     Derived: docs/formulas.md#infer.graph_padding"""
-    if not job.cuda_graph_sizes_default or (job.engine == "sglang" and tp is None):
+    if not job.cuda_graph_sizes_default or (job.engine == "sglang" and tp is None and ranks is None):
         return job.cuda_graph_batch_sizes
     return default_graph_sizes(job.engine, batch or job.batch, job.max_num_batched_tokens, tp or 1, host,
-                               draft_tokens_of(job))
+                               draft_tokens_of(job), ranks)
 
 
 SERVE_GEMM_M_HALF = 128.0

@@ -94,7 +94,7 @@ def draft_passes(k: int, engine: Engine, gained: float) -> tuple[float, ...]:
     False: rejected drafts stay in as padding), then k - 1 passes of one token. SGLang: k - 1 draft passes of
     one token ("1 token from draft prefill and (#spec steps - 1) tokens here") and, after verification, a
     draft extend over each sequence's accepted tokens + 1 (extend_lens = accept_length + 1: `gained` on
-    average; priced unpadded, as SGLang's speculative steps are). TensorRT-LLM: k passes of one token (not
+    average; priced unpadded: only SGLang's verification pads to its capture list). TensorRT-LLM: k passes of one token (not
     verified). Source: vllm-project/vllm vllm/v1/spec_decode/llm_base_proposer.py
     @00c4f22dae4795e34658bead82fa071e6bb7ae39, SpecDecodeBaseProposer.propose, set_inputs_first_pass
     (net_num_new_slots_per_request 0 with hidden states); vllm/config/speculative.py
@@ -179,7 +179,8 @@ def speculative_step(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
     sequences than `graph_top` (cost.serve_step.graph_ceiling: vLLM's captured tokens over k + 1) runs
     without a CUDA graph and pays its launches; one at or below it replays the smallest captured size that
     holds it, its element-wise operators and all-reduces carrying the padded tokens (`graph_sizes`,
-    cost.serve_step.graph_padded_tokens: vLLM pads batch x (k + 1) tokens). The draft's passes (draft_passes:
+    cost.serve_step.graph_padded_tokens: vLLM pads batch x (k + 1) tokens, SGLang the batch to its speculative
+    request grid, cost.serve_step.sglang_graph_sizes). The draft's passes (draft_passes:
     vLLM's first over the k + 1 verified tokens per sequence, SGLang's draft extend over the accepted ones,
     k - 1 of one token) pad to the same sizes and run eagerly above them on vLLM (draft_pass_graphs),
     unpadded elsewhere; each samples one row per request (its output layer and sampler: vLLM's logits at
