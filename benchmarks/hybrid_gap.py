@@ -11,7 +11,11 @@ the time llmplan leaves unplaced per micro-batch and per layer and micro-batch, 
 * gb200_tp2: measured and predicted GB200-TP2 over GB300-TP1 tokens/s per GPU, per model;
 * model: (1 + Ultra's signed error) / (1 + Super's) on the same GPU and layout, per GPU;
 
-and the precision pairs that price the same stacks in BF16 (benchmarks/precision_pairs.py).
+and the precision pairs that price the same stacks in BF16 (benchmarks/precision_pairs.py). Then the predicted
+GB200-TP2 / GB300-TP1 ratio split into its GPU and TP parts with two counterfactual plans (docs/validation.md#moe-tp2):
+each model's GB300 TP1 row, the GB200 row's plan at TP1 (DP doubled, no SP: same GPUs, same tokens a rank a step),
+the GB300 row's plan at TP2 with SP (DP halved), and the GB200 TP2 row, each with its predicted tokens/s per GPU
+relative to the first and its step terms (ms).
 
     python benchmarks/hybrid_gap.py
 """
@@ -61,6 +65,29 @@ def row(rec: dict) -> dict[str, Any]:
             **unplaced(float(e.time.total), pred, meas, plan.num_microbatches, layers)}
 
 
+def counterfactuals(recs: dict[str, dict], model: str) -> dict[str, tuple[Any, Any, Any]]:
+    """(model, cluster, plan) of the four layouts of one model: the two published rows and the two plans that
+    swap their GPU and tensor parallelism (DP scaled so the GPUs and the tokens a rank a step stay the same)."""
+    m3, c3, p3 = A.record_setup(recs[ROWS[(model, "gb300")]], "mbridge-moe")
+    m2, c2, p2 = A.record_setup(recs[ROWS[(model, "gb200")]], "mbridge-moe")
+    return {"gb300 tp1": (m3, c3, p3),
+            "gb200 tp1": (m2, c2, p2.model_copy(update={"tp": 1, "sp": False, "dp": p2.dp * p2.tp})),
+            "gb300 tp2": (m3, c3, p3.model_copy(update={"tp": p2.tp, "sp": True, "dp": p3.dp // p2.tp})),
+            "gb200 tp2": (m2, c2, p2)}
+
+
+def terms(m: Any, cluster: Any, plan: Any) -> tuple[float, dict[str, float]]:
+    """Predicted tokens/s per GPU and the step's terms in ms: the slowest stage's compute split as its
+    micro-batch is (gemm, attention, memory_bound), the exposed communication and the overheads (nonzero ones)."""
+    e = estimate_training(m, cluster, plan)
+    t, s = e.time, e.time.stage
+    out = {q: 1e3 * float(t.compute) * float(getattr(s, q)) / float(s.total)
+           for q in ("gemm", "attention", "memory_bound")}
+    out |= {k: 1e3 * float(v) for k, v in {**t.exposed, **t.overheads}.items() if float(v)}
+    out["total"] = 1e3 * float(t.total)
+    return float(e.throughput.tokens_per_s) / cluster.num_gpus, out
+
+
 def main() -> int:
     recs = {r["id"]: r for r in yaml.safe_load(A.DEFAULT_RUNS.read_text())}
     got = {k: row(recs[rid]) for k, rid in ROWS.items()}
@@ -82,6 +109,13 @@ def main() -> int:
     pred, meas = P.ultra_ab()
     print(f"pair Nemotron_3_Ultra (perf leaderboard A/B, GB200 TP2 PP3): mxfp8 / bf16 measured {meas:.3f}, "
           f"predicted {pred:.3f}")
+    for model in ("super", "ultra"):
+        base = None
+        for name, setup in counterfactuals(recs, model).items():
+            tps, parts = terms(*setup)
+            base = base or tps
+            print(f"layout {model} {name}: {tps / base:.3f} of gb300 tp1, mb {setup[2].num_microbatches:2d}, ms "
+                  + " ".join(f"{k} {v:.0f}" for k, v in parts.items()))
     return 0
 
 

@@ -41,3 +41,20 @@ def test_gb200_tp2_share_is_priced(published_runs):
         a = H.row(published_runs[H.ROWS[(model, "gb200")]])
         b = H.row(published_runs[H.ROWS[(model, "gb300")]])
         assert a["pred"] / b["pred"] == pytest.approx(a["meas"] / b["meas"], rel=RATIO_TOLERANCE)
+
+
+def test_counterfactual_layouts_keep_gpus_and_tokens_per_rank(published_runs):
+    # docs/validation.md#moe-tp2 splits the predicted GB200-TP2 / GB300-TP1 ratio through two swapped plans; the
+    # split means something only if every layout runs the row's GPUs and hands each rank the same tokens a step
+    # (global batch 512 (Super) / 256 (Ultra) x 8,192 over the 64 / 256 GPUs: 65,536 / 8,192 tokens a GPU a step,
+    # SP's shard at TP2), with TP2 at twice TP1's micro-batches
+    for model, tokens in (("super", 65_536), ("ultra", 8_192)):
+        cases = H.counterfactuals(published_runs, model)
+        assert list(cases) == ["gb300 tp1", "gb200 tp1", "gb300 tp2", "gb200 tp2"]
+        for name, (_, cluster, plan) in cases.items():
+            assert plan.tp * plan.pp * plan.cp * plan.dp == cluster.num_gpus, name
+            assert plan.global_batch * plan.seq_len // cluster.num_gpus == tokens, name
+            assert plan.sp == (plan.tp > 1), name
+        assert cases["gb200 tp2"][2].num_microbatches == 2 * cases["gb200 tp1"][2].num_microbatches
+        assert cases["gb300 tp2"][2].num_microbatches == 2 * cases["gb300 tp1"][2].num_microbatches
+        assert cases["gb200 tp1"][1].system.gpu.name == "gb200" and cases["gb300 tp2"][1].system.gpu.name == "gb300"
