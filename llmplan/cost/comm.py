@@ -19,7 +19,7 @@ from llmplan.cost.compute import (KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZ
                                   TE_PIPELINE_SPLITS)
 from llmplan.cost.flops import layer_flops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
-from llmplan.cost.model_states import bf16_kept_params, low_precision_params
+from llmplan.cost.model_states import bf16_gathered_params, low_precision_params
 from llmplan.cost.mixers import attention_share, dense_mlp_share, lightning
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.quantize import torchao_float8
@@ -795,7 +795,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     Derived: docs/formulas.md#comm.dp, docs/formulas.md#step.stage_tail, docs/formulas.md#mem.hsdp"""
     rp = stepped_rank_params(m, plan, stage)
     n, z = plan.num_microbatches, plan.zero
-    kept = bf16_kept_params(m, plan, stage)  # fp8_params' bf16 parts
+    kept = bf16_gathered_params(m, plan, stage)  # gathered at 2 B under fp8_params (torchao: the experts too)
     per_mb, gathered = plan.sharded_per_microbatch, plan.gathered_per_microbatch
     whole = (z == 0) | ((z == 1) & (plan.grad_reduce == "all-reduce"))  # every rank gets the whole gradient
     u = where(gathered, zero3_units(m, plan), 1)  # ZeRO-3: one collective per unit (zero3_units)

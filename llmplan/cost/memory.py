@@ -27,8 +27,9 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     ADAM_STATE_BYTES, FP8_TRANSPOSE, LOW_PRECISION_WEIGHT_CACHE, ModelStateBytes, low_precision_weight_cache,
     model_state_bytes,
 )
-from llmplan.cost.model_states import (after_backward_peak, bf16_kept_params, bf16_parts_extra_bytes,
-                                       fp32_shards_are_master, gradient_params, kept_copy_extra_bytes)
+from llmplan.cost.model_states import (after_backward_peak, bf16_gathered_params, bf16_kept_params,
+                                       bf16_parts_extra_bytes, fp32_shards_are_master, gradient_params,
+                                       kept_copy_extra_bytes)
 from llmplan.cost.grad_lifetime import pipelined_gradient_bytes
 from llmplan.cost.muon import muon_moment_saving, muon_params
 from llmplan.cost.offload import fine_grained_offloaded, offloaded_share
@@ -337,8 +338,9 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     # backward to its reduce-scatter (FSDP). Derived: docs/formulas.md#mem.grad_lifetime
     gradients = pipelined_gradient_bytes(m, plan, stage, gradient_params(plan, rp) * grad_b, grad_b)
     tensors = tensors + gradients - (dense.gradients + expert.gradients)
+    wide = bf16_gathered_params(m, plan, stage).total  # gathered at 2 B under fp8_params (torchao: the experts too)
     gathered = where(plan.zero >= 3, where(piped, rp.total, live) * weight_b
-                     + where(piped, kept.total, live * kept.total / maximum(rp.total, 1.0)) * kept_b, 0.0)
+                     + where(piped, wide, live * wide / maximum(rp.total, 1.0)) * kept_b, 0.0)
     # FSDP2 without a pipeline: one layer's unsharded gradients (param dtype) beside the previous layer's
     # reduce-scatter input (reduce dtype), held until the next reduce. Derived: docs/formulas.md#mem.other
     gathered = gathered + where(fp32_shards & (plan.pp == 1),

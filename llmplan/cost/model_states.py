@@ -263,6 +263,21 @@ def bf16_kept_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: bool 
     return RankParams(dense=rp.dense - low.dense, expert=rp.expert - low.expert)
 
 
+def bf16_gathered_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankParams:
+    """Parameters of a rank of `stage` (and of its paired stage under DualPipe) that FSDP / ZeRO gathers at 2 bytes
+    under fp8_params: the bf16-kept ones (bf16_kept_params) and, on torchao (torchao_float8), the routed experts
+    whole. torchao's float8 all-gather is Float8Linear's, and torchtitan's experts are no nn.Linear: its float8
+    grouped-GEMM weights cast their fp32 shard to the mixed-precision param dtype before the gather, and
+    unconverted experts are plain parameters FSDP2 casts alike. Source: pytorch/ao@36027d82d1
+    torchao/prototype/moe_training/tensor.py (TrainingWeightWrapperBaseTensor.fsdp_pre_all_gather:
+    self._data.to(mp_policy.param_dtype); ScaledGroupedMMTensor before b8708a2dd); pytorch/pytorch@010ae4a
+    torch/distributed/fsdp/_fully_shard/_fsdp_param.py (all_gather_inputs: _to_dtype_if_needed(..., param_dtype)).
+    Derived: docs/formulas.md#comm.torchao_fp8_gather"""
+    kept = bf16_kept_params(m, plan, stage)
+    experts = where(plan.fp8_params & torchao_float8(plan), low_precision_params(m, plan, stage).expert, 0.0)
+    return RankParams(dense=kept.dense, expert=kept.expert + experts)
+
+
 def _bf16_kept(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
     """(dense, expert) parameters one rank of `stage` alone keeps in bf16 under fp8_params (bf16_kept_params); the
     complement of low_precision_params."""

@@ -107,8 +107,8 @@ def zero3_copy_out_seconds(plan: ParallelPlan, params_on_rank: Any, gpu: GpuSpec
     reshard_after_forward = not pp_enabled). The reduce-scatter's copy-in runs on its own stream and is not priced.
     Source: pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py (foreach_all_gather_copy_out:
     split_with_sizes_copy after the all-gather event, on the current stream). Under fp8_params `kept_on_rank` of
-    the parameters (cost.model_states.bf16_kept_params) are gathered and copied at 2 bytes
-    (bf16_parts_extra_bytes).
+    the parameters (cost.model_states.bf16_gathered_params: the kept ones, on torchao the experts too) are gathered
+    and copied at 2 bytes (bf16_parts_extra_bytes).
     Derived: docs/formulas.md#step.zero3_copy_out, docs/formulas.md#mem.fp8_param_bf16_parts"""
     gathers = where(plan.gathered_per_microbatch, 2 * plan.num_microbatches, 1)
     on = plan.zero3_copy_out & (plan.zero >= 3) & (plan.dp * plan.cp > 1)

@@ -53,7 +53,8 @@ from llmplan.cost.comm import (
 from llmplan.cost.hybrid_stage import balanced_stage_compute
 from llmplan.cost.kernels import layer_launch_average, router_host_ops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
-from llmplan.cost.model_states import bf16_kept_params, gradient_params, low_precision_weights
+from llmplan.cost.model_states import (bf16_gathered_params, bf16_kept_params, gradient_params,
+                                       low_precision_weights)
 from llmplan.cost.offload import (attention_offload_bytes, expert_flop_share, moe_act_offload_exposed, offload_exposed,
                                   offloads_moe_act)
 from llmplan.cost.mixers import attention_share
@@ -470,7 +471,7 @@ MXFP8 unstaging),
             tail = ((reduce, grad_buffer_seconds(plan, rp.total, gpu)),
                     (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert, kept, muon_params(m, plan, stage))
                      + newton_schulz_seconds(m, plan, gpu, stage),  # Muon's step (optim.muon_ns)
-                     zero3_copy_out_seconds(plan, rp.total, gpu, kept.total),
+                     zero3_copy_out_seconds(plan, rp.total, gpu, bf16_gathered_params(m, plan, stage).total),
                      mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, stage), gpu)))
             if key is not None:
                 done[key] = tail

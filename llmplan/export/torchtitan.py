@@ -110,16 +110,6 @@ def tensorwise_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "re-plan with --precision fp8-rowwise, or export to torchtitan-0.2 / megatron")
 
 
-def fp8_params_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
-    """fp8_params (read as FSDP2's float8 all-gather, enable_fsdp_float8_all_gather) under torchao's rowwise recipe,
-    refused whatever else the plan sets: torchao's float8 all-gather is per-tensor only (torchtitan v0.2.2
-    components/quantization/float8.py asserts it off with a recipe_name; 0.3.0's float8 converter is rowwise and has
-    no such switch)."""
-    return ("fp8_params with fp8 rowwise scaling (torchao's FSDP float8 all-gather casts per-tensor only; torchtitan "
-            "runs rowwise with bf16 weight gathers)", p.dtype == "fp8" and p.recipe == "rowwise" and p.fp8_params,
-            "re-plan with --no-fp8-params")
-
-
 def saved_input_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """torchao_saves_hp_input False (torchao before v0.9.0 saved the per-tensor linear's fp8 input), refused: the
     torchao a torchtitan release runs is not a job-config key, and both releases here run a torchao that saves the
@@ -233,7 +223,7 @@ def _check_common(pf: PlanFile, target: str) -> None:
     what, bad, fix = swiglu_fp8_refusal(p)
     if bad:
         raise refuse(target, what, fix)
-    for what, bad, fix in (fp8_attention_refusal(p), fp8_params_refusal(p), saved_input_refusal(p)):
+    for what, bad, fix in (fp8_attention_refusal(p), saved_input_refusal(p)):  # fp8_params with rowwise: check_plan
         if bad:
             raise refuse(target, what, fix)
     if p.fused_kernels and not p.rope_fusion:

@@ -21,7 +21,8 @@ from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import (Variants, best_layouts, layout_codes, representative,
                                      variants_of)
 from llmplan.specs.check import MTP_RULE, RULES, check_plan, te_comm_types
-from llmplan.specs.check_switches import SWITCH_RULES, SWITCH_USES, asks_for, named_switch_violations, settle
+from llmplan.specs.check_switches import (SWITCH_RULES, SWITCH_USES, asks_for, fp8_params_allowed,
+                                          named_switch_violations, settle)
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, trained_model
@@ -120,13 +121,6 @@ class SearchResult:
 CLOUD_POINTS = 2000
 
 
-LOW_PRECISION_PARAM_RECIPES = ("tensorwise", "blockwise", "mxfp8", "nvfp4")
-"""Recipes whose primary weights can be kept in the low-precision format: Transformer Engine's per-tensor,
-blockwise and MXFP8 fp8 tensors (Megatron-LM --fp8-param-gather; with MXFP8 it needs
---reuse-grad-buf-for-mxfp8-param-ag) and NVFP4 (--fp4-param-gather). torchao's rowwise recipe casts inside each
-GEMM and has no fp8 weight all-gather (torchao float8 README: tensorwise only)."""
-
-
 @dataclass(frozen=True)
 class SwitchChoice:
     """The search run once per setting of the memory switches that modern recipes set and the user did not
@@ -156,7 +150,8 @@ def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool,
                     try_scalings: bool = False, cp_comm_types: tuple[dict[str, Any], ...] = ()) -> list[dict[str, Any]]:
     """The settings of grad_dtype and fp8_params a search tries: the pinned value, or both where the
     workload's precision allows it (bf16 gradient buffers with any compute dtype below fp32; low-precision
-    primary weights with LOW_PRECISION_PARAM_RECIPES). The plain setting first (it wins ties). With
+    primary weights where check_plan's workload rules on fp8_params allow it, check_switches.fp8_params_allowed:
+    an fp8 / fp4 recipe other than torchao's rowwise, not under Muon). The plain setting first (it wins ties). With
     `try_scalings` (a launcher target named, --fp8-scaling not given) an fp8 tensorwise workload also tries
     current scaling after delayed: a target that runs only one of them (torchtitan's dynamic scaling) keeps its
     plans, and delayed, cheaper by its amax passes, wins wherever both export. With more than one
@@ -164,7 +159,7 @@ def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool,
     tried under each."""
     grads = [w.grad_dtype] if grad_pinned or w.dtype == "fp32" else ["fp32", "bf16"]
     # param_remainders completes bf16 weights: no low-precision primary weights beside it (check_plan)
-    allowed = w.dtype in ("fp8", "fp4") and w.recipe in LOW_PRECISION_PARAM_RECIPES and not w.param_remainders
+    allowed = fp8_params_allowed(w.base) and not w.param_remainders
     params = [w.fp8_params] if params_pinned or not allowed else [False, True]
     base = [{"grad_dtype": g, "fp8_params": p} for g in grads for p in params]
     if try_scalings and w.dtype == "fp8" and w.recipe == "tensorwise":

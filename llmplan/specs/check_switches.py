@@ -387,6 +387,29 @@ def settle(plan: ParallelPlan) -> ParallelPlan:
     return plan.model_copy(update=reset) if reset else plan
 
 
+def _fp8_params_low(p: Any) -> Any:
+    """Rule fp8_params_dtype: fp8_params only with an fp8 / fp4 recipe."""
+    return (not p.fp8_params) | p.low_precision
+
+
+def _fp8_params_per_tensor(p: Any) -> Any:
+    """Rule fp8_params_rowwise: fp8_params not with torchao's rowwise recipe (no float8 all-gather for it)."""
+    return (not p.fp8_params) | (p.recipe != "rowwise")
+
+
+def _fp8_params_adam(p: Any) -> Any:
+    """Rule muon_fp8_params: fp8_params not with Muon's layer-wise optimizer."""
+    return (p.optimizer != "muon") | (not p.fp8_params)
+
+
+def fp8_params_allowed(plan: ParallelPlan) -> bool:
+    """Whether check_plan's rules that read fp8_params with the workload's switches alone (dtype, recipe,
+    optimizer: fp8_params_dtype, fp8_params_rowwise, muon_fp8_params; none reads the model or an axis) let
+    `plan` turn fp8_params on: what search.run.switch_variants tries."""
+    on = plan.model_copy(update={"fp8_params": True})
+    return all(bool(ok(on)) for ok in (_fp8_params_low, _fp8_params_per_tensor, _fp8_params_adam))
+
+
 SWITCH_RULES: tuple[Rule, ...] = (
     Rule("mtp_layers", lambda m, p, c: (p.mtp_layers is None) or p.mtp_layers <= m.num_nextn_predict_layers,
          lambda m, p, c: f"mtp_layers {p.mtp_layers} exceeds the {m.num_nextn_predict_layers} multi-token-prediction "
@@ -644,10 +667,20 @@ SWITCH_RULES: tuple[Rule, ...] = (
     Rule("grad_dtype_fp32", lambda m, p, c: (p.grad_dtype == "fp32") | (p.dtype != "fp32"),
          lambda m, p, c: f"grad_dtype {p.grad_dtype} with dtype fp32: pure fp32 training keeps fp32 gradients (the "
                          "weights' own dtype); give a 16-bit or lower --dtype / --precision, or drop --grad-dtype"),
-    Rule("fp8_params_dtype", lambda m, p, c: (not p.fp8_params) | p.low_precision,
+    Rule("fp8_params_dtype", lambda m, p, c: _fp8_params_low(p),
          lambda m, p, c: f"fp8_params with dtype {p.dtype}: it keeps the weights in an fp8 / NVFP4 recipe's format "
                          f"(Megatron --fp8-param-gather / --fp4-param-gather), and the plan's matmuls run in "
                          f"{p.dtype}; give an fp8 or fp4 --precision, or drop --fp8-params"),
+    # torchao's float8 all-gather is per-tensor only. Source: pytorch/ao@36027d82d1 torchao/float8/config.py
+    # (Float8LinearConfig.__post_init__: "enable_fsdp_float8_all_gather only supports tensorwise scaling
+    # granularity"); pytorch/torchtitan v0.2.2 (73a0e69) components/quantization/float8.py (Float8LinearConverter:
+    # asserts enable_fsdp_float8_all_gather off with a recipe_name)
+    Rule("fp8_params_rowwise", lambda m, p, c: _fp8_params_per_tensor(p),
+         lambda m, p, c: f"fp8_params with dtype {p.dtype}, recipe {p.recipe}: fp8_params keeps the weights in the "
+                         "recipe's format and gathers them so (torchao's FSDP float8 all-gather, "
+                         "enable_fsdp_float8_all_gather), which torchao runs for per-tensor scaling only; its rowwise "
+                         "recipe casts inside each GEMM and gathers bf16 weights; use --precision fp8-tensorwise or "
+                         "drop --fp8-params"),
     Rule("zero3_copy_out_unit", lambda m, p, c: (not p.zero3_copy_out) | (p.zero3_unit == "layer"),
          lambda m, p, c: "zero3_copy_out with zero3_unit tensor: the copy-out is FSDP2's, which gathers a module "
                          "at a time, and the per-tensor unit is DeepSpeed's stage 3 of 2021, whose own copies "
@@ -683,7 +716,7 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "precision-aware optimizer); drop those options, or use --optimizer adam"),
     # Megatron-Bridge v0.3.1 - v0.5.0 scripts/performance/configs/kimi/kimi_llm_pretrain.py: MXFP8's fp8_param_gather
     # "require[s] DistributedOptimizer infrastructure, incompatible with Muon's LayerWiseDistributedOptimizer"
-    Rule("muon_fp8_params", lambda m, p, c: (p.optimizer != "muon") | (not p.fp8_params),
+    Rule("muon_fp8_params", lambda m, p, c: _fp8_params_adam(p),
          lambda m, p, c: "optimizer muon with fp8_params: the low-precision weight gather needs Megatron's "
                          "distributed optimizer, which Muon's layer-wise optimizer replaces; drop --fp8-params, or "
                          "use --optimizer adam"),
