@@ -3,7 +3,7 @@ in precision, and the Nemotron-3.5 Lightning GB200 pair of issues 32 / 40 (Megat
 examples/model_verification_cards/nemotron-3.5-lightning/card.yaml at 067f987df: 28,750.07 tokens/s per GPU; the
 26.08 performance summary's MXFP8 row, docs/performance-summary.md at 4ab94dfad: 28,672; same container, layout
 and batch). What is asserted: which pairs the records hold, where llmplan's predicted MXFP8 saving sits (the GEMM
-part, every TE-module matmul about 1.9x), the router's gating matmul kept out of MXFP8 (Megatron-Core's
+part, every TE-module matmul about 1.8x), the router's gating matmul kept out of MXFP8 (Megatron-Core's
 TopKRouter.gating is a torch matmul, not a TE module), and (a strict xfail) the Lightning ratio within the
 golden tolerance, which llmplan does not meet yet."""
 
