@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmplan.cost.gemm import FUSED_MLP_TILE, TILE, expert_gemm_tile, grouped_gemm_efficiency, layer_gemm_seconds
+from llmplan.cost.gemm import (FUSED_MLP_TILE, MXFP8_CUBLAS_GEMM_TIME, TILE, expert_gemm_tile, grouped_gemm_efficiency,
+                               layer_gemm_seconds)
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
@@ -62,7 +63,10 @@ def test_only_the_fused_mxfp8_grouped_mlp_takes_the_256_tile() -> None:
 def test_gpt_oss_expert_gemms_slow_by_at_most_the_tile_and_wave_loss() -> None:
     # the layer's GEMM time grows, by less than the fc2 fill loss bounds it (0.978 / 0.9375 - 1 = 4.3%, plus
     # the coarser waves of 2-SM tiles)
+    # the unfused experts run cuBLASLt's MXFP8 GEMMs, priced 5.1% slower (docs/formulas.md#compute.mxfp8_cublas_rate);
+    # the tile and wave loss is what is left with that factor taken out of the unfused experts
     m, gpu = builtin_models()["gpt-oss-120b"], _gpu()
     fused = sum(layer_gemm_seconds(m, _plan(), gpu, True))
     unfused = sum(layer_gemm_seconds(m, _plan(expert_gemm="per-expert"), gpu, True))
-    assert 1.0 < fused / unfused < 1.06
+    experts = sum(layer_gemm_seconds(m, _plan(expert_gemm="per-expert"), gpu, True, only="expert"))
+    assert 1.0 < fused / (unfused - experts * (1 - 1 / MXFP8_CUBLAS_GEMM_TIME)) < 1.06

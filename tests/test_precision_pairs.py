@@ -3,7 +3,7 @@ in precision, and the Nemotron-3.5 Lightning GB200 pair of issues 32 / 40 (Megat
 examples/model_verification_cards/nemotron-3.5-lightning/card.yaml at 067f987df: 28,750.07 tokens/s per GPU; the
 26.08 performance summary's MXFP8 row, docs/performance-summary.md at 4ab94dfad: 28,672; same container, layout
 and batch). What is asserted: which pairs the records hold, where llmplan's predicted MXFP8 saving sits (the GEMM
-part, every TE-module matmul about 1.9x), the router's gating matmul kept out of MXFP8 (Megatron-Core's
+part, every TE-module matmul about 1.8x), the router's gating matmul kept out of MXFP8 (Megatron-Core's
 TopKRouter.gating is a torch matmul, not a TE module), and (a strict xfail) the Lightning ratio within the
 golden tolerance, which llmplan does not meet yet."""
 
@@ -54,17 +54,18 @@ def test_the_predicted_saving_is_the_gemm_part(published_runs):
     assert measured < 1.0  # ... where the published MXFP8 run is 0.3% slower than the bf16 one
 
 
-def test_every_te_matmul_of_the_moe_layer_is_priced_about_twice_as_fast(published_runs, acc):
+def test_every_te_matmul_of_the_moe_layer_is_priced_about_1_8x_as_fast(published_runs, acc):
     # the recipe runs all of them in MXFP8 (bf16_with_mxfp8_mixed: first_last_layers_bf16 False over the
     # provider's True; MTP inside the global fp8 context); their shapes (16,384 or 6,144 rows, K 1,856-4,096)
-    # are where OpenXLA's published B200 fp8 / bf16 speed-up is 1.55-2.14 (docs/validation.md#fp8-small-gemm)
+    # are where OpenXLA's published B200 fp8 / bf16 speed-up is 1.55-2.14 (docs/validation.md#fp8-small-gemm);
+    # MXFP8 on cuBLASLt takes 5.1% more than per-tensor FP8 (docs/validation.md#mxfp8-credit): 1.79-1.82
     setups = [acc.record_setup(published_runs[rid], acc.family(rid)) for rid in P.LIGHTNING]
     (m, cluster, bf16), (_, _, mx) = setups
     m, gpu = trained_model(m, bf16), cluster.system.gpu
     for module in ("expert", "shared_expert", "recurrent", "attention"):
         ratio = sum(layer_gemm_seconds(m, bf16, gpu, True, only=module)) / \
             sum(layer_gemm_seconds(m, mx, gpu, True, only=module))
-        assert 1.8 < ratio < 2.0, module
+        assert 1.7 < ratio < 1.9, module
 
 
 def test_router_matmul_stays_bf16_under_mxfp8(published_runs, acc):
@@ -79,12 +80,15 @@ def test_router_matmul_stays_bf16_under_mxfp8(published_runs, acc):
 def test_te_gemm_profile_b300_mxfp8_speedup_is_priced_within_8_percent():
     # NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst at 1609c890e (P.TE_PROFILE_B300): one
     # 5B layer's 12 GEMMs at M = 15,872 (Lightning's micro-batch is 16,384 tokens), MXFP8 over BF16 1.42x with
-    # TE's casts, 1.83x kernels only. Tolerance 8%: one published run (CUDA events, 100 iterations); llmplan
-    # credits MXFP8 with about 6% more than it shows, far short of the Lightning pair's 15%.
+    # TE's casts, 1.83x kernels only. Tolerance 8%: one published run (CUDA events, 100 iterations); before the
+    # block-scaled rate llmplan credited MXFP8 with about 6% more than it shows, far short of the Lightning pair's 15%.
     pub, got = P.TE_PROFILE_B300, P.te_profile_priced()
     with_casts = (got["bf16"] / got["mxfp8"]) / (pub["bf16"] / pub["mxfp8"])
     kernels = (got["bf16_kernels"] / got["mxfp8_kernels"]) / (pub["bf16_kernels"] / pub["mxfp8_kernels"])
-    assert 1.0 <= with_casts <= 1.08 and 1.0 <= kernels <= 1.08
+    # MXFP8's cuBLASLt GEMMs are priced from the same table's per-tensor FP8 times (MXFP8_CUBLAS_GEMM_TIME,
+    # docs/validation.md#mxfp8-credit): with it the kernels' speed-up is 1.4% under the published one, the
+    # casts' 2% over; within 8% either way
+    assert abs(with_casts - 1) <= 0.08 and abs(kernels - 1) <= 0.08
     # the casts alone (autocast less kernels): 1.823 ms published, priced from CAST_BYTES within 10%
     assert (got["mxfp8"] - got["mxfp8_kernels"]) == pytest.approx(pub["mxfp8"] - pub["mxfp8_kernels"], rel=0.10)
 

@@ -68,6 +68,7 @@ from llmplan.cost.gemm import (  # noqa: F401  (re-exported: their home was this
     TE_PIPELINE_SPLITS,
     TILE,
     attention_shapes,
+    block_scaled_gemm_factor,
     chunk_rows,
     gemm_efficiency,
     gemm_shape_efficiency,
@@ -368,7 +369,8 @@ def mtp_projection_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> An
     T, h = plan.seq_len / plan.cp * plan.micro_batch, m.hidden_size
     fmt = plan.gemm_format if plan.dtype == "fp8" else bf16_kernel_format(plan)
     eff = gemm_shape_efficiency(gpu, fmt, T, h / plan.tp, 2 * h)
-    return m.num_nextn_predict_layers * 2 * T * 2 * h * h / plan.tp / (gpu.sustained_flops(fmt) * eff)
+    cublas = block_scaled_gemm_factor(m, plan, fmt, "mtp")  # a TE linear: MXFP8 on cuBLASLt
+    return m.num_nextn_predict_layers * 2 * T * 2 * h * h / plan.tp / (gpu.sustained_flops(fmt) * eff) * cublas
 
 
 def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec, expert_on_rank: Any = 0.0,

@@ -292,6 +292,32 @@ def chunked_gemm_efficiency(gpu: GpuSpec, dtype: str, plan: ParallelPlan, M: Any
     return grouped_gemm_efficiency(gpu, dtype, rows, N, K, groups)
 
 
+MXFP8_CUBLAS_GEMM_TIME = 171.869 / 163.493
+"""Time of a cuBLASLt MXFP8 (E8M0 block scales per 32 elements) GEMM over a per-tensor-scaled FP8 one of the
+same shape on the same Blackwell GPU: Transformer Engine's GEMM-profiling tutorial, one B300, the 12 GEMMs of a
+5B layer at M = 15,872 pre-quantised and timed together (tex.generic_gemm, CUDA events, 100 iterations), 24
+layers 171.869 ms MXFP8 against 163.493 ms Float8CurrentScaling (fprop 2.365 / 2.158, dgrad 2.397 / 2.329, wgrad
+2.400 / 2.325 ms a layer); the MXFP8 time includes the operands' scale swizzles that tex.generic_gemm runs
+before each GEMM (the tutorial's quantiser leaves the scales unswizzled). The GPU profiles' fp8 large-GEMM rate
+(max_gemm_tflops_fp8) is a per-tensor FP8 measurement, so MXFP8 matmuls on cuBLAS take this ratio more.
+Source: NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst ("Autocast vs
+Pre-quantized", per-layer table) and benchmarks/gemm/benchmark_gemm.py (benchmark_fp8_prequantized,
+benchmark_fp8_current_prequantized) at 1609c890e. Derived: docs/formulas.md#compute.mxfp8_cublas_rate"""
+
+
+def block_scaled_gemm_factor(m: ModelSpec, plan: ParallelPlan, fmt: str, module: str) -> Any:
+    """Time factor of one matmul in `fmt` over the fp8 large-GEMM rate's pricing: MXFP8_CUBLAS_GEMM_TIME for an
+    MXFP8 matmul on cuBLASLt (Transformer Engine's Linear, LayerNormLinear and GroupedLinear: general_gemm /
+    general_grouped_gemm), 1 for the routed experts on the fused CuTeDSL grouped MLP (fused_grouped_mlp: their
+    kernels are priced at the fp8 rate against cudnn-frontend's measured GB200 MXFP8 times, fused_dglu_factor)
+    and for every other format. Derived: docs/formulas.md#compute.mxfp8_cublas_rate"""
+    if fmt != "mxfp8":
+        return 1.0
+    if module == "expert":
+        return where(fused_grouped_mlp(m, plan), 1.0, MXFP8_CUBLAS_GEMM_TIME)
+    return MXFP8_CUBLAS_GEMM_TIME
+
+
 def bf16_module_gemms(plan: ParallelPlan, gemms: list[Gemm]) -> frozenset[int]:
     """Indices into layer_gemms' list of the matmuls plan.bf16_modules keeps in bf16 under a low-precision
     recipe: those whose module tag is named (the attention projections; a latent MoE's two projections).
@@ -309,7 +335,8 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     layer). The backward is an input-gradient and a weight-gradient
     matmul of the forward's FLOPs each, priced at the forward's shape except where chunked TP overlap splits
     the call (chunk_rows). `only` (a module, e.g. "expert"): the time of that module's matmuls alone, each
-    priced as in the whole layer. Derived: docs/formulas.md#compute.gemm, docs/formulas.md#precision"""
+    priced as in the whole layer. An MXFP8 matmul on cuBLASLt takes block_scaled_gemm_factor more.
+    Derived: docs/formulas.md#compute.gemm, docs/formulas.md#precision, docs/formulas.md#compute.mxfp8_cublas_rate"""
     gemms = layer_gemms(m, plan, moe)
     total = sum(g.flops for g in gemms)
     # (a hybrid's layer variant without mixer or MLP has no matmul: cost.hybrid_stage)
@@ -326,7 +353,7 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
             if only is not None and module != only:
                 continue
             fmt = "bf16" if i in kept or module in UNQUANTIZED_MODULES else low
-            scale = per_flop / gpu.sustained_flops(fmt)
+            scale = per_flop / gpu.sustained_flops(fmt) * block_scaled_gemm_factor(m, plan, fmt, module)
             x, g = (load, m.num_experts / plan.ep) if module == "expert" else (1.0, 1)
             tile = expert_gemm_tile(plan, fmt) if module == "expert" else TILE
             whole = f * x / grouped_gemm_efficiency(gpu, fmt, M, N, K, g, tile) * scale
