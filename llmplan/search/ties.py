@@ -77,10 +77,11 @@ def _tp_crosses_node(e: Any) -> bool:
 
 def decide(a: Any, b: Any) -> tuple[int, str]:
     """-1 when tied plan a is preferred to b, 1 when b is, 0 when no robustness rule separates them (the
-    faster prediction then stays first); with the rule that decided. Rules in order: a lower out-of-memory tier
-    (oom_tier: a plan whose memory interval's upper end fits the GPU before one whose does not, and among
-    those the one less over); TP inside the NVLink domain; an MoE model's experts on their EP ranks rather
-    than gathered by ZeRO-3; fewer parallel axes; a smaller CP degree; lower ZeRO stage; less recompute.
+    faster prediction then stays first); with the rule that decided. Rules in order: a plan whose memory
+    interval's upper end fits the GPU before one at risk of running out of memory (oom_tier 0 or not); TP
+    inside the NVLink domain; an MoE model's experts on their EP ranks rather than gathered by ZeRO-3; fewer
+    parallel axes; a smaller CP degree; between two plans at risk, the one less over the GPU (a lower
+    oom_tier); lower ZeRO stage; less recompute.
     Memory comes first: a plan that may not run at all (one published memory peak in ten measured more than
     its interval's upper end over the prediction) goes after plans that will, whatever else they cost; two
     plans whose memory intervals both fit the GPU are not separated by headroom, so the faster prediction
@@ -88,7 +89,7 @@ def decide(a: Any, b: Any) -> tuple[int, str]:
     ring at a 4k sequence, say) adds communication and a way to fail, and a wider ring splits the sequence into
     shorter chunks, whose steps the model prices least well (docs/formulas.md#compute.cp_attention)."""
     ta, tb = _tier(a), _tier(b)
-    if ta != tb:
+    if (ta > 0) != (tb > 0):
         return (-1 if ta < tb else 1), risk_words(a if ta < tb else b, b if ta < tb else a)
     ca, cb = _tp_crosses_node(a), _tp_crosses_node(b)
     if ca != cb:
@@ -102,6 +103,8 @@ def decide(a: Any, b: Any) -> tuple[int, str]:
     if a.plan.cp != b.plan.cp:
         return (-1 if a.plan.cp < b.plan.cp else 1), f"smaller CP degree ({min(a.plan.cp, b.plan.cp)} vs " \
             f"{max(a.plan.cp, b.plan.cp)}: longer sequence chunks per rank)"
+    if ta != tb:  # both at risk: the one less over the GPU
+        return (-1 if ta < tb else 1), risk_words(a if ta < tb else b, b if ta < tb else a)
     if a.plan.zero != b.plan.zero:
         return (-1 if a.plan.zero < b.plan.zero else 1), "lower ZeRO stage (fewer shards to gather)"
     order = {"none": 0, "selective": 1, "op": 2, "full": 3}
@@ -178,16 +181,18 @@ def robust_first(ranked: list[Any], tied: list[int]) -> int:
 
 
 def robust_key(ranked: list[Any], group: list[int], i: int) -> tuple[Any, ...]:
-    """decide's rules, in order, as one sort key for plan i of `group`: the out-of-memory tier (oom_tier:
-    absolute, not relative to the group, so one order); TP inside the NVLink domain; where the
+    """decide's rules, in order, as one sort key for plan i of `group`: at risk of running out of memory or
+    not (oom_tier > 0); TP inside the NVLink domain; where the
     group holds a plan that does not gather every expert (an EP plan, or ZeRO 0-2 at ep 1), plans gathering
     every expert by ZeRO-3 last (decide compares them across EP degrees only, so that rule alone made a cycle
     through a third plan with fewer axes, and left dp-only ZeRO-3 of an MoE model first among tied layouts
-    whose EP plan ranked just outside the pool, docs/validation.md#tie-order); fewer axes; smaller CP; lower
+    whose EP plan ranked just outside the pool, docs/validation.md#tie-order); fewer axes; smaller CP; the
+    out-of-memory tier (absolute, not relative to the group, so one order: 0 for every plan not at risk); lower
     ZeRO; less recompute; then the ranked order (faster prediction). Memory counts by oom_tier only: between
     plans whose memory intervals both fit the GPU the faster stays first (docs/validation.md#headroom-tiers)."""
     e, es = ranked[i], [ranked[j] for j in group]
     gathers = _gathers_every_expert(e) and any(not _gathers_every_expert(x) for x in es)
     order = {"none": 0, "selective": 1, "op": 2, "full": 3}
-    return (_tier(e), _tp_crosses_node(e), gathers, _axes(e.plan), e.plan.cp, e.plan.zero,
+    tier = _tier(e)
+    return (tier > 0, _tp_crosses_node(e), gathers, _axes(e.plan), e.plan.cp, tier, e.plan.zero,
             order.get(e.plan.recompute, 0), i)
