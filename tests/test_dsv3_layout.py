@@ -41,8 +41,15 @@ def test_search_under_the_published_switches_ranks_the_published_kind_first(row_
     w = Workload.of(plan)
     res = search(m, cluster, default_space(m, cluster, w), w, top=3)
     first = res.ranked[0].plan
-    # report sec. 3.2: no TP, EP64; Megatron-Bridge's H100 DeepSeek-V3 rows: TP2 PP8 EP64 (benchmarks/data)
-    assert first.tp <= 2 and first.ep >= 32, first.describe()
+    # report sec. 3.2: no TP, EP64; Megatron-Bridge's H100 DeepSeek-V3 rows: TP2 PP8 EP64 (benchmarks/data).
+    # Since the headroom tiers (docs/validation.md#headroom-tiers) two plans whose memory intervals both fit are
+    # not separated by headroom: tp4 pp4 ep128 is #1, tp2 pp8 ep128 #2, predicted equal to 4 significant digits
+    # (3,475,057 and 3,474,792 tokens/s); before, tp2 pp8 ep256 was #1 on 3.8 GiB more headroom
+    assert first.ep >= 32, first.describe()
+    tok = lambda e: float(e.throughput.tokens_per_s)  # noqa: E731
+    published_kind = [e for e in res.ranked[:2] if e.plan.tp <= 2 and e.plan.ep >= 32]
+    assert published_kind and tok(published_kind[0]) == pytest.approx(tok(res.ranked[0]), rel=1e-4), \
+        [e.plan.describe() for e in res.ranked]
     assert res.wide_ep is None  # no TP beside an in-node EP group to explain
 
 

@@ -309,20 +309,22 @@ def test_search_marks_intervals_ties_and_time_to_train_range(cli, tmp_path):
 def _est(tps: float, headroom_gib: float, tp: int = 4, pp: int = 2, dp: int = 4) -> SimpleNamespace:
     plan = SimpleNamespace(tp=tp, pp=pp, dp=dp, cp=1, ep=1, vpp=1, zero=1, recompute="none")
     return SimpleNamespace(plan=plan, throughput=SimpleNamespace(tokens_per_s=tps),
-                           memory=SimpleNamespace(headroom=headroom_gib * GIB),
+                           memory=SimpleNamespace(headroom=headroom_gib * GIB, total=(80 - headroom_gib) * GIB,
+                                                  capacity=80 * GIB),
                            cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)))
 
 
 def test_tied_plans_rank_the_more_robust_first():
-    # #2 is 1% slower but keeps 6 GiB more free: inside a 3% resolution they are tied, and it goes first;
-    # #3 is 10% slower: not tied, stays last.
-    ranked = [_est(100.0, 4.0), _est(99.0, 10.0), _est(90.0, 30.0)]
+    # #2 is 1% slower but its memory interval's upper end fits the 80 GiB GPU (60 GiB x 1.25) where #1's (76 GiB)
+    # does not: inside a 3% resolution they are tied, and it goes first; #3 is 10% slower: not tied, stays last.
+    ranked = [_est(100.0, 4.0), _est(99.0, 20.0), _est(90.0, 30.0)]
     order, tied_with, notes = resolve(ranked, math.log(1.03))
     assert order == [1, 0, 2]
     assert tied_with == [[2], [1], []]
-    assert len(notes) == 1 and notes[0].upper == 1 and notes[0].rule == "6.0 GiB more memory headroom"
-    # TP across the node loses to TP inside it, before headroom is looked at
-    ranked = [_est(100.0, 20.0, tp=16, dp=2), _est(99.5, 4.0)]
+    assert len(notes) == 1 and notes[0].upper == 1
+    assert notes[0].rule.startswith("memory within the GPU at the interval's upper end")
+    # TP across the node loses to TP inside it, both memory intervals inside the GPU
+    ranked = [_est(100.0, 20.0, tp=16, dp=2), _est(99.5, 25.0)]
     order, _, notes = resolve(ranked, math.log(1.03))
     assert order == [1, 0] and notes[0].rule == "TP inside the NVLink domain"
     # outside the resolution nothing moves
@@ -470,21 +472,26 @@ def test_search_table_fits_80_columns():
 
 
 def test_fewer_axes_decide_before_headroom():
-    # Every plan shown keeps the search's minimum headroom: a plan with one axis fewer (dp8 against dp2 cp4 on
-    # 8B) goes first even where the other keeps more memory free.
-    a = _est(100.0, 4.0, tp=1, pp=1, dp=8)
-    b = _est(99.5, 20.0, tp=1, pp=1, dp=2)
+    # Two plans whose memory intervals both fit the GPU (docs/validation.md#headroom-tiers): a plan with one
+    # axis fewer (dp8 against dp2 cp4 on 8B) goes first even where the other keeps more memory free.
+    a = _est(100.0, 17.0, tp=1, pp=1, dp=8)
+    b = _est(99.5, 30.0, tp=1, pp=1, dp=2)
     b.plan.cp = 4
     order, _, notes = resolve([b, a], math.log(1.03))
     assert order == [1, 0] and notes[0].rule == "fewer parallel axes (1 vs 2)"
+    # with 4 GiB free the dp8 plan's interval passes the 80 GiB GPU: memory decides first
+    a = _est(100.0, 4.0, tp=1, pp=1, dp=8)
+    order, _, notes = resolve([b, a], math.log(1.03))
+    assert order == [0, 1] and notes[0].rule.startswith("memory within the GPU")
 
 
 def test_smaller_cp_decides_before_headroom():
     # 405B on 16,384 H100 at 8k: tp8 pp8 dp128 cp2 and tp4 pp16 dp32 cp8 are tied with as many axes; the cp8
-    # plan keeps 16 GiB more free but splits each sequence into 512-token chunks; the cp2 plan goes first.
-    a = _est(100.0, 20.0, tp=4, pp=16, dp=32)
+    # plan keeps 16 GiB more free but splits each sequence into 512-token chunks; both memory intervals fit
+    # the GPU: the cp2 plan goes first.
+    a = _est(100.0, 36.0, tp=4, pp=16, dp=32)
     a.plan.cp = 8
-    b = _est(98.4, 4.0, tp=8, pp=8, dp=128)
+    b = _est(98.4, 20.0, tp=8, pp=8, dp=128)
     b.plan.cp = 2
     order, _, notes = resolve([a, b], math.log(1.03))
     assert order == [1, 0] and notes[0].rule.startswith("smaller CP degree (2 vs 8")

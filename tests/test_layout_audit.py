@@ -130,7 +130,8 @@ def test_decide_prefers_ep_to_zero3_gathering_every_expert():
     def est(ep: int, zero: int, moe: bool = True) -> SimpleNamespace:
         plan = SimpleNamespace(tp=1, pp=1 if ep == 1 else 4, dp=8, cp=1, ep=ep, vpp=1, zero=zero, recompute="none")
         return SimpleNamespace(plan=plan, model=SimpleNamespace(is_moe=moe),
-                               cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)))
+                               cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
+                               memory=SimpleNamespace(total=40 * 2**30, capacity=80 * 2**30))  # both fit
 
     assert decide(est(1, 3), est(8, 1)) == (1, "experts kept on their EP ranks, not gathered by ZeRO-3 each "
                                               "micro-batch")

@@ -13,6 +13,12 @@ from llmplan.search.variants import best_layouts, layout_codes, robust_pick
 from llmplan.units import GIB
 
 DEGREES = st.sampled_from([1, 2, 4, 8])
+CAPACITY = 80 * GIB
+
+
+def _mem(headroom: float) -> SimpleNamespace:
+    """A fake estimate's memory on an 80 GiB GPU with `headroom` bytes free (the fields the tie rules read)."""
+    return SimpleNamespace(headroom=headroom, total=CAPACITY - headroom, capacity=CAPACITY)
 
 
 @st.composite
@@ -27,7 +33,7 @@ def ranked_plans(draw):  # type: ignore[no-untyped-def]
                                recompute=draw(st.sampled_from(["none", "selective", "full"])))
         out.append(SimpleNamespace(plan=plan, model=SimpleNamespace(is_moe=draw(st.booleans())),
                                    cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
-                                   memory=SimpleNamespace(headroom=draw(st.floats(0, 40)) * GIB),
+                                   memory=_mem(draw(st.floats(0, 40)) * GIB),
                                    throughput=SimpleNamespace(tokens_per_s=r)))
     return out
 
@@ -90,7 +96,7 @@ def test_best_layouts_takes_each_layouts_best_plan_in_ranked_order(rows, sorted_
 @settings(max_examples=100, derandomize=True, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 20), st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=12))
 def test_robust_pick_applies_the_tie_rules_as_decide_does(rows):
-    # plans of one layout (same degrees): only headroom, ZeRO and recompute can separate them in ties.decide
+    # plans of one layout (same degrees): only the memory tier, ZeRO and recompute separate them in ties.decide
     from llmplan.search.ties import decide
     from llmplan.specs.plan import RECOMPUTE
 
@@ -99,12 +105,12 @@ def test_robust_pick_applies_the_tie_rules_as_decide_does(rows):
     code = np.asarray([c for _, _, c in rows])
     fake = [SimpleNamespace(plan=SimpleNamespace(tp=4, pp=2, dp=8, cp=1, ep=1, vpp=1, zero=z, recompute=RECOMPUTE[c]),
                             cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
-                            memory=SimpleNamespace(headroom=h * GIB)) for h, z, c in rows]
+                            memory=_mem(h * GIB)) for h, z, c in rows]
     k = 0
     for j in range(1, len(rows)):
         if decide(fake[j], fake[k])[0] < 0:
             k = j
-    assert robust_pick(np.arange(len(rows)), headroom, zero, code) == k
+    assert robust_pick(np.arange(len(rows)), headroom, zero, code, CAPACITY - headroom) == k
 
 
 def _fake(rate: float, axes: int) -> SimpleNamespace:
@@ -113,7 +119,7 @@ def _fake(rate: float, axes: int) -> SimpleNamespace:
     plan = SimpleNamespace(tp=deg[0], pp=deg[1], dp=deg[2], cp=deg[3], ep=1, vpp=1, zero=1, recompute="none")
     return SimpleNamespace(plan=plan, model=SimpleNamespace(is_moe=False),
                            cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
-                           memory=SimpleNamespace(headroom=10 * GIB), throughput=SimpleNamespace(tokens_per_s=rate))
+                           memory=_mem(10 * GIB), throughput=SimpleNamespace(tokens_per_s=rate))
 
 
 def test_a_tie_is_not_a_chain():
@@ -169,22 +175,22 @@ def _plan_est(rate: float, headroom_gib: float, ep: int = 1, zero: int = 1, axes
     plan = SimpleNamespace(tp=deg[2], pp=deg[0], dp=deg[1], cp=1, ep=ep, vpp=1, zero=zero, recompute="none")
     return SimpleNamespace(plan=plan, model=SimpleNamespace(is_moe=True),
                            cluster=SimpleNamespace(system=SimpleNamespace(domain_gpus=8)),
-                           memory=SimpleNamespace(headroom=headroom_gib * GIB),
+                           memory=_mem(headroom_gib * GIB),
                            throughput=SimpleNamespace(tokens_per_s=rate))
 
 
 def test_tied_plans_are_ordered_by_one_key_not_by_neighbours():
-    # a, b, c of one shape, all tied; c has 3 GiB more headroom than a (decide: c first), b 1.5 GiB more than a
-    # and 1.5 less than c (decide separates neither pair). Inserting by neighbours kept a first (b did not pass
-    # a, so c, compared with b only, stopped there), though c is preferred to it; one key (headroom in 2 GiB
-    # tiers below the group's most) cannot leave a plan first that another plan of the group is preferred to here.
-    from llmplan.search.ties import decide
+    # a, b, c of one shape, all tied, all at risk of running out of memory (their memory intervals' upper ends
+    # past the GPU), c the least. Inserting by neighbours once kept a first; one key (the out-of-memory tier,
+    # absolute) cannot leave a plan first that another plan of the group is preferred to.
+    from llmplan.search.ties import decide, oom_tier
 
-    a, b, c = _plan_est(100.0, 10.0), _plan_est(99.5, 11.5), _plan_est(99.0, 13.0)
-    assert decide(c, a)[0] < 0 and decide(b, a)[0] == 0 and decide(c, b)[0] == 0
+    a, b, c = _plan_est(100.0, 6.0), _plan_est(99.5, 9.0), _plan_est(99.0, 12.0)
+    assert [int(oom_tier(x.memory.total, x.memory.capacity)) > 0 for x in (a, b, c)] == [True] * 3
+    assert decide(c, a)[0] < 0
     order, _, _ = resolve([a, b, c], 0.1)
     first = [a, b, c][order[0]]
-    assert first is not a
+    assert first is c
     assert all(decide(x, first)[0] >= 0 for x in (a, b, c) if x is not first)
 
 

@@ -26,9 +26,9 @@ from llmplan.export import FLEX_DISPATCH_TARGETS
 from llmplan.fileio import check_target, excerpt
 from llmplan.planfile import plan_document, serve_plan_document, save_refs
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
-from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, nodes_using,
-                                power_of_two_domain, straddling_space, switch_variants,
-                                cp_comm_variants, dispatcher_variants, ep_overlap_variants)
+from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, first_setting,
+                                nodes_using, power_of_two_domain, straddling_space, switch_variants,
+                                cp_comm_variants, dispatcher_variants, ep_overlap_variants, win_floor)
 from llmplan.search.filtered import Walk
 from llmplan.search.variants import cp_comm_settings, cp_later_worth
 from llmplan.search.run import search as run_search
@@ -278,16 +278,16 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
             else:
                 cluster = full_cluster
             tried.append((v, res, cluster, wv, cv))
-        v, res, cluster, w, chosen = max(tried, key=lambda t: best_score(t[1]))  # the first of equals: plain wins
+        v, res, cluster, w, chosen = tried[first_setting([t[1] for t in tried])]  # the first of equals: plain wins
         dispatchers = dispatcher_variants(m, full_cluster, w, bool({"moe_dispatcher", "moe_flex_backend"} & named),
                                           pinned.get("ep") != 1) if target in (None, *FLEX_DISPATCH_TARGETS) else []
         base_dispatch = {"moe_dispatcher": w.moe_dispatcher, "moe_flex_backend": w.moe_flex_backend}
         if dispatchers:  # tried at the memory setting and NVLink-domain share that won (search.run.dispatcher_variants)
             tried = [({**t[0], **base_dispatch}, *t[1:]) for t in tried]
             v = {**v, **base_dispatch}
-        # a dispatcher none of whose plans beats the shown #1 so far cannot win (its own #1 is one of its plans):
-        # its search stops before ranking; tokens/s objective only (best_score compares tokens/s)
-        beat = best_score(res)[0] if goal.objective == "throughput" else None
+        # a dispatcher none of whose plans comes within the resolution of the fastest so far cannot win (win_floor):
+        # its search stops before ranking; tokens/s objective only (win_floor compares tokens/s)
+        beat = win_floor(*(t[1] for t in tried)) if goal.objective == "throughput" else None
 
         def one_more(d: dict, v: dict, w: Workload, res: SearchResult, cluster: ClusterSpec, chosen: ClusterOptions,
                      beat: float | None) -> float | None:
@@ -306,7 +306,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                 tried.append(({**v, **d}, rd, dcluster, wd, dchosen))
             elif rd is not None:
                 tried.append(({**v, **d}, rd, cluster, wd, chosen))
-            return beat if beat is None or rd is None else max(beat, best_score(rd)[0])
+            return beat if beat is None or rd is None else max(beat, win_floor(rd))
 
         at_winner = [(v, res, cluster, w, chosen)]  # the memory setting that won, under each dispatcher
         for d in dispatchers + cp_later_worth(cp_later, res.ranked[0] if res.ranked else None):  # a2a+p2p
@@ -326,18 +326,18 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                 beat = one_more(d, t[0], t[3], res, t[2], t[4], beat)  # beat: the best of every setting tried
         # step.ub_loses: an overlap the search turned on itself that prices slower than none on a plan it shows:
         # the winning setting is searched again without it (plans it beats win; tokens/s prunes as above)
-        v, res, cluster, w, chosen = max(tried, key=lambda t: best_score(t[1]))
+        v, res, cluster, w, chosen = tried[first_setting([t[1] for t in tried])]
         if "tp_comm_overlap" not in named and w.tp_comm_overlap and tp_overlap_loses(res):
             wo = Workload(**{**w.fields(), "tp_comm_overlap": False})
             ro = run(cluster, say, wo, full=full_cluster.system.domain_gpus if cluster is not full_cluster else None,
-                     beat=best_score(res)[0] if goal.objective == "throughput" else None)
+                     beat=win_floor(*(t[1] for t in tried)) if goal.objective == "throughput" else None)
             if ro is not None:
                 tried = [({**t[0], "tp_comm_overlap": t[3].tp_comm_overlap}, *t[1:]) for t in tried]
                 tried.append(({**v, "tp_comm_overlap": False}, ro, cluster, wo, chosen))
         screens.clear()
     if target is not None:  # none kept a plan: what refused them, over every setting tried
         refuse_every_setting(target, [(t[0], t[1]) for t in tried])
-    v, res, cluster, w, chosen = max(tried, key=lambda t: best_score(t[1]))  # the first of equals: plain wins ties
+    v, res, cluster, w, chosen = tried[first_setting([t[1] for t in tried])]  # the first of equals: plain wins ties
     if target is not None:  # the side outputs of the result shown only
         res = training_sides(res, target, doc_of)
         res = dataclasses.replace(res, walks=tuple(walks))
@@ -380,8 +380,8 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
 
 def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOptions,
                 run) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
-    """Search again with `used` GPUs of each NVLink domain (DomainChoice) and keep the result with the higher
-    best tokens/s; records the choice on the result and returns the cluster options that made the winner
+    """Search again with `used` GPUs of each NVLink domain (DomainChoice) and keep the result whose #1 leads
+    (search.run.first_setting); records the choice on the result and returns the cluster options that made the winner
     (with domain_gpus = used when the share wins, so that --save records it)."""
     nodes = nodes_using(cluster, used)
     try:
@@ -415,7 +415,7 @@ def pick_domain(res: SearchResult, cluster: ClusterSpec, alt: SearchResult, alt_
     """The better of a full-domain result and one with `used` GPUs of each domain, the choice recorded on it."""
     full = cluster.system.domain_gpus
     best = lambda r: float(r.ranked[0].throughput.tokens_per_s) if r.ranked else 0.0
-    pick_alt = best(alt) > best(res)
+    pick_alt = first_setting([res, alt]) == 1  # the rule that orders plans, across the two searches
     choice = DomainChoice(full=full, used=used if pick_alt else full,
                           gpus={full: cluster.num_gpus, used: alt_cluster.num_gpus},
                           tokens_per_s={full: best(res), used: best(alt)})

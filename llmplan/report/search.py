@@ -380,7 +380,7 @@ def variant_json(v: Variants) -> dict[str, Any]:
 
 
 def tie_lines(res: SearchResult) -> list[str]:
-    """'#1 and #2 are tied (0.1% apart, resolution 11.0%); #1 preferred: 6.1 GiB more memory headroom',
+    """'#1 and #2 are tied (0.1% apart, resolution 11.0%); #1 preferred: fewer parallel axes (3 vs 4)',
     after the rule that bounds the pool the ties are decided in."""
     if res.resolution is None:
         return []

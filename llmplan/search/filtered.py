@@ -112,7 +112,7 @@ class LayoutPlans:
 
     def robust(self, i: int) -> int:
         """The plan search.variants.representative would show for a layout whose best plan is i."""
-        return representative(i, self.codes, self.score, self.headroom, self.plans, self.resolution)
+        return representative(i, self.codes, self.score, self.headroom, self.plans, self.resolution, self.memory)
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -125,7 +126,7 @@ CLOUD_POINTS = 2000
 class SwitchChoice:
     """The search run once per setting of the memory switches that modern recipes set and the user did not
     pin: bf16 gradient buffers (Megatron --grad-reduce-in-bf16, Megatron-Bridge's perf recipes) and primary
-    weights kept in the recipe's low-precision format; the setting whose best plan scores best is shown."""
+    weights kept in the recipe's low-precision format; the setting whose #1 leads under first_setting is shown."""
 
     chosen: dict[str, Any]
     """grad_dtype and fp8_params of the shown plans."""
@@ -241,12 +242,51 @@ def ep_overlap_variants(m: ModelSpec, w: Workload, pinned: bool, ep_free: bool,
 
 
 def best_score(res: SearchResult) -> tuple[float, float]:
-    """(objective score, headroom) of a result's best plan, for choosing between searches; (0, 0) if none fits."""
+    """(objective score, headroom) of a result's #1 plan, (0, 0) if none fits: what each setting tried reports
+    (SwitchChoice.tried); first_setting chooses between searches."""
     if not res.ranked:
         return 0.0, 0.0
     e = res.ranked[0]
     headroom = float(e.memory.headroom)
     return (headroom if res.objective == "headroom" else float(e.throughput.tokens_per_s)), headroom
+
+
+def first_setting(results: Sequence[SearchResult]) -> int:
+    """Index of the search (one per setting tried: memory switches, MoE dispatcher, EP overlap, CP comm type,
+    NVLink-domain share) whose #1 the search's own rule puts first when every setting's plans are ordered once:
+    the first row of search.ties.resolve over all of them. Open are the #1 plans within the resolution of the
+    fastest plan of any setting (its `top_score`: a setting's tie pool is within the resolution of its own
+    fastest); the most robust of those (search.ties.robust_first) wins, the faster first among equals, the first
+    setting among exact equals. Only a setting's #1 can lead what the command shows: its other plans lost to
+    it by the same rule. Without a resolution (the headroom objective) the best score wins, as before
+    (docs/validation.md#headroom-tiers)."""
+    from llmplan.search.layouts import score as plan_score
+    from llmplan.search.ties import robust_first
+
+    scored = [k for k, r in enumerate(results) if r.ranked]
+    if not scored:
+        return 0
+    resolution = results[scored[0]].resolution
+    if resolution is None:
+        return max(scored, key=lambda k: (best_score(results[k]), -k))
+    lead = {k: plan_score(results[k].ranked[0], results[k].objective) for k in scored}
+    # the fastest plan of any setting: its top_score (with a target, the plans it kept: their layouts' best)
+    top = max([r.top_score for r in results if r.target is None]
+              + [max(v.best, plan_score(e, r.objective)) for r in results for e, v in zip(r.ranked, r.variants)]
+              + list(lead.values()))
+    open_ = sorted((k for k in scored if lead[k] > 0 and math.log(top / lead[k]) <= resolution + 1e-12),
+                   key=lambda k: (-lead[k], k))
+    if not open_:  # the fastest setting's #1 is always open; kept as a guard
+        return max(scored, key=lambda k: (lead[k], -k))
+    return open_[robust_first([results[k].ranked[0] for k in open_], list(range(len(open_))))]
+
+
+def win_floor(*results: SearchResult) -> float:
+    """The score a later setting's fastest plan must pass to have a #1 that can win against `results` (the
+    settings searched so far) under first_setting: their fastest, less the resolution (a setting none of whose
+    plans is within the resolution of the fastest so far cannot lead); the best #1's score without one."""
+    return max((best_score(r)[0] if r.resolution is None or r.objective == "headroom"
+                else r.top_score * math.exp(-r.resolution)) for r in results)
 
 
 @dataclass(frozen=True)
@@ -455,9 +495,9 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     pool = max(top, TIE_POOL)
     codes = layout_codes(plans)
     headroom = np.asarray(ev.memory.headroom, dtype=float)
-    picked = [representative(i, codes, score, headroom, plans, resolution)
-              for i in best_layouts(ranking, codes, score, pool)]
     memory = np.asarray(ev.memory.total, dtype=float)
+    picked = [representative(i, codes, score, headroom, plans, resolution, memory)
+              for i in best_layouts(ranking, codes, score, pool)]
     counted = [variants_of(i, codes, score, memory, layout, plans, resolution) for i in picked]
     sample = np.unique(np.linspace(0, len(plans) - 1, min(CLOUD_POINTS, len(plans))).round().astype(int))
     cloud = np.stack([np.asarray(ev.throughput.tokens_per_s, dtype=float)[sample], headroom[sample]], axis=1)

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
+
+import numpy as np
 
 from llmplan.units import GIB
 
@@ -17,7 +20,30 @@ rows of the same ranking (a plan below the pool is shown in predicted order, and
 More would cost a scalar estimate each (about 20 ms for DeepSeek-V3)."""
 
 HEADROOM_STEP = 2 * GIB
-"""Smallest memory headroom difference that decides between tied plans (bytes)."""
+"""Width of the memory tiers (bytes) that order tied plans at risk of running out of memory (oom_tier)."""
+
+
+@lru_cache(maxsize=1)
+def memory_upper() -> float:
+    """The factor on a predicted memory peak that gives the upper end of its interval: exp of the 0.9 quantile
+    of log(measured / predicted) over the published memory peaks (llmplan.intervals.memory_band; 1.25 on the
+    shipped data, docs/validation.md#headroom-tiers); 1 where too few peaks are shipped to measure it."""
+    from llmplan.intervals import memory_band
+
+    band = memory_band()
+    return math.exp(band.hi) if band is not None else 1.0
+
+
+def oom_tier(total: Any, capacity: Any) -> Any:
+    """0 for a plan whose predicted memory peak stays within the GPU at its interval's upper end (ample
+    headroom); else by how much the upper end exceeds the GPU, in HEADROOM_STEP tiers (1 = up to 2 GiB over).
+    Elementwise over arrays. Derived: docs/validation.md#headroom-tiers"""
+    over = np.asarray(total, dtype=float) * memory_upper() - np.asarray(capacity, dtype=float)
+    return np.where(over > 0, np.ceil(over / HEADROOM_STEP), 0).astype(int)
+
+
+def _tier(e: Any) -> int:
+    return int(oom_tier(e.memory.total, e.memory.capacity))
 
 
 @dataclass(frozen=True)
@@ -51,13 +77,20 @@ def _tp_crosses_node(e: Any) -> bool:
 
 def decide(a: Any, b: Any) -> tuple[int, str]:
     """-1 when tied plan a is preferred to b, 1 when b is, 0 when no robustness rule separates them (the
-    faster prediction then stays first); with the rule that decided. Rules in order: TP inside the NVLink
-    domain; an MoE model's experts on their EP ranks rather than gathered by ZeRO-3; fewer parallel axes; a
-    smaller CP degree; at least HEADROOM_STEP more memory headroom; lower ZeRO stage; less recompute. Axes and
-    the CP degree come before headroom: every plan shown already keeps the search's minimum headroom free,
-    while each extra axis (a CP ring at a 4k sequence, say) adds communication and a way to fail, and a wider
-    ring splits the sequence into shorter chunks, whose steps the model prices least well
-    (docs/formulas.md#compute.cp_attention)."""
+    faster prediction then stays first); with the rule that decided. Rules in order: a plan whose memory
+    interval's upper end fits the GPU before one at risk of running out of memory (oom_tier 0 or not); TP
+    inside the NVLink domain; an MoE model's experts on their EP ranks rather than gathered by ZeRO-3; fewer
+    parallel axes; a smaller CP degree; between two plans at risk, the one less over the GPU (a lower
+    oom_tier); lower ZeRO stage; less recompute.
+    Memory comes first: a plan that may not run at all (one published memory peak in ten measured more than
+    its interval's upper end over the prediction) goes after plans that will, whatever else they cost; two
+    plans whose memory intervals both fit the GPU are not separated by headroom, so the faster prediction
+    stays first unless a later rule decides (docs/validation.md#headroom-tiers). Then each extra axis (a CP
+    ring at a 4k sequence, say) adds communication and a way to fail, and a wider ring splits the sequence into
+    shorter chunks, whose steps the model prices least well (docs/formulas.md#compute.cp_attention)."""
+    ta, tb = _tier(a), _tier(b)
+    if (ta > 0) != (tb > 0):
+        return (-1 if ta < tb else 1), risk_words(a if ta < tb else b, b if ta < tb else a)
     ca, cb = _tp_crosses_node(a), _tp_crosses_node(b)
     if ca != cb:
         return (1 if ca else -1), "TP inside the NVLink domain"
@@ -70,9 +103,8 @@ def decide(a: Any, b: Any) -> tuple[int, str]:
     if a.plan.cp != b.plan.cp:
         return (-1 if a.plan.cp < b.plan.cp else 1), f"smaller CP degree ({min(a.plan.cp, b.plan.cp)} vs " \
             f"{max(a.plan.cp, b.plan.cp)}: longer sequence chunks per rank)"
-    ha, hb = float(a.memory.headroom), float(b.memory.headroom)
-    if abs(ha - hb) >= HEADROOM_STEP:
-        return (-1 if ha > hb else 1), f"{abs(ha - hb) / GIB:.1f} GiB more memory headroom"
+    if ta != tb:  # both at risk: the one less over the GPU
+        return (-1 if ta < tb else 1), risk_words(a if ta < tb else b, b if ta < tb else a)
     if a.plan.zero != b.plan.zero:
         return (-1 if a.plan.zero < b.plan.zero else 1), "lower ZeRO stage (fewer shards to gather)"
     order = {"none": 0, "selective": 1, "op": 2, "full": 3}
@@ -80,6 +112,18 @@ def decide(a: Any, b: Any) -> tuple[int, str]:
     if ra != rb:
         return (-1 if ra < rb else 1), "less recompute"
     return 0, "faster prediction (no robustness rule separates them)"
+
+
+def risk_words(safer: Any, other: Any) -> str:
+    """Why `safer` is preferred on memory: the upper ends of both plans' memory intervals against the GPU."""
+    up = memory_upper()
+    hi_s, hi_o = float(safer.memory.total) * up, float(other.memory.total) * up
+    cap = float(other.memory.capacity)
+    if _tier(safer) == 0:
+        return (f"memory within the GPU at the interval's upper end ({hi_s / GIB:.1f} GiB; the other "
+                f"{hi_o / GIB:.1f} GiB of {cap / GIB:.1f})")
+    return f"less over the GPU at the memory interval's upper end ({hi_s / GIB:.1f} vs {hi_o / GIB:.1f} GiB of " \
+           f"{cap / GIB:.1f})"
 
 
 def apart(a: Any, b: Any) -> float:
@@ -137,17 +181,18 @@ def robust_first(ranked: list[Any], tied: list[int]) -> int:
 
 
 def robust_key(ranked: list[Any], group: list[int], i: int) -> tuple[Any, ...]:
-    """decide's rules, in order, as one sort key for plan i of `group`: TP inside the NVLink domain; where the
+    """decide's rules, in order, as one sort key for plan i of `group`: at risk of running out of memory or
+    not (oom_tier > 0); TP inside the NVLink domain; where the
     group holds a plan that does not gather every expert (an EP plan, or ZeRO 0-2 at ep 1), plans gathering
     every expert by ZeRO-3 last (decide compares them across EP degrees only, so that rule alone made a cycle
     through a third plan with fewer axes, and left dp-only ZeRO-3 of an MoE model first among tied layouts
-    whose EP plan ranked just outside the pool, docs/validation.md#tie-order); fewer axes; smaller
-    CP; headroom in HEADROOM_STEP tiers below the group's most (a pairwise 2 GiB threshold is no order); lower
-    ZeRO; less recompute; then the ranked order (faster prediction)."""
+    whose EP plan ranked just outside the pool, docs/validation.md#tie-order); fewer axes; smaller CP; the
+    out-of-memory tier (absolute, not relative to the group, so one order: 0 for every plan not at risk); lower
+    ZeRO; less recompute; then the ranked order (faster prediction). Memory counts by oom_tier only: between
+    plans whose memory intervals both fit the GPU the faster stays first (docs/validation.md#headroom-tiers)."""
     e, es = ranked[i], [ranked[j] for j in group]
     gathers = _gathers_every_expert(e) and any(not _gathers_every_expert(x) for x in es)
-    most = max(float(x.memory.headroom) for x in es)
     order = {"none": 0, "selective": 1, "op": 2, "full": 3}
-    return (_tp_crosses_node(e), gathers, _axes(e.plan), e.plan.cp,
-            math.floor((most - float(e.memory.headroom)) / HEADROOM_STEP), e.plan.zero,
+    tier = _tier(e)
+    return (tier > 0, _tp_crosses_node(e), gathers, _axes(e.plan), e.plan.cp, tier, e.plan.zero,
             order.get(e.plan.recompute, 0), i)

@@ -92,34 +92,30 @@ RECOMPUTE_RANK = (0, 1, 3, 2)
 """Recompute codes (specs.plan.RECOMPUTE: none, selective, full, op) in ties.decide's order of less recompute."""
 
 
-def robust_pick(near: np.ndarray, headroom: np.ndarray, zero: np.ndarray, recompute: np.ndarray) -> int:
+def robust_pick(near: np.ndarray, headroom: np.ndarray, zero: np.ndarray, recompute: np.ndarray,
+                memory: np.ndarray) -> int:
     """The plan of one layout that search.ties.decide prefers among `near` (its plans tied with its best one,
     best score first): the rules that can separate plans of one layout (TP placement, the axes and the CP
-    degree are the layout's), applied as decide applies them, each plan against the one kept so far."""
-    from llmplan.search.ties import HEADROOM_STEP
+    degree are the layout's): the out-of-memory tier (search.ties.oom_tier of each plan's `memory` peak on
+    the GPU's memory, headroom + memory), lower ZeRO, less recompute, then the better score."""
+    from llmplan.search.ties import oom_tier
 
-    h, z, r = headroom[near].tolist(), zero[near].tolist(), [RECOMPUTE_RANK[int(c)] for c in recompute[near]]
-    k = 0
-    for j in range(1, len(h)):
-        if abs(h[j] - h[k]) >= HEADROOM_STEP:
-            better = h[j] > h[k]
-        else:
-            better = (z[j], r[j]) < (z[k], r[k])
-        if better:
-            k = j
-    return int(near[k])
+    tier = oom_tier(memory[near], memory[near] + headroom[near]).tolist()
+    z, r = zero[near].tolist(), [RECOMPUTE_RANK[int(c)] for c in recompute[near]]
+    return int(near[min(range(len(z)), key=lambda j: (tier[j], z[j], r[j], j))])
 
 
 def representative(best: int, codes: np.ndarray, score: np.ndarray, headroom: np.ndarray, plans: Any,
-                   resolution: float | None) -> int:
+                   resolution: float | None, memory: np.ndarray) -> int:
     """The plan shown for the layout of plan `best` (its best-scoring one): the more robust of the layout's
-    plans tied with it (robust_pick), `best` itself when ties are not resolved (the headroom objective)."""
+    plans tied with it (robust_pick; `memory`: each plan's predicted peak), `best` itself when ties are not
+    resolved (the headroom objective)."""
     if resolution is None or score[best] <= 0:
         return best
     same = np.flatnonzero(codes == codes[best])
     near = same[np.log(score[best] / np.maximum(score[same], 1e-300)) <= resolution]
     near = np.concatenate(([best], near[near != best][np.argsort(-score[near[near != best]], kind="stable")]))
-    return robust_pick(near, headroom, np.asarray(plans.zero), np.asarray(plans.recompute_code))
+    return robust_pick(near, headroom, np.asarray(plans.zero), np.asarray(plans.recompute_code), memory)
 
 
 def equivalent(score: Any, score0: float, memory: Any, memory0: float, same_but_zero: Any) -> Any:
