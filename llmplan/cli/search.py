@@ -277,7 +277,8 @@ class SettingSearch:
     walks: list[tuple[Workload, ClusterSpec, Walk]] = dataclasses.field(default_factory=list)
     """With a target: every search's walk (SearchResult.walks)."""
     screens: dict = dataclasses.field(default_factory=dict)
-    """Memory screens, shared by the searches that differ only in the MoE dispatcher."""
+    """Memory screens (with the comm seconds but EP's), shared by the searches that differ only in the MoE
+    dispatcher, and each space's enumerated axes (search.run.search's screens)."""
 
     def run(self, cc: ClusterSpec, wv: Workload, full: int | None = None,
             beat: float | None = None) -> SearchResult | None:

@@ -365,7 +365,8 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     result keeps every plan that fits (SearchResult.layout_plans). `screens`: the memory screens of earlier
     searches of this command, reused by one whose plans and memory inputs are the same and whose workload
     differs only in the MoE dispatcher, which no memory term reads (screen_key); with the screen, the
-    communication seconds of every axis but EP, which no other transfer reads (evaluate.comm_seconds_arrays).
+    communication seconds of every axis but EP, which no other transfer reads (evaluate.comm_seconds_arrays);
+    and every search of one space, its enumerated axes (grid.enumerate_plans' reuse).
     `beat`: where no plan that fits scores above it, stop before ranking and return the result with `outrun` set
     and nothing ranked (a
     dispatcher tried beside a search whose #1 scored `beat`: its own #1 cannot score more than its best plan;
@@ -386,7 +387,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                            "(--tp, --pp, --cp, --ep, --micro-batch) or bound one (--max-tp, --max-pp, --max-cp)")
     say("enumerating")
     w = runs_on(m, cluster, w)
-    plans = enumerate_plans(space, cluster, w)
+    plans = enumerate_plans(space, cluster, w, screens)  # the searches of one command share their spaces' axes
     considered = len(plans)
     keep = np.ones(considered, dtype=bool)
     pruned: list[Pruned] = []
