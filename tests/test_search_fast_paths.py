@@ -177,7 +177,8 @@ def test_a_reused_enumeration_prices_as_a_fresh_one():
     reuse: dict = {}
     first = enumerate_plans(default_space(m, c, w), c, w, reuse)
     evaluate_memory(m, c, first.take(np.arange(0, len(first), 97)))  # fills first's memo, not the next one's
-    later, fresh = enumerate_plans(default_space(m, c, w2), c, w2, reuse), enumerate_plans(default_space(m, c, w2), c, w2)
+    later = enumerate_plans(default_space(m, c, w2), c, w2, reuse)
+    fresh = enumerate_plans(default_space(m, c, w2), c, w2)
     assert len(reuse) == 1 and later.w == w2 and later.memo is not first.memo
     for f in dataclasses.fields(PlanArrays):
         if f.name not in ("w", "memo"):
