@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmplan.search.evaluate import evaluate_memory
+from llmplan.search.evaluate import comm_seconds_arrays, evaluate_memory
 from llmplan.search.grid import Workload, default_space, enumerate_plans
 from llmplan.search.run import dispatch_runs, dispatcher_variants
 from llmplan.specs.plan import ClusterSpec
 from llmplan.specs.registry import resolve_model, resolve_system
+from llmplan.topology.placement import on_cluster
 
 DSV3_H100 = ("--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "64", "--global-batch", "1024",
              "--seq-len", "4096")
@@ -53,6 +54,31 @@ def test_the_dispatcher_leaves_every_plans_memory_alike():
         other = evaluate_memory(m, c, enumerate_plans(default_space(m, c, wd), c, wd).take(
             np.flatnonzero(np.asarray(enumerate_plans(default_space(m, c, wd), c, wd).ep) > 1)[:4000]))
         assert np.array_equal(np.asarray(base.total), np.asarray(other.total)), d
+
+
+def alike(a, b) -> bool:
+    """Equal value for value: arrays elementwise, tuples and dataclasses field by field."""
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return len(a) == len(b) and all(alike(x, y) for x, y in zip(a, b))
+    if hasattr(a, "__dataclass_fields__"):
+        return all(alike(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+
+
+@pytest.mark.parametrize("system, nodes", [("dgx-h100", 4), ("gb200-nvl72", 32)])
+def test_the_dispatcher_moves_only_the_ep_all_to_all_of_the_comm_seconds(system, nodes):
+    # the searches of one command that share a memory screen reuse every axis's seconds but EP's (search.run
+    # search's comm_key): priced from another dispatcher's, they are the seconds priced from scratch
+    m, c = resolve_model("qwen3-30b-a3b"), cluster(system, nodes)
+    w = Workload(global_batch=256, seq_len=4096)
+    plans = enumerate_plans(default_space(m, c, w), c, w)
+    plans = plans.take(np.flatnonzero(np.asarray(plans.ep) > 1)[:4000])
+    base = comm_seconds_arrays(m, c, on_cluster(plans, c))
+    for d in FLEX:
+        flex = on_cluster(plans.model_copy(d), c)
+        scratch, reused = comm_seconds_arrays(m, c, flex), comm_seconds_arrays(m, c, flex, known=base)
+        assert alike(scratch, reused), d
+        assert not alike(scratch.ep, base.ep), d  # the dispatcher does move the EP all-to-all
 
 
 @pytest.fixture(scope="module")

@@ -164,3 +164,27 @@ def test_shown_plans_equal_plain_scalar_estimates(monkeypatch, name, system, nod
     for e, seen in zip(shown, got):
         plain = estimate_training(m, cluster, e.plan.model_copy(deep=True), None, checkpoint=e.checkpoint)
         assert seen == as_json(plain), e.plan.describe()
+
+
+def test_a_reused_enumeration_prices_as_a_fresh_one():
+    # the searches of one command enumerate each space once (grid.enumerate_plans' reuse): a later workload's
+    # plans have the same axes, their own memo, and price the same memory as plans enumerated afresh
+    from llmplan.search.evaluate import evaluate_memory
+    from llmplan.specs.registry import resolve_model, resolve_system
+
+    m, c = resolve_model("qwen3-30b-a3b"), ClusterSpec(system=resolve_system("dgx-h100"), num_nodes=4)
+    w, w2 = Workload(global_batch=256, seq_len=4096), Workload(global_batch=256, seq_len=4096, grad_dtype="bf16")
+    reuse: dict = {}
+    first = enumerate_plans(default_space(m, c, w), c, w, reuse)
+    evaluate_memory(m, c, first.take(np.arange(0, len(first), 97)))  # fills first's memo, not the next one's
+    later = enumerate_plans(default_space(m, c, w2), c, w2, reuse)
+    fresh = enumerate_plans(default_space(m, c, w2), c, w2)
+    assert len(reuse) == 1 and later.w == w2 and later.memo is not first.memo
+    for f in dataclasses.fields(PlanArrays):
+        if f.name not in ("w", "memo"):
+            assert np.array_equal(getattr(later, f.name), getattr(fresh, f.name)), f.name
+    idx = np.arange(0, len(fresh), 31)
+    assert np.array_equal(np.asarray(evaluate_memory(m, c, later.take(idx)).total),
+                          np.asarray(evaluate_memory(m, c, fresh.take(idx)).total))
+    assert not np.array_equal(np.asarray(evaluate_memory(m, c, first.take(idx)).total),
+                              np.asarray(evaluate_memory(m, c, fresh.take(idx)).total))  # grad dtype moves memory

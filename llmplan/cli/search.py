@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Annotated, NamedTuple, Optional
+from typing import Annotated, Callable, NamedTuple, Optional
 
 import typer
 from rich.console import Console
@@ -22,13 +22,15 @@ from llmplan.cli.inputs import (OPTION_FLAGS, checked_pins, cluster_of, make_all
                                 named_options, refuse_other_mode, switches, with_hardware_options)
 from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
+from llmplan.estimate import TrainingEstimate
 from llmplan.export import FLEX_DISPATCH_TARGETS
 from llmplan.fileio import check_target, excerpt
 from llmplan.planfile import plan_document, serve_plan_document, save_refs
 from llmplan.search.grid import RECOMPUTE, Workload, default_space
 from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, first_setting,
-                                nodes_using, power_of_two_domain, straddling_space, switch_variants,
-                                cp_comm_variants, dispatcher_variants, ep_overlap_variants, win_floor)
+                                win_floor, nodes_using,
+                                power_of_two_domain, straddling_space, switch_variants,
+                                cp_comm_variants, dispatcher_variants, ep_overlap_variants)
 from llmplan.search.filtered import Walk
 from llmplan.search.variants import cp_comm_settings, cp_later_worth
 from llmplan.search.run import search as run_search
@@ -39,6 +41,7 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions,
                                    PipelineSplitOptions, SearchGoal, SearchPins, ServingOptions, SwitchOptions)
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.registry import build, is_pool_file, resolve_model
 from llmplan.specs.serve import ServePlan
 from llmplan.specs.thresholds import CheckThresholds
@@ -212,12 +215,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     """The search of the training path of `search` on one system: the switch settings and NVLink domain shares
     tried, the best kept (`named`: the options the command line set, search.run.refuse_unused_switches;
     `target`: each search keeps only the plans that export writes for it, cli.target)."""
-    if goal.objective not in OBJECTIVES:
-        raise LlmplanError(f"--objective {goal.objective}: use one of {', '.join(OBJECTIVES)}")
-    if pins.recompute is not None and pins.recompute not in RECOMPUTE:
-        raise LlmplanError(f"--recompute {pins.recompute}: use one of {', '.join(RECOMPUTE)}")
-    if pins.zero is not None and not 0 <= pins.zero <= 3:
-        raise LlmplanError(f"--zero {pins.zero}: ZeRO stages are 0, 1, 2 and 3")
+    refuse_bad_goal_pins(goal, pins)
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     order = parse_order(s.axis_order)
@@ -231,120 +229,193 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     refuse_a2a_size_over_cluster(s.cp_a2a_size, cluster.num_gpus)
     tokens = parse_count(goal.train_tokens, "--train-tokens")  # before the search, not after it
     allowance = make_allowance(memory)
-    checkpoint = make_checkpoint(checkpoints)
-    pinned = search_pins(m, pins, split)
     refs = save_refs(c.model, c.hardware, output.save)
-    doc_of = lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs)  # noqa: E731
+    ss = SettingSearch(m, c, cluster, pins, goal, s, search_pins(m, pins, split), allowance, order,
+                       make_checkpoint(checkpoints), named, target,
+                       lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs))
+    with progress_bar(not output.json_mode) as say:
+        ss.say = say
+        ss.every_setting(base)
+    return ss.shown(tokens)
 
-    def run(cc: ClusterSpec, say, wv: Workload, full: int | None = None,
+
+def refuse_bad_goal_pins(goal: SearchGoal, pins: SearchPins) -> None:
+    """--objective, --recompute and --zero outside their values: one line each (train_search)."""
+    if goal.objective not in OBJECTIVES:
+        raise LlmplanError(f"--objective {goal.objective}: use one of {', '.join(OBJECTIVES)}")
+    if pins.recompute is not None and pins.recompute not in RECOMPUTE:
+        raise LlmplanError(f"--recompute {pins.recompute}: use one of {', '.join(RECOMPUTE)}")
+    if pins.zero is not None and not 0 <= pins.zero <= 3:
+        raise LlmplanError(f"--zero {pins.zero}: ZeRO stages are 0, 1, 2 and 3")
+
+
+Tried = tuple[dict, SearchResult, ClusterSpec, Workload, ClusterOptions]
+"""One setting train_search searched: (its switch values, the result, the cluster and share, the workload, the
+cluster options that made it)."""
+
+
+@dataclasses.dataclass
+class SettingSearch:
+    """train_search's searches on one system: the memory switch settings (each with both NVLink-domain shares),
+    then, at the setting that won, the MoE dispatchers, the later CP comm type, the EP overlap under each and the
+    TP overlap off where it loses; `tried` holds every setting searched, in that order."""
+
+    m: ModelSpec
+    c: ClusterOptions
+    full_cluster: ClusterSpec
+    pins: SearchPins
+    goal: SearchGoal
+    s: SwitchOptions
+    pinned: dict
+    allowance: MemoryAllowance
+    order: tuple[str, ...]
+    checkpoint: CheckpointPolicy | None
+    named: frozenset[str]
+    target: str | None
+    doc_of: Callable[[TrainingEstimate], dict]
+    say: Callable[[str], None] | None = None
+    tried: list[Tried] = dataclasses.field(default_factory=list)
+    walks: list[tuple[Workload, ClusterSpec, Walk]] = dataclasses.field(default_factory=list)
+    """With a target: every search's walk (SearchResult.walks)."""
+    screens: dict = dataclasses.field(default_factory=dict)
+    """Memory screens (with the comm seconds but EP's), shared by the searches that differ only in the MoE
+    dispatcher, and each space's enumerated axes (search.run.search's screens)."""
+
+    def run(self, cc: ClusterSpec, wv: Workload, full: int | None = None,
             beat: float | None = None) -> SearchResult | None:
-        whole = default_space(m, cc, wv, pinned, pins.max_tp, pins.max_pp, pins.max_cp)
+        """One search of workload `wv` on `cc` (`full`: only the plans that straddle a domain of that many GPUs;
+        `beat`: search.run.search's); with a target, its plans kept for it (None: an empty straddling space)."""
+        pins, goal = self.pins, self.goal
+        whole = default_space(self.m, cc, wv, self.pinned, pins.max_tp, pins.max_pp, pins.max_cp)
         space = straddling_space(whole, full) if full else whole
         if space is None:
             return None
-        res = run_search(m, cc, space, wv, goal.objective, goal.top, allowance, order, progress=say,
-                         min_headroom=min_headroom_bytes(goal.min_headroom, cc.system.gpu.hbm_bytes),
-                         checkpoint=checkpoint, vpp_pin=pins.vpp, named=named, keep_plans=target is not None,
-                         screens=screens, beat=beat if target is None else None)
-        if target is None:
+        res = run_search(self.m, cc, space, wv, goal.objective, goal.top, self.allowance, self.order,
+                         progress=self.say, min_headroom=min_headroom_bytes(goal.min_headroom, cc.system.gpu.hbm_bytes),
+                         checkpoint=self.checkpoint, vpp_pin=pins.vpp, named=self.named,
+                         keep_plans=self.target is not None, screens=self.screens,
+                         beat=beat if self.target is None else None)
+        if self.target is None:
             return res
-        kept = keep_training(res, target, doc_of, goal.top)
+        kept = keep_training(res, self.target, self.doc_of, goal.top)
         if kept.walk is not None:
-            walks.append((wv, cc, kept.walk))
+            self.walks.append((wv, cc, kept.walk))
         return kept
 
-    walks: list[tuple[Workload, ClusterSpec, Walk]] = []  # with a target: every search's walk (SearchResult.walks)
-    screens: dict = {}  # memory screens, shared by the searches that differ only in the MoE dispatcher
-    full_cluster = cluster
-    tried: list[tuple[dict, SearchResult, ClusterSpec, Workload, ClusterOptions]] = []
-    with progress_bar(not output.json_mode) as say:
-        cp_free = pinned.get("cp", 2) != 1 and (pins.max_cp or 2) > 1
+    def full_of(self, cluster: ClusterSpec) -> int | None:
+        """The `full` of run() for a search on `cluster`: the domain's GPUs on a share, None on the full racks."""
+        return self.full_cluster.system.domain_gpus if cluster is not self.full_cluster else None
+
+    def every_setting(self, base: Workload) -> None:
+        """Every setting train_search tries, in its order (the class's docstring)."""
+        cp_later = self.memory_settings(base)
+        self.at_the_winner(cp_later)
+        self.without_tp_overlap()
+        self.screens.clear()
+
+    def memory_settings(self, base: Workload) -> list:
+        """The memory switch settings (search.run.switch_variants) with the CP comm types that run the model, each
+        on the full racks and, where they have a power-of-two share, on it (best_domain); returns the CP comm
+        types tried later, at the winner (search.variants.cp_comm_settings)."""
+        m, s, c, full_cluster, pins = self.m, self.s, self.c, self.full_cluster, self.pins
+        cp_free = self.pinned.get("cp", 2) != 1 and (pins.max_cp or 2) > 1
         cp_types, cp_later = cp_comm_settings(cp_comm_variants(m, base, s.cp_comm_type is not None, cp_free), m,
-                                              base, full_cluster, s, pinned, pins.max_tp, pins.max_cp, cp_free)
+                                              base, full_cluster, s, self.pinned, pins.max_tp, pins.max_cp, cp_free)
         if len(cp_types) == 1:  # the one comm type that runs the model (or the pinned one)
             base = Workload(**{**base.fields(), **cp_types[0]})
         for v in switch_variants(base, s.grad_dtype is not None, s.fp8_params is not None,
-                                 try_scalings=target is not None and "fp8_scaling" not in named,
+                                 try_scalings=self.target is not None and "fp8_scaling" not in self.named,
                                  cp_comm_types=tuple(cp_types)):
             wv = Workload(**{**base.fields(), **v})
-            res = run(full_cluster, say, wv)
+            res = self.run(full_cluster, wv)
             if res is None:  # only a straddling space can be empty; the full one never is
                 continue
             used = power_of_two_domain(full_cluster.system)
-            cv = c
-            if used and c.domain_gpus is None and c.gpus_per_node is None and goal.objective != "headroom":
-                res, cluster, cv = best_domain(res, full_cluster, used, c,
-                                               lambda cc, wv=wv: run(cc, say, wv, full=full_cluster.system.domain_gpus))
-            else:
-                cluster = full_cluster
-            tried.append((v, res, cluster, wv, cv))
-        v, res, cluster, w, chosen = tried[first_setting([t[1] for t in tried])]  # the first of equals: plain wins
-        dispatchers = dispatcher_variants(m, full_cluster, w, bool({"moe_dispatcher", "moe_flex_backend"} & named),
-                                          pinned.get("ep") != 1) if target in (None, *FLEX_DISPATCH_TARGETS) else []
+            cluster, cv = full_cluster, c
+            if used and c.domain_gpus is None and c.gpus_per_node is None and self.goal.objective != "headroom":
+                res, cluster, cv = best_domain(res, full_cluster, used, c, lambda cc, wv=wv: self.run(
+                    cc, wv, full=full_cluster.system.domain_gpus))
+            self.tried.append((v, res, cluster, wv, cv))
+        return cp_later
+
+    def at_the_winner(self, cp_later: list) -> None:
+        """At the memory setting and share that won: the MoE dispatchers (search.run.dispatcher_variants) and the
+        later CP comm type, then the EP all-to-all overlap under each of those (search.run.ep_overlap_variants).
+        A setting none of whose plans comes within the resolution of the fastest so far cannot win (win_floor): its
+        search stops before ranking; tokens/s objective only (win_floor compares tokens/s)."""
+        v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]  # the first of equals wins
+        flex = self.target in (None, *FLEX_DISPATCH_TARGETS)
+        dispatchers = dispatcher_variants(self.m, self.full_cluster, w, bool({"moe_dispatcher", "moe_flex_backend"}
+                                                                              & self.named),
+                                          self.pinned.get("ep") != 1) if flex else []
         base_dispatch = {"moe_dispatcher": w.moe_dispatcher, "moe_flex_backend": w.moe_flex_backend}
-        if dispatchers:  # tried at the memory setting and NVLink-domain share that won (search.run.dispatcher_variants)
-            tried = [({**t[0], **base_dispatch}, *t[1:]) for t in tried]
+        if dispatchers:  # tried at the memory setting and NVLink-domain share that won
+            self.tried = [({**t[0], **base_dispatch}, *t[1:]) for t in self.tried]
             v = {**v, **base_dispatch}
-        # a dispatcher none of whose plans comes within the resolution of the fastest so far cannot win (win_floor):
-        # its search stops before ranking; tokens/s objective only (win_floor compares tokens/s)
-        beat = win_floor(*(t[1] for t in tried)) if goal.objective == "throughput" else None
-
-        def one_more(d: dict, v: dict, w: Workload, res: SearchResult, cluster: ClusterSpec, chosen: ClusterOptions,
-                     beat: float | None) -> float | None:
-            """Search setting `d` on top of the winning setting (v, w, its cluster and share): appended to `tried`
-            unless a rule refuses it whatever the axes; returns the score a later setting must beat."""
-            wd = Workload(**{**w.fields(), **d})
-            try:
-                rd = run(cluster, say, wd, full=full_cluster.system.domain_gpus if cluster is not full_cluster else None,
-                         beat=beat)
-            except LlmplanError:  # a rule the setting breaks whatever the axes: not a setting to try
-                return beat
-            if rd is not None and res.domain is not None and not rd.outrun:  # the other share, same setting
-                rd, dcluster, dchosen = other_share(rd, cluster, full_cluster, res.domain.used, c,
-                                                    lambda cc, wd=wd: run(cc, say, wd, full=full_cluster.system.domain_gpus
-                                                                          if cc is not full_cluster else None))
-                tried.append(({**v, **d}, rd, dcluster, wd, dchosen))
-            elif rd is not None:
-                tried.append(({**v, **d}, rd, cluster, wd, chosen))
-            return beat if beat is None or rd is None else max(beat, win_floor(rd))
-
+        beat = win_floor(*(t[1] for t in self.tried)) if self.goal.objective == "throughput" else None
         at_winner = [(v, res, cluster, w, chosen)]  # the memory setting that won, under each dispatcher
         for d in dispatchers + cp_later_worth(cp_later, res.ranked[0] if res.ranked else None):  # a2a+p2p
-            n = len(tried)
-            beat = one_more(d, v, w, res, cluster, chosen, beat)
-            at_winner += tried[n:]
-        # the EP all-to-all overlap under each of those dispatchers (its gain depends on the dispatcher's
-        # all-to-all time: search.run.ep_overlap_variants), the most promising first; the same pruning: one
-        # cannot win unless one of its plans beats the #1 so far. Their plans are alike: one memory screen
-        overlaps = ep_overlap_variants(m, w, "ep_comm_overlap" in named, pinned.get("ep") != 1, pinned) \
-            if target in (None, *FLEX_DISPATCH_TARGETS) else []
+            n = len(self.tried)
+            beat = self.one_more(d, v, w, res, cluster, chosen, beat)
+            at_winner += self.tried[n:]
+        self.ep_overlaps(w, res, at_winner, beat, flex)
+
+    def ep_overlaps(self, w: Workload, res: SearchResult, at_winner: list[Tried], beat: float | None,
+                    flex: bool) -> None:
+        """The EP all-to-all overlap under each setting of `at_winner` (its gain depends on the dispatcher's
+        all-to-all time), the most promising first, pruned as at_the_winner's; their plans are alike: one memory
+        screen. `res`: the winning memory setting's result."""
+        overlaps = ep_overlap_variants(self.m, w, "ep_comm_overlap" in self.named, self.pinned.get("ep") != 1,
+                                       self.pinned) if flex else []
         if overlaps:
-            tried = [({**t[0], "ep_comm_overlap": t[3].ep_comm_overlap}, *t[1:]) for t in tried]
+            self.tried = [({**t[0], "ep_comm_overlap": t[3].ep_comm_overlap}, *t[1:]) for t in self.tried]
             at_winner = [({**t[0], "ep_comm_overlap": t[3].ep_comm_overlap}, *t[1:]) for t in at_winner]
         for d in overlaps:
             for t in sorted(at_winner, key=lambda t: -(t[1].top_score if t[1].outrun else best_score(t[1])[0])):
-                beat = one_more(d, t[0], t[3], res, t[2], t[4], beat)  # beat: the best of every setting tried
-        # step.ub_loses: an overlap the search turned on itself that prices slower than none on a plan it shows:
-        # the winning setting is searched again without it (plans it beats win; tokens/s prunes as above)
-        v, res, cluster, w, chosen = tried[first_setting([t[1] for t in tried])]
-        if "tp_comm_overlap" not in named and w.tp_comm_overlap and tp_overlap_loses(res):
-            wo = Workload(**{**w.fields(), "tp_comm_overlap": False})
-            ro = run(cluster, say, wo, full=full_cluster.system.domain_gpus if cluster is not full_cluster else None,
-                     beat=win_floor(*(t[1] for t in tried)) if goal.objective == "throughput" else None)
-            if ro is not None:
-                tried = [({**t[0], "tp_comm_overlap": t[3].tp_comm_overlap}, *t[1:]) for t in tried]
-                tried.append(({**v, "tp_comm_overlap": False}, ro, cluster, wo, chosen))
-        screens.clear()
-    if target is not None:  # none kept a plan: what refused them, over every setting tried
-        refuse_every_setting(target, [(t[0], t[1]) for t in tried])
-    v, res, cluster, w, chosen = tried[first_setting([t[1] for t in tried])]  # the first of equals: plain wins ties
-    if target is not None:  # the side outputs of the result shown only
-        res = training_sides(res, target, doc_of)
-        res = dataclasses.replace(res, walks=tuple(walks))
-    if len(tried) > 1:  # a dispatcher outrun (no plan above the best so far) is listed with its best plan's score
-        res = dataclasses.replace(res, switches=SwitchChoice(v, tuple(
-            (t[0], t[1].top_score if t[1].outrun else best_score(t[1])[0]) for t in tried)))
-    return TrainSearch(m, res, cluster, w, chosen, allowance, order, tokens)
+                beat = self.one_more(d, t[0], t[3], res, t[2], t[4], beat)  # beat: the best of every setting tried
+
+    def one_more(self, d: dict, v: dict, w: Workload, res: SearchResult, cluster: ClusterSpec,
+                 chosen: ClusterOptions, beat: float | None) -> float | None:
+        """Search setting `d` on top of the winning setting (v, w, its cluster and share): appended to `tried`
+        unless a rule refuses it whatever the axes; returns the score a later setting must beat."""
+        wd = Workload(**{**w.fields(), **d})
+        try:
+            rd = self.run(cluster, wd, full=self.full_of(cluster), beat=beat)
+        except LlmplanError:  # a rule the setting breaks whatever the axes: not a setting to try
+            return beat
+        if rd is not None and res.domain is not None and not rd.outrun:  # the other share, same setting
+            rd, dcluster, dchosen = other_share(rd, cluster, self.full_cluster, res.domain.used, self.c,
+                                                lambda cc, wd=wd: self.run(cc, wd, full=self.full_of(cc)))
+            self.tried.append(({**v, **d}, rd, dcluster, wd, dchosen))
+        elif rd is not None:
+            self.tried.append(({**v, **d}, rd, cluster, wd, chosen))
+        return beat if beat is None or rd is None else max(beat, win_floor(rd))
+
+    def without_tp_overlap(self) -> None:
+        """step.ub_loses: an overlap the search turned on itself that prices slower than none on a plan it shows:
+        the winning setting is searched again without it (plans it beats win; tokens/s prunes as above)."""
+        v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]
+        if "tp_comm_overlap" in self.named or not w.tp_comm_overlap or not tp_overlap_loses(res):
+            return
+        wo = Workload(**{**w.fields(), "tp_comm_overlap": False})
+        ro = self.run(cluster, wo, full=self.full_of(cluster),
+                      beat=win_floor(*(t[1] for t in self.tried)) if self.goal.objective == "throughput" else None)
+        if ro is not None:
+            self.tried = [({**t[0], "tp_comm_overlap": t[3].tp_comm_overlap}, *t[1:]) for t in self.tried]
+            self.tried.append(({**v, "tp_comm_overlap": False}, ro, cluster, wo, chosen))
+
+    def shown(self, tokens: float) -> TrainSearch:
+        """The best setting tried (the first of equals: plain wins ties), as `search` shows it."""
+        if self.target is not None:  # none kept a plan: what refused them, over every setting tried
+            refuse_every_setting(self.target, [(t[0], t[1]) for t in self.tried])
+        v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]
+        if self.target is not None:  # the side outputs of the result shown only
+            res = training_sides(res, self.target, self.doc_of)
+            res = dataclasses.replace(res, walks=tuple(self.walks))
+        if len(self.tried) > 1:  # a dispatcher outrun (no plan above the best so far): its best plan's score
+            res = dataclasses.replace(res, switches=SwitchChoice(v, tuple(
+                (t[0], t[1].top_score if t[1].outrun else best_score(t[1])[0]) for t in self.tried)))
+        return TrainSearch(self.m, res, cluster, w, chosen, self.allowance, self.order, tokens)
 
 
 def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: SwitchOptions,

@@ -15,6 +15,7 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compressed import compressor_token_bytes, hc_activation_bytes, is_v4_attention
 from llmplan.cost.compute import QUANTIZED_COPY_BYTES, attention_head_dims, op_matmul_widths
 from llmplan.cost.gemm import fused_grouped_mlp
+from llmplan.cost.memo import ALL_BUT_ZERO, memoized, per_distinct
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import kv_heads_per_rank, token_ffn_width
 from llmplan.cost.quantize import proj_saves_original_input, torchao_fp8_copy_share, torchao_hp_saved_share
@@ -512,6 +513,14 @@ def layer_activations(m: ModelSpec, plan: ParallelPlan) -> LayerActivations:
                             layer_activation_no_recompute(m, plan, True, scores=False), kept_dense,
                             layer_activation_no_recompute(m, plan, True, scores=True) if block else 0.0,
                             rebuilt_dense, _rebuilt(m, plan, True))
+
+
+def shared_layer_activations(m: ModelSpec, plan: ParallelPlan) -> LayerActivations:
+    """layer_activations, on plan arrays computed once per distinct row of ALL_BUT_ZERO (what it reads) and
+    kept in the plans' memo, so that every caller within one evaluation (cost.memory's stages, the gradient
+    lifetime) shares one computation; the same values elementwise. A single plan computes directly."""
+    return per_distinct(plan, ALL_BUT_ZERO, 0, lambda p, _: memoized(p, ("layer_activations", m),
+                                                                       lambda: layer_activations(m, p)))
 
 
 def _rebuilt(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:

@@ -24,6 +24,7 @@ from llmplan.cost.mixers import attention_share, dense_mlp_share, lightning
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.quantize import torchao_float8
 from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_bytes, offload_layer_bytes
+from llmplan.cost.memo import memoized
 from llmplan.cost.params import (
     attention_params,
     indexer_params,
@@ -1326,6 +1327,12 @@ def hybridep_domain_ranks(plan: ParallelPlan) -> Any:
     D = plan.nvlink_domain_ranks  # a workload field: one value for all plans of a search
     if not D:
         return plan.ep
+    return memoized(plan, ("hybridep_domain_ranks", int(D)), lambda: _hybridep_domain_ranks(plan, int(D)))
+
+
+def _hybridep_domain_ranks(plan: ParallelPlan, D: int) -> Any:
+    """hybridep_domain_ranks with a known domain of D ranks (memoized per plan arrays: evaluated for several
+    transfers of one search). Derived: docs/formulas.md#moe.hybridep_permute"""
     ep, etp, n = np.broadcast_arrays(np.asarray(plan.ep), np.asarray(plan.etp_resolved), np.asarray(plan.num_gpus))
     rows = np.stack([ep.ravel(), etp.ravel(), n.ravel()], axis=1).astype(np.int64)
     values, index = np.unique(rows, axis=0, return_inverse=True)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from llmplan.arith import where
-from llmplan.cost.activations import layer_activations
+from llmplan.cost.activations import shared_layer_activations
 from llmplan.cost.params import layer_params, mtp_block_extra_params, stage_end_params
 from llmplan.cost.schedule import stage_order_arrays
 from llmplan.cost.stages import (
@@ -106,7 +106,7 @@ def _layer_bytes(m: ModelSpec, plan: Any, dense: Any, moe: Any, grad_b: Any) -> 
     """(activation bytes of one forward, gradient bytes) of chunks of `dense` dense and `moe` MoE layers, shape
     (v, ...): a dense layer's and a MoE layer's activations and parameters (its routed experts included), as
     _rank_params counts them. Derived: docs/formulas.md#mem.grad_lifetime"""
-    la = layer_activations(m, plan)
+    la = shared_layer_activations(m, plan)
     dense_p, moe_p = layer_params(m, plan)
     return dense * la.dense + moe * la.moe, (dense * dense_p + moe * moe_p) * grad_b
 
@@ -270,7 +270,7 @@ def pipelined_gradient_bytes(m: ModelSpec, plan: Any, stage: Any, whole: Any, gr
         act, grad = chunk_bytes(m, plan, stage, grad_b)
         walk = _walk(int(plan.pp), int(plan.num_microbatches), int(plan.vpp), int(stage))
         return chunk_gradient_peak(*walk, act, grad)
-    la = layer_activations(m, plan)
+    la = shared_layer_activations(m, plan)
     dense_p, moe_p = layer_params(m, plan)
     end = stage_end_params(m, plan, stage) * grad_b
     mtp = stage_mtp_modules(m, plan, stage) * mtp_block_extra_params(m, plan) * grad_b  # last stage's last chunk
@@ -283,15 +283,29 @@ def pipelined_gradient_bytes(m: ModelSpec, plan: Any, stage: Any, whole: Any, gr
     out = np.array(np.broadcast_to(whole, np.shape(on)), dtype=float)
     idx = np.flatnonzero(on)
     cols = [np.broadcast_to(x, np.shape(on))[idx].astype(np.int64) for x in rank]
-    group = np.zeros(len(idx), dtype=np.int64)  # one integer per distinct rank (np.unique(axis=0) sorts slowly)
-    for col in cols:
-        values, which = np.unique(col, return_inverse=True)
-        _, pick, group = np.unique(group * len(values) + which.reshape(-1), return_index=True, return_inverse=True)
+    _, pick, group = np.unique(_rank_keys(cols), return_index=True, return_inverse=True)
     chosen = [np.broadcast_to(x, np.shape(on))[idx] for x in parts]
+    members = np.argsort(group.reshape(-1), kind="stable")  # each rank's plans in order, one sort for all ranks
+    ends = np.cumsum(np.bincount(group.reshape(-1), minlength=len(pick)))
     for k, at in enumerate(pick):  # a few hundred distinct ranks in a search
-        sel = np.flatnonzero(group.reshape(-1) == k)
+        sel = members[(ends[k - 1] if k else 0):ends[k]]
         out[idx[sel]] = _rank_peak(m, tuple(int(col[at]) for col in cols), [x[sel] for x in chosen])
     return out
+
+
+def _rank_keys(cols: list[np.ndarray]) -> np.ndarray:
+    """One integer per plan, equal where every column is (mixed radix over each column's range: one sort for
+    np.unique, not one per column; np.unique(axis=0) sorts slowly); ranks of the columns' values where the
+    radix product would not fit 62 bits."""
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    if float(np.prod([float(c.max() - c.min() + 1) for c in cols])) < 2.0**62:
+        for col in cols:
+            key = key * int(col.max() - col.min() + 1) + (col - col.min())
+        return key
+    for col in cols:
+        values, which = np.unique(col, return_inverse=True)
+        key = np.unique(key * len(values) + which.reshape(-1), return_inverse=True)[1].reshape(-1)
+    return key
 
 
 def _rank_peak(m: ModelSpec, rank: tuple[int, ...], parts: Any) -> Any:

@@ -7,7 +7,7 @@ per-plan time is calls x min over algorithms of (alpha + size x beta) with alpha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,8 @@ class Evaluation:
     memory: TrainingMemory
     step: StepTime
     throughput: Throughput
+    comm: CommSeconds | None = None
+    """The communication seconds the step time was priced with (comm_seconds_arrays)."""
 
 
 def evaluate_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
@@ -119,8 +121,10 @@ def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
-                        order: tuple[str, ...] = DEFAULT_ORDER) -> CommSeconds:
-    """Per-plan communication seconds of each axis (same transfers as cost.comm.step_comm)."""
+                        order: tuple[str, ...] = DEFAULT_ORDER, known: CommSeconds | None = None) -> CommSeconds:
+    """Per-plan communication seconds of each axis (same transfers as cost.comm.step_comm). `known`: these plans'
+    seconds under another MoE dispatcher (search.run.DISPATCH_FIELDS): every axis but ep is taken from it, as no
+    transfer but the EP all-to-all reads the dispatcher (tests/test_search_deepep.py checks them alike)."""
     layout = np.stack([plans.tp, plans.pp, plans.dp, plans.cp, plans.ep, plans.etp_resolved,
                        np.broadcast_to(plans.dp_replicate, np.shape(plans.tp)),
                        np.broadcast_to(cp_a2a_group(plans), np.shape(plans.tp))], axis=1)
@@ -175,6 +179,8 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         return sum((seconds(x.collective, axis or x.group, x.calls, x.message, x.dispatch) + copies(x)
                     for x in transfers), np.zeros(len(plans)))
 
+    if known is not None:
+        return replace(known, ep=total(ep_transfers(m, plans.as_plan, "ep")))
     # each candidate stage's rank reduces and gathers its own parameters (docs/formulas.md#step.stage_tail)
     stages = each_stage(candidate_stages(m, plans.as_plan),
                         lambda i: dp_transfers(m, plans.as_plan, "dpcp_in", "edp_in", i, "dpcp_out", "edp_out"))
@@ -204,11 +210,14 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
 
 
 def evaluate(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allowance: MemoryAllowance | None = None,
-             order: tuple[str, ...] = DEFAULT_ORDER, memory: TrainingMemory | None = None) -> Evaluation:
+             order: tuple[str, ...] = DEFAULT_ORDER, memory: TrainingMemory | None = None,
+             comm: CommSeconds | None = None) -> Evaluation:
     """Memory, step time and throughput of every plan (arrays), with the cluster's NVLink domain
-    (ParallelPlan.nvlink_domain_ranks: search.run.runs_on has set it already; otherwise a copy of the arrays)."""
+    (ParallelPlan.nvlink_domain_ranks: search.run.runs_on has set it already; otherwise a copy of the arrays).
+    `comm`: the same plans' communication seconds under another MoE dispatcher (comm_seconds_arrays' known)."""
     plans = on_cluster(plans, cluster)
     mem = memory if memory is not None else evaluate_memory(m, cluster, plans, allowance)
     gpu = cluster.system.gpu
-    st = step_time(m, plans.as_plan, gpu, comm_seconds_arrays(m, cluster, plans, order))
-    return Evaluation(plans, mem, st, throughput(plans.as_plan, gpu, st))
+    seconds = comm_seconds_arrays(m, cluster, plans, order, known=comm)
+    st = step_time(m, plans.as_plan, gpu, seconds)
+    return Evaluation(plans, mem, st, throughput(plans.as_plan, gpu, st), seconds)

@@ -409,8 +409,22 @@ def _gather(value: Any, inv: np.ndarray) -> Any:
     return value
 
 
-def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArrays:
-    """The cartesian product of the space; dp is derived as GPUs // (tp x pp x cp) (rules check it divides)."""
+def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload, reuse: dict | None = None) -> PlanArrays:
+    """The cartesian product of the space; dp is derived as GPUs // (tp x pp x cp) (rules check it divides).
+    `reuse`: a dict of earlier enumerations (by the space and the GPUs, all they read), whose axes a search of
+    the same space under another workload takes as they are (its own memo, seeded alike)."""
+    key = ("enumerated", repr(space), cluster.num_gpus)
+    axes, groups = reuse[key] if reuse is not None and key in reuse else _product(space, cluster.num_gpus)
+    if reuse is not None:
+        reuse[key] = axes, groups
+    plans = PlanArrays(**axes, w=w)
+    for columns, group in groups.items():
+        plans.seed_distinct(columns, group)
+    return plans
+
+
+def _product(space: Space, gpus: int) -> tuple[dict[str, np.ndarray], dict[tuple[str, ...], np.ndarray]]:
+    """enumerate_plans' axes (PlanArrays' fields) and the groupings it seeds."""
     layouts = np.asarray(space.pipeline, dtype=np.int64).reshape(-1, 4)
     axes = [np.asarray(space.tp), np.arange(len(layouts)), np.asarray(space.cp), np.asarray(space.ep),
             np.asarray(space.etp),
@@ -431,12 +445,9 @@ def enumerate_plans(space: Space, cluster: ClusterSpec, w: Workload) -> PlanArra
         tp, lay, cp, ep, etp, sp, zero, rc, mb = (c[keep] for c in (tp, lay, cp, ep, etp, sp, zero, rc, mb))
         groups = {k: g[keep] for k, g in groups.items()}
     pp, vpp, first, last = (layouts[lay, j] for j in range(4))
-    dp = np.maximum(1, cluster.num_gpus // (tp * pp * cp))
-    plans = PlanArrays(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=resolve_etp(etp, tp), vpp=vpp,
-                       pp_first=first, pp_last=last, sp=sp, zero=zero, recompute_code=rc, micro_batch=mb, w=w)
-    for columns, group in groups.items():
-        plans.seed_distinct(columns, group)
-    return plans
+    dp = np.maximum(1, gpus // (tp * pp * cp))
+    return dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=resolve_etp(etp, tp), vpp=vpp, pp_first=first,
+                pp_last=last, sp=sp, zero=zero, recompute_code=rc, micro_batch=mb), groups
 
 
 def _combination(dims: list[int], kept: tuple[int, ...]) -> np.ndarray:

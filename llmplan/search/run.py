@@ -399,8 +399,11 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     the switches the user named (refuse_unused_switches; None: those the workload sets). `keep_plans`: the
     result keeps every plan that fits (SearchResult.layout_plans). `screens`: the memory screens of earlier
     searches of this command, reused by one whose plans and memory inputs are the same and whose workload
-    differs only in the MoE dispatcher, which no memory term reads (screen_key). `beat`: where no plan that
-    fits scores above it, stop before ranking and return the result with `outrun` set and nothing ranked (a
+    differs only in the MoE dispatcher, which no memory term reads (screen_key); with the screen, the
+    communication seconds of every axis but EP, which no other transfer reads (evaluate.comm_seconds_arrays);
+    and every search of one space, its enumerated axes (grid.enumerate_plans' reuse).
+    `beat`: where no plan that fits scores above it, stop before ranking and return the result with `outrun` set
+    and nothing ranked (a
     dispatcher tried beside a search whose #1 scored `beat`: its own #1 cannot score more than its best plan;
     cli.search.train_search)."""
     from llmplan.search import layouts
@@ -419,7 +422,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                            "(--tp, --pp, --cp, --ep, --micro-batch) or bound one (--max-tp, --max-pp, --max-cp)")
     say("enumerating")
     w = runs_on(m, cluster, w)
-    plans = enumerate_plans(space, cluster, w)
+    plans = enumerate_plans(space, cluster, w, screens)  # the searches of one command share their spaces' axes
     considered = len(plans)
     keep = np.ones(considered, dtype=bool)
     pruned: list[Pruned] = []
@@ -464,7 +467,11 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                              + (f" (with {min_headroom / GIB:g} GiB headroom required)" if min_headroom else "")))
     plans = plans.take(np.flatnonzero(fits))
     say("evaluating step time")
-    ev = evaluate(m, cluster, plans, allowance, order, memory=screen.memory)
+    comm_key = ("comm", key, order) if screens is not None else None  # the same plans: their comm but EP alike
+    ev = evaluate(m, cluster, plans, allowance, order, memory=screen.memory,
+                  comm=screens.get(comm_key) if screens is not None else None)
+    if screens is not None:
+        screens.setdefault(comm_key, ev.comm)
     survives = None
     if objective in ("time-to-train", "gpu-hours"):  # the tokens/s that survive failures (cost.goodput)
         survives = plan_goodput(m, cluster, plans.as_plan, ev.step.total, checkpoint).useful

@@ -274,7 +274,13 @@ class PlanQuantities(_QuantityInputs):
     def expert_dp(self) -> Any:
         """Ranks that share one routed expert's optimizer/gradient shards and its checkpoint share: Megatron-Core's
         expert data-parallel group, world / (etp x ep x pp) (parallel_state.py, expt_dp_group)."""
-        return maximum(1, self.num_gpus // (self.etp_resolved * self.ep * self.pp))
+        memo = getattr(self, "memo", None)  # plan arrays keep it once (read for every stage and term)
+        if memo is not None and "expert_dp" in memo:
+            return memo["expert_dp"]
+        n = maximum(1, self.num_gpus // (self.etp_resolved * self.ep * self.pp))
+        if memo is not None:
+            memo["expert_dp"] = n
+        return n
 
     @property
     def expert_shard(self) -> Any:
