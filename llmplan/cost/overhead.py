@@ -15,6 +15,7 @@ from llmplan.cost.elementwise import softmax_launches
 from llmplan.cost.model_states import bf16_parts_extra_bytes
 from llmplan.cost.moe import EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS
 from llmplan.specs.hardware import GpuSpec
+from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.units import MXFP8_BYTES
 
@@ -220,3 +221,35 @@ def pp_sync_seconds(plan: ParallelPlan, exchanges: Any, host_factor: Any = 1.0) 
     race condition when using batch_isend_irecv()", torch.cuda.synchronize()).
     Derived: docs/formulas.md#step.pp_blocking, #step.host_sync"""
     return where(plan.pp_blocking_sends, exchanges * (HOST_SYNC_S + EAGER_OP_HOST_S * host_factor), 0 * exchanges)
+
+
+def geglu_offset_calls(m: ModelSpec, plan: ParallelPlan, r: Any = 0.0) -> Any:
+    """Calls per MoE layer and micro-batch of Megatron-Core's weighted quick-GeGLU (GPT-OSS's experts:
+    model_type gpt_oss, quick_gelu with glu_linear_offset, bias_activation_fusion) that each make the blocking
+    host-to-device copy geglu_offset_sync_seconds prices: the forward, once more when moe_act (or the whole moe
+    layer) is recomputed (CheckpointWithoutOutput reruns bias_act_func before fc2's backward), and the share `r`
+    of the forward that full recompute repeats. 0 for another activation (weighted_bias_swiglu_impl has no such
+    copy), with glu_clamp_fusion (Transformer Engine's grouped MLP ops run the activation) or inside a
+    full-iteration CUDA graph. Source: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_geglu.py
+    weighted_bias_quick_geglu_impl and moe/experts.py TEGroupedMLP.forward (core_v0.15.0 - d98e8a6).
+    Derived: docs/formulas.md#step.geglu_offset_sync"""
+    if not (m.is_moe and m.model_type == "gpt_oss" and m.gated_mlp):
+        return 0.0
+    rerun = where(plan.recomputes("moe_act") | plan.recomputes("moe"), 1.0, 0.0)
+    off = where(plan.glu_clamp_fusion, True, plan.cuda_graphs == "full-iteration")
+    return where(off, 0.0, 1.0 + rerun + r)
+
+
+def geglu_offset_sync_seconds(m: ModelSpec, plan: ParallelPlan, moe_layers: Any, r: Any = 0.0,
+                              host_factor: Any = 1.0) -> Any:
+    """GPU idle time per step of the offset copies in Megatron-Core's weighted quick-GeGLU: every call builds its
+    linear offset as `torch.tensor(linear_offset, dtype, device=input.device)`, a copy from host memory that
+    PyTorch makes blocking (copy_kernel_cuda with non_blocking False: cudaMemcpyAsync, then
+    cudaStreamSynchronize), so the host waits for the GPU's queue to drain and the GPU then idles for the
+    wake-up (HOST_SYNC_S) and the next op's issue (EAGER_OP_HOST_S at the host CPU's `host_factor`), as at
+    every host wait (step.host_sync): geglu_offset_calls per MoE layer of the stage (`moe_layers`) and
+    micro-batch. Source: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_geglu.py
+    (weighted_bias_quick_geglu_impl, core_v0.15.0 - d98e8a6); pytorch/pytorch aten/src/ATen/native/cuda/Copy.cu
+    (copy_kernel_cuda: at::cuda::memcpy_and_sync). Derived: docs/formulas.md#step.geglu_offset_sync"""
+    per_wait = HOST_SYNC_S + EAGER_OP_HOST_S * host_factor
+    return plan.num_microbatches * moe_layers * geglu_offset_calls(m, plan, r) * per_wait

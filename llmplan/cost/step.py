@@ -71,6 +71,7 @@ from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was 
     host_seconds,
     host_sync_seconds,
     mxfp8_param_unstage_seconds,
+    geglu_offset_sync_seconds,
     pp_sync_seconds,
     straggler_seconds,
     zero3_copy_out_seconds,
@@ -310,7 +311,8 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
                  "grad_buffer": grad_buffer,
                  "zero3_copy_out": copy_out,
                  "mxfp8_param_unstage": unstage,
-                 "pp_sync": pp_sync_seconds(plan, pp_blocking_exchanges(plan), gpu.host_op_factor)}
+                 "pp_sync": pp_sync_seconds(plan, pp_blocking_exchanges(plan), gpu.host_op_factor),
+                 "geglu_offset_sync": geglu_offset_sync_seconds(m, plan, moe_top, r_max, gpu.host_op_factor)}
     return StepTime(
         compute=n * sc.total, bubble=bubble, comm_exposed=sum(exposed.values()),
         optimizer=optimizer,

@@ -340,7 +340,8 @@ OVERHEAD_ROWS = {"host": ("waiting for kernel launches", "step.overhead"),
                  "grad_buffer": ("gradient NaN check / 1/dp scaling", "step.grad_buffer"),
                  "zero3_copy_out": ("FSDP2 all-gather copy-out", "step.zero3_copy_out"),
                  "mxfp8_param_unstage": ("MXFP8 cast after gather", "step.mxfp8_param_unstage"),
-                 "pp_sync": ("device syncs after pipeline sends", "step.pp_blocking")}
+                 "pp_sync": ("device syncs after pipeline sends", "step.pp_blocking"),
+                 "geglu_offset_sync": ("GeGLU offset copies (host waits)", "step.geglu_offset_sync")}
 """(row name, formula id) of the step-time table's overheads (StepTime.overheads)."""
 
 
