@@ -41,8 +41,14 @@ def test_search_under_the_published_switches_ranks_the_published_kind_first(row_
     w = Workload.of(plan)
     res = search(m, cluster, default_space(m, cluster, w), w, top=3)
     first = res.ranked[0].plan
-    # report sec. 3.2: no TP, EP64; Megatron-Bridge's H100 DeepSeek-V3 rows: TP2 PP8 EP64 (benchmarks/data)
-    assert first.tp <= 2 and first.ep >= 32, first.describe()
+    # report sec. 3.2: no TP, EP64; Megatron-Bridge's H100 DeepSeek-V3 rows: TP2 PP8 EP64 (benchmarks/data).
+    # The first plan has the published EP; the published TP (<= 2) is first or tied with it (inside the model's
+    # resolution, search.ties: since comm.ep_rdma priced DeepEP's network bytes at the kernels' published rate,
+    # TP4 PP4 EP256 sits 3.5% from TP2 PP8 EP256 and goes first on 3 GiB more headroom,
+    # docs/validation.md#h100-moe-spread)
+    assert first.ep >= 32, first.describe()
+    tied = [res.ranked[0]] + [res.ranked[j - 1] for j in res.tied_with[0] if j <= len(res.ranked)]
+    assert any(e.plan.tp <= 2 and e.plan.ep >= 32 for e in tied), [e.plan.describe() for e in tied]
     assert res.wide_ep is None  # no TP beside an in-node EP group to explain
 
 
