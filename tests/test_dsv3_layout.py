@@ -42,14 +42,13 @@ def test_search_under_the_published_switches_ranks_the_published_kind_first(row_
     res = search(m, cluster, default_space(m, cluster, w), w, top=3)
     first = res.ranked[0].plan
     # report sec. 3.2: no TP, EP64; Megatron-Bridge's H100 DeepSeek-V3 rows: TP2 PP8 EP64 (benchmarks/data).
-    # Since the headroom tiers (docs/validation.md#headroom-tiers) two plans whose memory intervals both fit are
-    # not separated by headroom: tp4 pp4 ep128 is #1, tp2 pp8 ep128 #2, predicted equal to 4 significant digits
-    # (3,475,057 and 3,474,792 tokens/s); before, tp2 pp8 ep256 was #1 on 3.8 GiB more headroom
+    # The first plan has the published EP; the published TP (<= 2) is first or tied with it (inside the model's
+    # resolution, search.ties). Since comm.ep_rdma priced DeepEP's network bytes at the kernels' published rate
+    # (docs/validation.md#h100-moe-spread) TP4 plans sit within a few % of TP2 PP8 EP256, and since the headroom
+    # tiers (docs/validation.md#headroom-tiers) plans whose memory intervals both fit are not separated by headroom
     assert first.ep >= 32, first.describe()
-    tok = lambda e: float(e.throughput.tokens_per_s)  # noqa: E731
-    published_kind = [e for e in res.ranked[:2] if e.plan.tp <= 2 and e.plan.ep >= 32]
-    assert published_kind and tok(published_kind[0]) == pytest.approx(tok(res.ranked[0]), rel=1e-4), \
-        [e.plan.describe() for e in res.ranked]
+    tied = [res.ranked[0]] + [res.ranked[j - 1] for j in res.tied_with[0] if j <= len(res.ranked)]
+    assert any(e.plan.tp <= 2 and e.plan.ep >= 32 for e in tied), [e.plan.describe() for e in tied]
     assert res.wide_ep is None  # no TP beside an in-node EP group to explain
 
 

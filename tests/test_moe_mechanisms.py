@@ -264,14 +264,15 @@ def test_alltoall_smoke_pair_reads_a_lower_share(row_setup, monkeypatch):
     # it read 0.59 against the HybridEP pair's 0.81; priced chunk by chunk (the all-to-alls beside the attention
     # and experts' forward outlast them) it read 0.68 against 0.82, and with the routing's passes priced from the
     # kernels 0.69 against 0.79 (0.785 unrounded; docs/validation.md#routing-passes): the pairing closes part of the
-    # gap, not all of it (docs/validation.md#ep-pairing). Not used for the constant; if this fails, the pricing of
-    # the alltoall path moved: re-read it.
+    # gap, not all of it (docs/validation.md#ep-pairing); with the HybridEP pair's network bytes at the published
+    # two-node H100 rate (comm.ep_rdma) 0.69 against 0.74 (docs/validation.md#h100-moe-spread). Not used for the
+    # constant; if this fails, the pricing of the alltoall path moved: re-read it.
     m, cluster, plan = row_setup(PAIR_OFF)
     a2a = plan.model_copy(update={"moe_dispatcher": "alltoall", "moe_flex_backend": "deepep", "moe_dispatch_sms": None,
                                   "cuda_graphs": "none"})
     s, _, _ = _pair_reading(m, cluster, a2a, 41.25, 31.31, monkeypatch)
     assert 0.6 < s < 0.75
-    assert s < EP_OVERLAP_HIDDEN - 0.05
+    assert s < EP_OVERLAP_HIDDEN - 0.03
 
 
 def test_pairing_alone_leaves_a_residual_on_both_pairs(row_setup, monkeypatch):

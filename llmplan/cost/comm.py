@@ -267,6 +267,34 @@ HYBRIDEP_BENCH_LINK_BYTES_PER_S = 900e9
 link_profile's intra bandwidth of gb200-nvl72): the published rates are scaled to another GPU's NVLink by it."""
 
 
+HYBRIDEP_H100_RDMA_GBPS = {16: (71.71, 62.95), 32: (57.69, 57.46), 64: (49.97, 49.77)}
+"""HybridEP's published internode BF16 dispatch and combine algorithm bandwidth in GB/s on H100 (8 GPUs a node, one
+CX7 400 Gb/s NIC a GPU), kernel time only, 16 SMs, by EP ranks: 4,096 tokens per rank of hidden 7,168, top-8, 8
+experts per rank, uniform random routing (deepseek-ai/DeepEP docs/README_Hybrid-EP.md at 41cad944, "H100 Platform").
+Its bytes count a token once for every node it goes to, its own included (tests/test_hybrid_ep.py
+count_rdma_send_from_routing_map: "we do not set the local node map to zeros", as DeepEP's test_internode.py
+counts num_rdma_token_sent), so a share (D - 1)/D of them crosses the network (ep_rdma_efficiency)."""
+HYBRIDEP_H100_NODE_GPUS = 8
+"""GPUs a node (and NVLink domain) in HYBRIDEP_H100_RDMA_GBPS's benchmark."""
+HYBRIDEP_H100_NIC_BYTES_PER_S = 50e9
+"""Line rate a GPU of HYBRIDEP_H100_RDMA_GBPS's benchmark: one ConnectX-7 at 400 Gb/s (DeepEP README: "CX7
+InfiniBand 400 Gb/s RDMA network card (~50 GB/s maximum bandwidth)")."""
+
+
+def ep_rdma_efficiency(domains: int) -> float:
+    """Share of a GPU's NIC line rate that the bytes a DeepEP / HybridEP all-to-all sends to other NVLink domains
+    move at, when its group spans `domains` of them: HybridEP's published H100 rates (HYBRIDEP_H100_RDMA_GBPS, the
+    dispatch-and-combine mean) times the share (D - 1)/D of the counted bytes that leave the node, over the CX7's
+    50 GB/s; 2 nodes 0.67, 4 nodes 0.86, 8 nodes 0.87 (DeepEP's own V1 H800 table, docs/legacy.md, gives 0.86 and
+    0.88 the same way at 32 and 64 ranks); linear in D between, the end values beyond. Source: deepseek-ai/DeepEP
+    docs/README_Hybrid-EP.md at 41cad944 ("H100 Platform", kernel only, 16 SMs). Derived:
+    docs/formulas.md#comm.ep_rdma"""
+    pts = sorted((r // HYBRIDEP_H100_NODE_GPUS,
+                  2e9 / (1 / a + 1 / b) * (1 - HYBRIDEP_H100_NODE_GPUS / r) / HYBRIDEP_H100_NIC_BYTES_PER_S)
+                 for r, (a, b) in HYBRIDEP_H100_RDMA_GBPS.items())
+    return float(np.interp(domains, [p[0] for p in pts], [p[1] for p in pts]))
+
+
 def dispatch_coeffs(op: str, span: GroupSpan, system: SystemSpec, d: Dispatch | None) -> tuple[Coeff, ...]:
     """collective_coeffs of one transfer, a DeepEP all-to-all's per-byte time at least its SMs' (dispatch_sm_beta).
     HybridEP's (hybridep_rate) inside an NVSwitch domain is its published rate in place of NCCL's link
@@ -276,7 +304,10 @@ def dispatch_coeffs(op: str, span: GroupSpan, system: SystemSpec, d: Dispatch | 
     Derived: docs/formulas.md#comm.ep_sms, docs/formulas.md#comm.hybridep"""
     if span.size <= 1:  # a group of one sends nothing
         return collective_coeffs(op, span, system)
-    coeffs = collective_coeffs(op, span, system, shares=a2a_shares(d, span))
+    shares = a2a_shares(d, span)
+    if shares is not None and span.uses_nic:  # the network's bytes at the kernels' published rate (comm.ep_rdma)
+        shares = (shares[0], shares[1] * system.nic_efficiency / ep_rdma_efficiency(span.domains))
+    coeffs = collective_coeffs(op, span, system, shares=shares)
     if d is None or d.backend != "hybridep" or d.sms <= 0:
         floor = dispatch_sm_beta(d)
         return tuple(Coeff(c.algorithm, c.alpha, max(c.beta, floor)) for c in coeffs)

@@ -16,7 +16,7 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.schedule import schedule_of
 
-EP_OVERLAP_HIDDEN = 0.80
+EP_OVERLAP_HIDDEN = 0.74
 """Share of the paired all-to-all time (what each of a MoE layer's four all-to-alls can hide behind the compute
 chunk the combined-1F1B schedule pairs it with, summed over the paired micro-batches, (1 - kappa) of it:
 cost.moe.ep_exposed) that Megatron-Core's EP overlap (`overlap_moe_expert_parallel_comm`) hides: the part of the
@@ -28,7 +28,9 @@ router and preprocessing, delay_wgrad_compute off, CUDA_DEVICE_MAX_CONNECTIONS 3
 saving r = 14.73% (15.06%). There every all-to-all (0.51 ms) is shorter than its paired chunk (0.99-1.99 ms), so
 the pairing alone would save 18.8%. The share is s = r x T_off / H, T_off and H = T_off - T(s = 1) llmplan's step
 without overlap and its paired all-to-all on that plan (25.28 s, 4.66 s): 0.80 (0.82), so a scale error common to
-the step cancels (re-read when the routing's passes were priced from the kernels: 26.02 s and 0.82 before,
+the step cancels (re-read when the network's bytes of a two-node HybridEP all-to-all were priced at its published
+H100 rate, comm.ep_rdma: 0.80 before, docs/validation.md#h100-moe-spread; when the routing's passes were priced from
+the kernels: 26.02 s and 0.82 before,
 docs/validation.md#routing-passes; 24.86 s and 0.785 before HybridEP's own permutes were priced,
 docs/validation.md#hybridep-permute). The alltoall pair of Megatron-Bridge PR 3862 (41.25 -> 31.31 s,
 CUDA_DEVICE_MAX_CONNECTIONS 8) reads 0.69 under the pairing (0.59 before it): not used, docs/validation.md#ep-pairing. tests/test_moe_mechanisms.py
