@@ -10,6 +10,7 @@ from typing import Any
 from llmplan.cost.inference import admitted_tokens
 from llmplan.cost.lengths import lengths_of, quantile
 from llmplan.cost.serve_memory import sglang_chunk_total
+from llmplan.cost.serve_step import captured_graph_sizes
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
 from llmplan.serving import ServeEstimate, admitted_run, estimate_serving
@@ -249,13 +250,21 @@ def graph_sizes(pf: PlanFile, engine: str) -> tuple[str | None, str]:
     """The plan's own --cuda-graph-sizes as `engine`'s capture list (GRAPH_SIZES_FLAG), None where the engine
     derives its own list as llmplan priced it (ServeJob.cuda_graph_sizes_default) or runs eager, and a comment
     line when the plan was priced for another engine, whose sizes may count other units (tokens in vLLM, requests
-    in SGLang and TensorRT-LLM: cost.serve_step.graph_sizes_count_tokens)."""
+    in SGLang and TensorRT-LLM: cost.serve_step.graph_sizes_count_tokens). The list is written as the user gave
+    it; where SGLang's runner captures another of it (cost.serve_step.captured_graph_sizes), a comment line says
+    which, as priced."""
     j = pf.serve_job
     if not j.cuda_graphs or j.cuda_graph_sizes_default or not j.cuda_graph_batch_sizes:
         return None, ""
     sizes = " ".join(str(b) for b in j.cuda_graph_batch_sizes)
     note = "" if j.engine == engine else (f"# {GRAPH_SIZES_FLAG[engine]}: the plan's --cuda-graph-sizes, priced "
                                           f"with {j.engine}'s CUDA graphs\n")
+    captured = captured_graph_sizes(j, pf.plan)
+    if engine == j.engine == "sglang" and captured != j.decode_graph_sizes:
+        kept = " ".join(str(b) for b in captured) if captured else "none (SGLang refuses to start)"
+        note += (f"# {GRAPH_SIZES_FLAG[engine]}: as given; SGLang's runner captures {kept} of it for "
+                 f"{j.batch:,} running requests per attention rank (alignment and pool, "
+                 "base_cuda_graph_runner.py get_batch_sizes_to_capture), as priced\n")
     return sizes, note
 
 
