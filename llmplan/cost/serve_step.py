@@ -121,7 +121,8 @@ def captured_graph_sizes(job: ServeJob, plan: ServePlan | None = None) -> tuple[
     if not sizes or plan is None or job.engine != "sglang" or job.cuda_graph_sizes_default:
         return sizes
     ranks = SglangRanks.of(plan)
-    return sglang_runner_sizes(sizes, job.batch, ranks.align, sglang_request_width(ranks, draft_tokens_of(job))) or None
+    width = sglang_request_width(ranks, draft_tokens_of(job))
+    return sglang_runner_sizes(sizes, job.batch, ranks.align, width) or None
 
 
 def effective_graph_sizes(job: ServeJob, sizes: tuple[int, ...] | None = None,
@@ -160,7 +161,8 @@ def draft_tokens_of(job: ServeJob) -> int | None:
 def decode_graphs(job: ServeJob, plan: ServePlan, system: SystemSpec, m: ModelSpec) -> dict[str, Any]:
     """decode_tpot's CUDA-graph arguments for the job's server of `plan` serving `m` on `system`'s GPU: the
     sizes a step pads to (effective_graph_sizes) and the largest batch a graph covers (graph_ceiling)."""
-    return {"graph_sizes": effective_graph_sizes(job, plan=plan), "graph_top": graph_ceiling(job, plan, GraphHost.of(system, m))}
+    return {"graph_sizes": effective_graph_sizes(job, plan=plan),
+            "graph_top": graph_ceiling(job, plan, GraphHost.of(system, m))}
 
 
 def decode_group(batch: Any, pp: int) -> Any:
