@@ -34,16 +34,21 @@ def test_trtllm_gets_the_perf_overview_sizes_cut_to_its_limits():
     assert d["decode_graph_batch"] == 48  # a captured size: not padded
 
 
-def test_vllm_pads_a_batch_between_two_default_sizes():
-    # vLLM vllm/config/vllm.py @000fc94b _set_cudagraph_sizes: max_num_seqs = --batch 50, so the capture
-    # ceiling is min(2 x 50, 512, max_num_batched_tokens 8192) = 100 and the sizes [1, 2, 4] + range(8, 101, 8);
-    # 50 sequences replay the 56-row graph (the docstring's "closest padded CUDA graph").
+def test_vllm_captures_a_batch_between_two_default_sizes():
+    # vLLM 0.33.0 (PyPI sdist) vllm/config/vllm.py _set_cudagraph_sizes: max_num_seqs = --batch 50, so the capture
+    # ceiling is min(2 x 50, 512) = 100, then min(8192, 100) = 100: the sizes [1, 2, 4] + range(8, 101, 8), and
+    # without speculation max_num_seqs 50 itself (50 <= 100: uniform_decode_sizes = [max_num_seqs]). 50
+    # sequences replay the 50 graph, not the 56 one (000fc94b, without that append, padded them to 56).
     d = _json("--engine", "vllm", "--batch", "50")
-    assert d["workload"]["cuda_graph_batch_sizes"] == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96]
-    assert d["decode_graph_batch"] == 56
+    assert d["workload"]["cuda_graph_batch_sizes"] == [1, 2, 4, 8, 16, 24, 32, 40, 48, 50, 56, 64, 72, 80, 88, 96]
+    assert d["decode_graph_batch"] == 50
     exact = _json("--engine", "vllm", "--batch", "50", "--cuda-graph-sizes", "50")
     assert exact["decode_graph_batch"] == 50
-    assert d["tpot_s"] > exact["tpot_s"]  # 6 dummy rows in the element-wise ops and all-reduces
+    assert d["tpot_s"] == pytest.approx(exact["tpot_s"], rel=1e-12)  # no dummy rows either way
+    # a user list without 50 still pads: 50 replays the 56 graph, 6 dummy rows in the element-wise ops and
+    # all-reduces
+    padded = _json("--engine", "vllm", "--batch", "50", "--cuda-graph-sizes", "48,56")
+    assert padded["decode_graph_batch"] == 56 and padded["tpot_s"] > exact["tpot_s"]
 
 
 def test_sglang_captures_the_planned_batch_up_to_its_default_max_bs():
@@ -61,8 +66,13 @@ def test_sglang_captures_the_planned_batch_up_to_its_default_max_bs():
     assert eager["workload"]["cuda_graph_batch_sizes"][-1] == 256 and eager["decode_graph_batch"] == 257
     tp4 = _json("--engine", "sglang", "--batch", "257", "--tp", "4")  # max_bs 512 at tp 4: captured
     assert tp4["workload"]["cuda_graph_batch_sizes"][-1] == 257 and tp4["decode_graph_batch"] == 257
-    padded = _json("--engine", "sglang", "--batch", "100", "--cuda-graph-sizes", "32,104")
-    assert padded["decode_graph_batch"] == 104 and padded["tpot_s"] > d["tpot_s"]
+    # A user's list goes through the same runner rule (base_cuda_graph_runner.py get_batch_sizes_to_capture in
+    # the 0.5.23 wheel): pool 100, alignment 1 at tp 1, so N = 100; the list reaches above it (104 > 100), so
+    # 100 is added and 104 dropped: [32, 100]. The batch is captured exactly, as with the default list (the
+    # list kept as given padded it to 104); the workload keeps the user's list as given.
+    given = _json("--engine", "sglang", "--batch", "100", "--cuda-graph-sizes", "32,104")
+    assert given["workload"]["cuda_graph_batch_sizes"] == [32, 104]
+    assert given["decode_graph_batch"] == 100 and given["tpot_s"] == pytest.approx(d["tpot_s"], rel=1e-12)
 
 
 def test_the_option_overrides_and_pads_the_decode_step():
@@ -138,10 +148,10 @@ def _graph_keys(*args: str) -> dict:
 
 
 @pytest.mark.parametrize("args, whole, group", [
-    # vLLM's default list at max_num_seqs 90 (C = 180: 1, 2, 4 and every 8 to 176, as below): at pp 1 the
-    # group is the batch, 90 padded to 96.
-    (("--pp", "1", "--dp", "8", "--batch", "90", "--engine", "vllm"), (96, "tokens", 96, False),
-     (90, 1, 96, 96, False)),
+    # vLLM 0.33.0's default list at max_num_seqs 90 (C = 180: 1, 2, 4 and every 8 to 176, as below, and 90
+    # itself, 90 <= 180): at pp 1 the group is the batch, captured exactly at 90.
+    (("--pp", "1", "--dp", "8", "--batch", "90", "--engine", "vllm"), (90, "tokens", 90, False),
+     (90, 1, 90, 90, False)),
     # max_num_seqs 1025: C = min(2050, 512, 8192) = 512, the list ends at 512. The batch 1025 is above it (eager,
     # itself: the integer 1025 as at 968a3f0, not 512.5); a group is 512.5 requests on average, the larger 513,
     # above 512 too (the cost prices 512.5 > 512 eager).
@@ -188,12 +198,12 @@ def test_decode_graph_keys_are_none_without_cuda_graphs():
 
 def test_padded_step_is_the_pipeline_groups_step_the_cost_prices():
     # With pp stages a decode step holds batch / pp sequences (docs/formulas.md#infer.decode), and that is the
-    # step decode_tpot pads. vLLM's default list at max_num_seqs 90 (VllmConfig._set_cudagraph_sizes, 000fc94b):
-    # C = min(2 x 90, 512, 8192) = 180, so [1, 2, 4] and every 8 from 8 to 176. A step of 90 / 2 = 45 requests
-    # replays the 48 graph (decode_graph_group_*); decode_graph_batch keeps its meaning at 968a3f0, the whole
-    # batch of 90 padded, 96.
+    # step decode_tpot pads. vLLM 0.33.0's default list at max_num_seqs 90 (VllmConfig._set_cudagraph_sizes):
+    # C = min(2 x 90, 512, 8192) = 180, so [1, 2, 4], every 8 from 8 to 176, and max_num_seqs 90 itself
+    # (90 <= 180). A step of 90 / 2 = 45 requests replays the 48 graph (decode_graph_group_*);
+    # decode_graph_batch keeps its meaning at 968a3f0, the whole batch of 90, now captured exactly at 90.
     d = _graph_keys("--pp", "2", "--dp", "4", "--batch", "90", "--engine", "vllm")
-    assert d["sizes"][-1] == 176
-    assert (d["decode_graph_batch"], d["decode_graph_tokens"], d["decode_graph_eager"]) == (96, 96, False)
+    assert d["sizes"][-1] == 176 and 90 in d["sizes"]
+    assert (d["decode_graph_batch"], d["decode_graph_tokens"], d["decode_graph_eager"]) == (90, 90, False)
     assert (d["decode_graph_groups"], d["decode_graph_requests"], d["decode_graph_group_batch"],
             d["decode_graph_group_tokens"], d["decode_graph_group_eager"]) == (2, 45, 48, 48, False)

@@ -29,8 +29,11 @@ def test_vllm_small_max_num_seqs_caps_at_twice_it():
 
 def test_vllm_large_max_num_seqs_caps_at_512_with_steps_of_16_above_256():
     s = vllm_graph_sizes(300, 8192)  # ceiling min(600, 512) = 512
-    assert s[:4] == (1, 2, 4, 8) and len(s) == 3 + 31 + 17  # [1,2,4], 8..248 by 8, 256..512 by 16
+    # [1,2,4], 8..248 by 8, 256..512 by 16, and (vLLM 0.33.0 _set_cudagraph_sizes, no speculation)
+    # max_num_seqs 300 itself since 300 <= the ceiling 512: 300 is off the 16-step grid (288, 304), so one more
+    assert s[:4] == (1, 2, 4, 8) and len(s) == 3 + 31 + 17 + 1
     assert (248, 256, 272) == s[33:36] and s[-1] == 512 and 264 not in s
+    assert s[s.index(288):s.index(288) + 3] == (288, 300, 304)
 
 
 def test_vllm_adds_max_num_batched_tokens_under_the_ceiling():

@@ -22,6 +22,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from exported import unwrapped
 from test_serve_max_seqs import parsed
 
@@ -105,14 +106,18 @@ def test_sglang_speculative_grid_under_dp_attention(cli, tmp_path):
 
 
 def test_sglang_speculative_pads_a_verification_to_the_grid(cli, tmp_path):
-    """One H100, tp 1 (max_bs 256), a pool of 64 requests and EAGLE with 3 draft tokens: the grid up to 64. A
-    verification of 61 requests pads to 64 (the next grid size: 60, 64), each carrying 4 tokens."""
+    """One H100, tp 1 (max_bs 256), a pool of 64 requests and EAGLE with 3 draft tokens: the grid up to 64. Given
+    as --cuda-graph-sizes to a server of 61 requests, the runner rounds the pool 61 up to the alignment 1 (61),
+    adds it since the list reaches above it (64 > 61) and drops 64: a verification of 61 requests is captured
+    exactly, 61 x 4 = 244 tokens (the list kept as given padded it to 64, 256 tokens)."""
     args = (*ONE_H100, "--engine", "sglang", "--speculative", "eagle", "--spec-tokens", "3")
     d, ns = _export(cli, tmp_path, (*args, "--batch", "64"), "sglang")
     by_hand = _sglang_by_hand(ns, _h100(), speculative=True)
     assert by_hand[-4:] == [52, 56, 60, 64] and d["workload"]["cuda_graph_batch_sizes"] == by_hand
-    r = cli("estimate", *args, "--batch", "61", "--cuda-graph-sizes", ",".join(map(str, by_hand)), "--json").json()
-    assert (r["decode_graph_batch"], r["decode_graph_tokens"], r["decode_graph_eager"]) == (64, 256, False)
+    given = ("--engine", "sglang", "--speculative", "eagle", "--spec-tokens", "3", "--batch", "61",
+             "--cuda-graph-sizes", ",".join(map(str, by_hand)), "--json")
+    r = cli("estimate", *ONE_H100, *given).json()
+    assert (r["decode_graph_batch"], r["decode_graph_tokens"], r["decode_graph_eager"]) == (61, 244, False)
 
 
 def test_vllm_speculative_capture_list_by_hand(cli, tmp_path):
@@ -133,3 +138,49 @@ def test_vllm_speculative_capture_list_by_hand(cli, tmp_path):
     assert 244 in fitted and max(fitted) == 480
     assert (d["decode_graph_batch"], d["decode_graph_tokens"], d["decode_graph_eager"]) == (61, 244, False)
     assert re.search(r"--speculative-config", unwrapped((tmp_path / "out" / "vllm_serve.sh").read_text()))
+
+
+def _runner_by_hand(listed: list[int], ns) -> list[int]:
+    """SGLang 0.5.23's get_batch_sizes_to_capture on a user's --cuda-graph-bs-decode `listed` for the parsed
+    launch line `ns` (no speculation): pool = --max-running-requests // --attn-dp-size, alignment 2 with
+    --enable-two-batch-overlap times the attention TP size (--tp-size // --attn-dp-size), N = the pool rounded up
+    to it, N added when the list reaches above it, then the sizes <= N on the alignment."""
+    pool = int(ns.max_running_requests) // int(ns.attn_dp_size or 1)
+    align = (2 if ns.enable_two_batch_overlap else 1) * (int(ns.tp_size) // int(ns.attn_dp_size or 1))
+    top = -(-pool // align) * align
+    out = listed + ([top] if max(listed) > top else [])
+    return sorted({b for b in out if b <= top and b % align == 0})
+
+
+TBO = (*DPA, "--two-batch-overlap", "--moe-dispatcher", "deepep")
+
+
+def test_a_users_list_goes_through_sglangs_runner_rule(cli, tmp_path):
+    """Two-batch overlap doubles the alignment (2): of a user's 1, 3, 8, 150, 299, 320 SGLang drops the odd sizes,
+    adds the pool 300 (the list reaches 320 > 300) and drops 320: 8, 150, 300. The batch of 300 is captured
+    exactly (the list kept as given padded it to 320). The export writes the list as given and says what SGLang
+    captures of it."""
+    listed = [1, 3, 8, 150, 299, 320]
+    d, ns = _export(cli, tmp_path, (*TBO, "--cuda-graph-sizes", ",".join(map(str, listed))), "sglang")
+    assert [int(b) for b in ns.cuda_graph_bs_decode] == listed  # as given
+    by_hand = _runner_by_hand(listed, ns)
+    assert by_hand == [8, 150, 300]
+    assert d["workload"]["cuda_graph_batch_sizes"] == listed and d["workload"]["cuda_graph_sizes_default"] is False
+    assert (d["decode_graph_batch"], d["decode_graph_tokens"], d["decode_graph_eager"]) == (300, 300, False)
+    text = unwrapped((tmp_path / "out" / "sglang_serve.sh").read_text())
+    assert "# --cuda-graph-bs-decode: as given; SGLang's runner captures 8 150 300 of it for 300 running" in text
+
+
+def test_a_users_size_off_the_alignment_runs_eagerly(cli, tmp_path):
+    """The same server at 7 requests per rank with 2, 5, 7: the pool 7 rounds up to 8, the list does not reach
+    above it (7 < 8), and 5 and 7 are odd: only 2 is captured, so the batch of 7 runs without a graph (the list
+    kept as given captured it)."""
+    args = ("--mode", "infer", "-m", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--tp", "1", "--dp", "8", "--ep", "8",
+            "--dp-attention", "--engine", "sglang", "--batch", "7", "--two-batch-overlap", "--moe-dispatcher", "deepep")
+    d, ns = _export(cli, tmp_path, (*args, "--cuda-graph-sizes", "2,5,7"), "sglang")
+    assert (int(ns.max_running_requests), int(ns.attn_dp_size)) == (56, 8)
+    assert _runner_by_hand([2, 5, 7], ns) == [2]
+    assert (d["decode_graph_batch"], d["decode_graph_eager"]) == (7, True)
+    # eager: the same step as a server without decode graphs
+    plain = cli("estimate", *args, "--no-cuda-graphs", "--json").json()
+    assert d["tpot_s"] == pytest.approx(plain["tpot_s"], rel=1e-12)

@@ -35,9 +35,11 @@ def test_platform_ceiling_follows_the_compute_capability_family():
 
 
 def test_blackwell_list_reaches_1024():
-    # min(2 x 600, 1024, 8192) = 1024: 3 + 31 + 49 = 83 sizes (vLLM's GPT-OSS comment: "from 67 to 83")
-    assert vllm_graph_sizes(600, 8192, 1024) == GRID_1024 and len(GRID_1024) == 83
-    assert vllm_graph_sizes(600, 8192) == GRID_512 and len(GRID_512) == 51  # elsewhere 512
+    # min(2 x 600, 1024, 8192) = 1024: 3 + 31 + 49 = 83 grid sizes (vLLM's GPT-OSS comment: "from 67 to 83"),
+    # and vLLM 0.33.0 appends max_num_seqs 600 itself (600 <= 1024; off the 16-step grid: 592, 608): 84 sizes
+    assert vllm_graph_sizes(600, 8192, 1024) == tuple(sorted({*GRID_1024, 600})) and len(GRID_1024) == 83
+    # elsewhere 512: 600 > 512 is not appended (and runs eagerly)
+    assert vllm_graph_sizes(600, 8192) == GRID_512 and len(GRID_512) == 51
     assert vllm_graph_sizes(64, 8192, 1024) == vllm_graph_sizes(64, 8192)  # 2 x max_num_seqs binds first
 
 
@@ -107,9 +109,15 @@ def test_cli_gpt_oss_and_blackwell_capture_up_to_1024(cli):
                 "--json")
         assert r.code == 0, r.err
         return r.json()
-    for model, hardware in (("gpt-oss-120b", "dgx-h100"), ("llama-3.1-8b", "dgx-b200")):
-        d = est(model, hardware)
-        assert tuple(d["workload"]["cuda_graph_batch_sizes"]) == GRID_1024, (model, hardware)
-        assert d["decode_graph_batch"] == 608  # padded, not eager
+    # GPT-OSS's hook sets max_cudagraph_capture_size = 1024 itself, so _set_cudagraph_sizes skips its default
+    # branch and appends no max_num_seqs: 600 pads to the grid's 608, not eager
+    d = est("gpt-oss-120b", "dgx-h100")
+    assert tuple(d["workload"]["cuda_graph_batch_sizes"]) == GRID_1024
+    assert d["decode_graph_batch"] == 608
+    # Blackwell's platform ceiling: min(2 x 600, 1024) = 1024, and vLLM 0.33.0 appends max_num_seqs 600
+    # (<= 1024): the batch is captured exactly
+    d = est("llama-3.1-8b", "dgx-b200")
+    assert tuple(d["workload"]["cuda_graph_batch_sizes"]) == tuple(sorted({*GRID_1024, 600}))
+    assert d["decode_graph_batch"] == 600
     d = est("llama-3.1-8b", "dgx-h100")
     assert d["workload"]["cuda_graph_batch_sizes"][-1] == 512 and d["decode_graph_batch"] == 600  # eager above

@@ -107,11 +107,30 @@ def vllm_spec_decode_sizes(sizes: tuple[int, ...], query_len: int) -> tuple[int,
     return kept or ((query_len,) if query_len <= top else ())
 
 
-def effective_graph_sizes(job: ServeJob, sizes: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
+def captured_graph_sizes(job: ServeJob, plan: ServePlan | None = None) -> tuple[int, ...] | None:
+    """The decode sizes the job's server of `plan` captures of the job's list (decode_graph_sizes; None without
+    CUDA graphs): the list itself, but SGLang's runner applies its rule (sglang_runner_sizes) to a user's
+    --cuda-graph-sizes as to its default: sizes off the ranks' alignment dropped, the request pool of an
+    attention rank (the batch: llmplan's export writes --max-running-requests batch x the attention ranks)
+    rounded up to it and added when the list reaches above it, larger sizes dropped; None where none is left
+    (SGLang refuses to start). The export keeps the user's list as given. Without `plan`, the list.
+    Source: sgl-project/sglang v0.5.23 (PyPI wheel), python/sglang/srt/model_executor/runner/
+    base_cuda_graph_runner.py, get_batch_sizes_to_capture (cuda_graph_config.decode.bs, the user's list where
+    given: arg_groups/cuda_graph_hook.py parse_cuda_graph_config). Derived: docs/formulas.md#infer.graph_padding"""
+    sizes = job.decode_graph_sizes
+    if not sizes or plan is None or job.engine != "sglang" or job.cuda_graph_sizes_default:
+        return sizes
+    ranks = SglangRanks.of(plan)
+    width = sglang_request_width(ranks, draft_tokens_of(job))
+    return sglang_runner_sizes(sizes, job.batch, ranks.align, width) or None
+
+
+def effective_graph_sizes(job: ServeJob, sizes: tuple[int, ...] | None = None,
+                          plan: ServePlan | None = None) -> tuple[int, ...] | None:
     """The sizes a decode (under speculation, verification) step of the job pads against: `sizes`, else the
-    job's decode_graph_sizes, fitted to vLLM's speculative decoding (vllm_spec_decode_sizes); None without
-    CUDA graphs. Derived: docs/formulas.md#infer.graph_padding"""
-    sizes = job.decode_graph_sizes if sizes is None else sizes
+    job's list as its server of `plan` captures it (captured_graph_sizes), fitted to vLLM's speculative
+    decoding (vllm_spec_decode_sizes); None without CUDA graphs. Derived: docs/formulas.md#infer.graph_padding"""
+    sizes = captured_graph_sizes(job, plan) if sizes is None else sizes
     if not sizes or job.engine != "vllm":
         return sizes
     return vllm_spec_decode_sizes(sizes, decode_query_len(job)) or None
@@ -122,10 +141,11 @@ def graph_ceiling(job: ServeJob, plan: ServePlan, host: GraphHost | None = None)
     describes: the largest captured size (the user's, or for the engine's default list,
     ServeJob.cuda_graph_sizes_default, the default's own ceiling, which a server configured for the batch
     reaches: vLLM min(its platform or model ceiling, max_num_batched_tokens), SGLang's max_bs at its
-    server's --tp-size as its runner keeps it (SglangRanks), TensorRT-LLM its list up to max_num_tokens), over decode_query_len (vLLM counts tokens: a speculative
+    server's --tp-size as its runner keeps it (SglangRanks; a user's list too, captured_graph_sizes),
+    TensorRT-LLM its list up to max_num_tokens), over decode_query_len (vLLM counts tokens: a speculative
     verification of b requests is b x (1 + k) of them, against the sizes fitted to it, effective_graph_sizes);
     None without graphs. Derived: docs/formulas.md#infer.graph_padding"""
-    sizes = job.decode_graph_sizes
+    sizes = captured_graph_sizes(job, plan)
     if sizes and job.cuda_graph_sizes_default:
         sizes = default_graph_sizes(job.engine, 1 << 24, job.max_num_batched_tokens, plan.tp, host,
                                     draft_tokens_of(job), SglangRanks.of(plan) if job.engine == "sglang" else None)
@@ -141,7 +161,8 @@ def draft_tokens_of(job: ServeJob) -> int | None:
 def decode_graphs(job: ServeJob, plan: ServePlan, system: SystemSpec, m: ModelSpec) -> dict[str, Any]:
     """decode_tpot's CUDA-graph arguments for the job's server of `plan` serving `m` on `system`'s GPU: the
     sizes a step pads to (effective_graph_sizes) and the largest batch a graph covers (graph_ceiling)."""
-    return {"graph_sizes": effective_graph_sizes(job), "graph_top": graph_ceiling(job, plan, GraphHost.of(system, m))}
+    return {"graph_sizes": effective_graph_sizes(job, plan=plan),
+            "graph_top": graph_ceiling(job, plan, GraphHost.of(system, m))}
 
 
 def decode_group(batch: Any, pp: int) -> Any:
@@ -296,12 +317,14 @@ def vllm_graph_sizes(max_num_seqs: int, max_num_batched_tokens: int, platform_ma
     then C = min(C, max_num_batched_tokens); [1, 2, 4] up to C, every 8 from 8 to min(C, 248), every 16 from
     256 to C, max_num_batched_tokens when it is <= C, and with query_len = 1 + k > 1 (speculative decoding,
     no model_max) the uniform decode sizes n x query_len <= C for the request counts n (the same grid up to
-    min(max_num_seqs, platform_max), and that bound itself). A batch at or below the largest size replays the
-    smallest size >= it (graph_padded_rows); one above runs eagerly (graph_ceiling). vLLM 0.33.0 keeps this
-    speculative rule (its PyPI sdist, the same file) but without speculation also appends max_num_seqs itself
-    (<= platform_max), which llmplan does not yet (docs/validation.md#serve-capture).
-    Source: vllm-project/vllm vllm/config/vllm.py @000fc94b754f66aeb60ef5acf1ea2e94cdc65164,
-    VllmConfig._set_cudagraph_sizes (request_counts, uniform_decode_sizes)."""
+    min(max_num_seqs, platform_max), and that bound itself); with query_len = 1 (no speculation, no model_max)
+    max_num_seqs itself when it is <= C before the token cut (i.e. <= platform_max), so the planned batch is
+    captured exactly. A batch at or below the largest size replays the smallest size >= it
+    (graph_padded_rows); one above runs eagerly (graph_ceiling).
+    Source: vllm-project/vllm v0.33.0 (PyPI sdist vllm-0.33.0.tar.gz), vllm/config/vllm.py,
+    VllmConfig._set_cudagraph_sizes (request_counts, uniform_decode_sizes; `elif max_num_seqs <=
+    max_cudagraph_capture_size: uniform_decode_sizes = [max_num_seqs]`); the speculative rule also
+    @000fc94b754f66aeb60ef5acf1ea2e94cdc65164."""
     uniform: set[int] = set()
     if model_max is not None:
         cap = model_max
@@ -310,6 +333,8 @@ def vllm_graph_sizes(max_num_seqs: int, max_num_batched_tokens: int, platform_ma
         if query_len > 1:
             top = min(max_num_seqs, platform_max)
             uniform = {n * query_len for n in _vllm_grid(top) | {top} if n * query_len <= cap}
+        elif max_num_seqs <= cap:
+            uniform = {max_num_seqs}
     cap = min(max_num_batched_tokens, cap)
     sizes = _vllm_grid(cap) | {u for u in uniform if u <= max_num_batched_tokens}
     if max_num_batched_tokens <= cap:
@@ -410,9 +435,17 @@ def sglang_graph_sizes(max_bs: int, requests: int | None = None, ranks: SglangRa
     allows it and runs a larger one without a graph. Sizes count requests of one attention rank.
     Derived: docs/formulas.md#infer.graph_padding"""
     ranks = ranks or SglangRanks()
-    width = 1 if draft_tokens is None or ranks.two_batch else draft_tokens + 1
     return sglang_runner_sizes(sglang_listed_sizes(max_bs, draft_tokens is not None),
-                               max_bs if requests is None else requests, ranks.align, width)
+                               max_bs if requests is None else requests, ranks.align,
+                               sglang_request_width(ranks, draft_tokens))
+
+
+def sglang_request_width(ranks: SglangRanks, draft_tokens: int | None) -> int:
+    """The tokens a request carries in SGLang's runner alignment test (captured_req_width): draft_tokens + 1
+    when it verifies drafts, else 1; 1 under two-batch overlap (it splits each request's rows). Source:
+    sgl-project/sglang v0.5.23 (PyPI wheel), model_executor/runner/base_cuda_graph_runner.py,
+    get_batch_sizes_to_capture (alignment_width)."""
+    return 1 if draft_tokens is None or ranks.two_batch else draft_tokens + 1
 
 
 def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 1,

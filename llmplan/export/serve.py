@@ -10,6 +10,7 @@ from typing import Any
 from llmplan.cost.inference import admitted_tokens
 from llmplan.cost.lengths import lengths_of, quantile
 from llmplan.cost.serve_memory import sglang_chunk_total
+from llmplan.cost.serve_step import captured_graph_sizes
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
 from llmplan.serving import ServeEstimate, admitted_run, estimate_serving
@@ -204,7 +205,7 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     fraction, fraction_note = memory_fraction(pf, "sglang", run)
     spec_flags, spec_note = sglang_speculative(pf)
     chunk, chunk_note = sglang_chunk(pf, run)
-    sizes, sizes_note = graph_sizes(pf, "sglang")
+    sizes, sizes_note = graph_sizes(pf, "sglang", cap)
     note = cap_note + fraction_note + chunk_note + sizes_note
     if p.weight_dtype in ("int4", "int8", "mxfp8", "nvfp4"):
         note += f"# {p.weight_dtype} weights: point MODEL at a pre-quantised checkpoint\n"
@@ -245,17 +246,26 @@ parser; vllm-project/vllm @99d7eb5d, vllm/engine/arg_utils.py, EngineArgs.add_cl
 its decode max_bs becomes the largest listed size, arg_groups/memory_hook.py handle_gpu_memory_settings)."""
 
 
-def graph_sizes(pf: PlanFile, engine: str) -> tuple[str | None, str]:
+def graph_sizes(pf: PlanFile, engine: str, requests: int | None = None) -> tuple[str | None, str]:
     """The plan's own --cuda-graph-sizes as `engine`'s capture list (GRAPH_SIZES_FLAG), None where the engine
     derives its own list as llmplan priced it (ServeJob.cuda_graph_sizes_default) or runs eager, and a comment
     line when the plan was priced for another engine, whose sizes may count other units (tokens in vLLM, requests
-    in SGLang and TensorRT-LLM: cost.serve_step.graph_sizes_count_tokens)."""
+    in SGLang and TensorRT-LLM: cost.serve_step.graph_sizes_count_tokens). The list is written as the user gave
+    it; where SGLang's runner captures another of it for `requests` per attention rank (the admission cap; None:
+    the planned batch) (cost.serve_step.captured_graph_sizes), a comment line says which, as priced."""
     j = pf.serve_job
     if not j.cuda_graphs or j.cuda_graph_sizes_default or not j.cuda_graph_batch_sizes:
         return None, ""
     sizes = " ".join(str(b) for b in j.cuda_graph_batch_sizes)
     note = "" if j.engine == engine else (f"# {GRAPH_SIZES_FLAG[engine]}: the plan's --cuda-graph-sizes, priced "
                                           f"with {j.engine}'s CUDA graphs\n")
+    pool = j.batch if requests is None else requests
+    captured = captured_graph_sizes(j.model_copy(update={"batch": pool}), pf.plan)
+    if engine == j.engine == "sglang" and captured != j.decode_graph_sizes:
+        kept = " ".join(str(b) for b in captured) if captured else "none (SGLang refuses to start)"
+        note += (f"# {GRAPH_SIZES_FLAG[engine]}: as given; SGLang's runner captures {kept} of it for "
+                 f"{pool:,} running requests per attention rank (alignment and pool, "
+                 "base_cuda_graph_runner.py get_batch_sizes_to_capture), as priced\n")
     return sizes, note
 
 

@@ -91,7 +91,7 @@ def decode_graph_json(e: ServeEstimate) -> dict[str, Any]:
     requests (the larger group: it pads to the captured size the cost pads batch / pp to)."""
     j = e.job
     g = decode_graph_step(j, e.plan, e.cluster.system, e.model)
-    sizes = effective_graph_sizes(j)
+    sizes = effective_graph_sizes(j, plan=e.plan)
     if g is None or not sizes:
         return {k: None for k in ("decode_graph_batch", "decode_graph_unit", "decode_graph_tokens",
                                   "decode_graph_eager", "decode_graph_requests", "decode_graph_groups",
