@@ -403,9 +403,8 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     communication seconds of every axis but EP, which no other transfer reads (evaluate.comm_seconds_arrays);
     and every search of one space, its enumerated axes (grid.enumerate_plans' reuse).
     `beat`: where no plan that fits scores above it, stop before ranking and return the result with `outrun` set
-    and nothing ranked (a
-    dispatcher tried beside a search whose #1 scored `beat`: its own #1 cannot score more than its best plan;
-    cli.search.train_search)."""
+    and nothing ranked (a setting tried beside earlier ones: `beat` is the fastest plan so far less the model's
+    resolution, win_floor, below which no plan of this setting can tie with it; cli.search.train_search)."""
     from llmplan.search import layouts
 
     if not MTP_RULE.ok(m, w.base, cluster):  # a workload switch: no pin or axis mends it
