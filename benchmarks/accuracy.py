@@ -1309,8 +1309,10 @@ def bridge_llama3_8b_graphs(rec: dict) -> bool:
     LLAMA3_8B_{B200,GB200,GB300,B300}_{BF16,FP8_CS,FP8_MX} presets set cuda_graph_impl "local" with
     cuda_graph_scope "full_iteration" (scripts/performance/configs/llama3/workload_base_configs.py at v0.2.0 =
     25.11, 717c62de; the same in configs/llama/llama3_workload_base_configs.py at 00919dcf); B200 NVFP4 leaves
-    the recipe's "none", H100 sets none. The 25.09 YAML matrix (v0.1.0rc4) says only cuda_graphs true/false,
-    not which graph: those rows keep "none"."""
+    the recipe's "none", H100 sets none. The 25.09 rows (v0.1.0rc4's YAML matrix: cuda_graphs true on B200,
+    which scripts/performance/utils/helpers.py set_cuda_graph_overrides turns into model.enable_cuda_graph,
+    Megatron-Core's per-layer graphs) keep "none": the host's launches are hidden behind the GPU there either
+    way (cost.overhead.host_seconds), so no prediction depends on it."""
     rid, gpu = rec["id"], str(rec.get("hardware", {}).get("gpu", "")).lower()
     if family(rid) != "bridge" or "-llama3-8b-" not in rid or bridge_release(rec) < (25, 11):
         return False
