@@ -1304,6 +1304,22 @@ def mbridge_recompute_modules(rec: dict) -> tuple[str, ...]:
     return MBRIDGE_RECOMPUTE_MODULES.get((model, release, gpu), ())
 
 
+def bridge_llama3_8b_graphs(rec: dict) -> bool:
+    """Whether a Megatron-Bridge table row of Llama 3 8B ran its preset's full-iteration CUDA graph: the
+    LLAMA3_8B_{B200,GB200,GB300,B300}_{BF16,FP8_CS,FP8_MX} presets set cuda_graph_impl "local" with
+    cuda_graph_scope "full_iteration" (scripts/performance/configs/llama3/workload_base_configs.py at v0.2.0 =
+    25.11, 717c62de; the same in configs/llama/llama3_workload_base_configs.py at 00919dcf); B200 NVFP4 leaves
+    the recipe's "none", H100 sets none. The 25.09 rows (v0.1.0rc4's YAML matrix: cuda_graphs true on B200,
+    which scripts/performance/utils/helpers.py set_cuda_graph_overrides turns into model.enable_cuda_graph,
+    Megatron-Core's per-layer graphs) keep "none": the host's launches are hidden behind the GPU there either
+    way (cost.overhead.host_seconds), so no prediction depends on it."""
+    rid, gpu = rec["id"], str(rec.get("hardware", {}).get("gpu", "")).lower()
+    if family(rid) != "bridge" or "-llama3-8b-" not in rid or bridge_release(rec) < (25, 11):
+        return False
+    blackwell = gpu.startswith(("b200", "gb200", "gb300", "b300"))
+    return blackwell and not (gpu.startswith("b200") and "nvfp4" in rid)
+
+
 def mbridge_cuda_graphs(rec: dict) -> str:
     """The CUDA graphs of an mbridge MoE row's preset (ParallelPlan.cuda_graphs), at the release tags of
     mbridge_moe_recipe: full-iteration (cuda_graph_impl "full_iteration", with the MoE layers' static
@@ -1311,7 +1327,10 @@ def mbridge_cuda_graphs(rec: dict) -> str:
     overlap with it; layers (cuda_graph_impl "transformer_engine", scope attn / moe_router / moe_preprocess) for
     Qwen3-30B-A3B off H100, Qwen3-235B-A22B, DeepSeek-V3 and GPT-OSS on GB200 / GB300, and GPT-OSS on B300
     (scripts/performance/configs/*/*workload_base_configs.py at v0.2.0 ... v0.4.0); none for the rest and for
-    other families."""
+    other families; and the full-iteration graph (cuda_graph_impl "local", cuda_graph_scope "full_iteration") of
+    the Llama 3 8B pretrain presets on B200 / GB200 / GB300 / B300 from 25.11 on (bridge_llama3_8b_graphs)."""
+    if bridge_llama3_8b_graphs(rec):
+        return "full-iteration"
     if family(rec["id"]) != "mbridge-moe" or "kimi-k2" in rec["id"]:  # Kimi-K2's GB300 preset: cuda_graph_scope []
         return "none"
     if "nemotron-3-nano" in rec["id"]:  # the Nano presets (v0.3.1 - v0.6.0) override the recipe's "none": TE graphs
