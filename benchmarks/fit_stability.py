@@ -21,10 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import accuracy as acc  # noqa: E402
 
 
-def left_out(records: list[dict]) -> dict[str, float]:
-    """Each training family's left-out median |error| (accuracy.lofo by source group)."""
+def left_out(records: list[dict]) -> tuple[dict[str, float], set[str]]:
+    """Each training family's left-out median |error| (accuracy.lofo by source group), and the families with
+    records in the fit."""
     fitted, scored, jackknife = acc.fit_tables(records)
-    return {f: left for f, _, left, _ in acc.lofo(fitted, scored, jackknife) if left is not None and left == left}
+    fams = set().union(*(set(v) for v in fitted.values()))
+    return ({f: left for f, _, left, _ in acc.lofo(fitted, scored, jackknife) if left is not None and left == left},
+            fams)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,29 +37,27 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     records = yaml.safe_load(acc.DEFAULT_RUNS.read_text())
     predicted = acc.throughput_errors
-    memo: dict[tuple, dict] = {}
+    memo: dict[tuple, dict[str, float]] = {}
     scale: dict[str, float] = {}
 
-    def errors(recs: list[dict], consts: dict | None) -> dict:
-        key = tuple(r["id"] for r in recs)
+    def errors(records: list[dict], consts: dict | None) -> dict[str, float]:
+        key = tuple(r["id"] for r in records)
         if key not in memo:
-            memo[key] = predicted(recs, consts)
+            memo[key] = predicted(records, consts)
         return {i: (1 + scale.get(acc.family(i), 0.0)) * e + 100 * scale.get(acc.family(i), 0.0)
                 for i, e in memo[key].items()}
 
     acc.throughput_errors = errors
     try:
-        base = left_out(records)
-        fams = [f for f in args.families.split(",") if f] or sorted(
-            {acc.family(r["id"]) for r in records if acc.family(r["id"]) in acc.TRAIN_FAMILIES
-             and acc.clock_group(r) and acc.fit_row(r)})
+        base, fitted = left_out(records)
+        fams = [f for f in args.families.split(",") if f] or sorted(fitted)
         print("left out: " + ", ".join(f"{f} {v:.1f}" for f, v in sorted(base.items())))
         moves = []
         for f in fams:
             for d in (args.delta, -args.delta):
                 scale.clear()
                 scale[f] = d
-                res = left_out(records)
+                res = left_out(records)[0]
                 moved = {g: res[g] - base[g] for g in base if g != f and g in res}
                 moves += [abs(v) for v in moved.values()]
                 big = ", ".join(f"{g} {v:+.1f}" for g, v in sorted(moved.items()) if abs(v) >= 0.05)
