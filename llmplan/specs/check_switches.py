@@ -413,7 +413,9 @@ def _fp8_params_adam(p: Any) -> Any:
 def fp8_params_allowed(plan: ParallelPlan) -> bool:
     """Whether check_plan's rules that read fp8_params with the workload's switches alone (dtype, recipe,
     optimizer: fp8_params_dtype, fp8_params_rowwise, muon_fp8_params; none reads the model or an axis) let
-    `plan` turn fp8_params on: what search.run.switch_variants tries."""
+    `plan` turn fp8_params on: what search.run.switch_variants tries. torchao_fp8_params_gather reads the axes
+    (zero, the shard ranks): the search prunes the plans it cuts, and cli.search skips a tried setting it cuts
+    whole."""
     on = plan.model_copy(update={"fp8_params": True})
     return all(bool(ok(on)) for ok in (_fp8_params_low, _fp8_params_per_tensor, _fp8_params_adam))
 
