@@ -101,6 +101,8 @@ def test_moe_rowwise_converts_the_routed_experts(moe_fp8):
     rec = json.loads((Path(__file__).parent / "data" / "launchers" / "torchtitan-v0.2.2.json").read_text())
     assert rec["sections"]["model"]["converters"] == "list[str]"  # recorded by tools/launcher_flags.py at v0.2.2
     assert set(cfg["quantize"]["grouped_mm"]["float8"]) <= set(rec["sections"]["quantize.grouped_mm.float8"])
+    assert rec["sections"]["quantize.grouped_mm.float8"]["fqns"].startswith("list[str]")  # fqns' declared type
+    assert rec["sections"]["quantize.grouped_mm"]["float8"] == "Float8GroupedMM"  # the nested table's record
     dense = toml(dtype="fp8", recipe="rowwise")  # a dense model has no grouped GEMMs to convert
     assert dense["model"]["converters"] == ["quantize.linear.float8"] and "grouped_mm" not in dense["quantize"]
 
