@@ -74,3 +74,50 @@ def test_rowwise_with_fp8_params_is_check_plans_refusal_not_the_exports(cli, tmp
     assert r.code == 2 and "Traceback" not in r.err and not (tmp_path / "out").exists(), r.err
     assert "the plan no longer passes its rules: fp8_params with dtype fp8, recipe rowwise" in r.err, r.err
     assert "use --precision fp8-tensorwise or drop --fp8-params" in r.err, r.err
+
+
+@pytest.fixture(scope="module")
+def moe_fp8(tmp_path_factory):
+    """qwen3-30b-a3b (torchtitan's qwen3 30B-A3B flavour) on one DGX H100 at ep 8, ZeRO-3, fp8 rowwise: the plan
+    llmplan prices with the routed experts' grouped GEMMs in fp8 (cost.gemm.layer_gemm_seconds)."""
+    from llmplan.cli import main
+    path = tmp_path_factory.mktemp("moe") / "moe.json"
+    with pytest.raises(SystemExit) as done:
+        main(["estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "1", "--ep",
+              "8", "--zero", "3", "--precision", "fp8-rowwise", "--save", str(path)])
+    assert done.value.code in (0, None)
+    return load_plan(path)
+
+
+def test_moe_rowwise_converts_the_routed_experts(moe_fp8):
+    """torchtitan v0.2.2 (73a0e69): Float8LinearConverter swaps nn.Linear only, so GroupedExperts' parameters stay
+    bf16 unless "quantize.grouped_mm.float8" (Float8GroupedMMConverter, rowwise) is among model.converters, with
+    [quantize.grouped_mm.float8] fqns naming the experts (models/deepseek_v3/train_configs/deepseek_v3_16b.toml:
+    fqns = ["experts"]; models/moe/moe.py MoE.experts)."""
+    cfg = tomllib.loads(render_all(moe_fp8, "torchtitan-0.2")[0]["torchtitan-v0.2.2.toml"])
+    assert cfg["model"]["converters"] == ["quantize.linear.float8", "quantize.grouped_mm.float8"]
+    assert cfg["quantize"]["grouped_mm"]["float8"] == {"fqns": ["experts"]}
+    assert cfg["quantize"]["linear"]["float8"]["filter_fqns"] == ["output", "router.gate"]
+    rec = json.loads((Path(__file__).parent / "data" / "launchers" / "torchtitan-v0.2.2.json").read_text())
+    assert rec["sections"]["model"]["converters"] == "list[str]"  # recorded by tools/launcher_flags.py at v0.2.2
+    assert set(cfg["quantize"]["grouped_mm"]["float8"]) <= set(rec["sections"]["quantize.grouped_mm.float8"])
+    assert rec["sections"]["quantize.grouped_mm.float8"]["fqns"].startswith("list[str]")  # fqns' declared type
+    assert rec["sections"]["quantize.grouped_mm"]["float8"] == "Float8GroupedMM"  # the nested table's record
+    dense = toml(dtype="fp8", recipe="rowwise")  # a dense model has no grouped GEMMs to convert
+    assert dense["model"]["converters"] == ["quantize.linear.float8"] and "grouped_mm" not in dense["quantize"]
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"recipe": "tensorwise", "fp8_scaling": "current", "tp_impl": "dtensor"}, "recipe tensorwise: its float8 grouped GEMMs are rowwise only"),
+    ({"pp": 2, "dp": 4}, "pp 2, cp 1: its float8 grouped GEMMs assert pipeline and context parallelism off"),
+    ({"cp": 2, "dp": 4, "cp_impl": "torch-allgather"}, "pp 1, cp 2: its float8 grouped GEMMs assert"),
+])
+def test_moe_fp8_the_grouped_converter_cannot_run_is_refused(moe_fp8, changes, words):
+    """Float8GroupedMMConverter (torchtitan v0.2.2 components/quantization/float8.py) runs torchao's rowwise
+    MoETrainingConfig and asserts pipeline_parallel_degree == 1 and context_parallel_degree == 1: anywhere else the
+    experts would run bf16, so the export refuses in one line naming the fix."""
+    pf = dataclasses.replace(moe_fp8, plan=moe_fp8.plan.model_copy(update=changes))
+    with pytest.raises(CannotExpress, match=words) as e:
+        render_all(pf, "torchtitan-0.2")
+    assert "re-plan with --precision fp8-rowwise --pp 1 --cp 1, or export to megatron" in str(e.value)
+    assert "\n" not in str(e.value)

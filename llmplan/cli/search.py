@@ -327,7 +327,12 @@ class SettingSearch:
                                  try_scalings=self.target is not None and "fp8_scaling" not in self.named,
                                  cp_comm_types=tuple(cp_types)):
             wv = Workload(**{**base.fields(), **v})
-            res = self.run(full_cluster, wv)
+            try:
+                res = self.run(full_cluster, wv)
+            except LlmplanError:  # fp8_params the search turned on, cut from every plan by check_plan's rules on
+                if s.fp8_params is not None or not v["fp8_params"] or not self.tried:  # the axes (torchao's float8
+                    raise  # all-gather needs zero >= 2 over more than one rank): the plain setting stands
+                continue
             if res is None:  # only a straddling space can be empty; the full one never is
                 continue
             used = power_of_two_domain(full_cluster.system)

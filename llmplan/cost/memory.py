@@ -29,6 +29,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
 )
 from llmplan.cost.model_states import (after_backward_peak, bf16_gathered_params, bf16_kept_params,
                                        bf16_parts_extra_bytes, fp32_shards_are_master, gradient_params,
+                                       stored_weight_bytes,
                                        kept_copy_extra_bytes)
 from llmplan.cost.grad_lifetime import pipelined_gradient_bytes
 from llmplan.cost.muon import muon_moment_saving, muon_params
@@ -298,7 +299,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     """Memory of one rank of pipeline stage `stage`; `nccl_channels`, `compute_capability`: the GPU's
     GpuSpec.nccl_sms and GpuSpec.compute_capability (the cuBLAS workspaces, docs/formulas.md#mem.runtime).
     Derived: docs/formulas.md#mem.total"""
-    weight_b, grad_b, optim_b = plan.weight_bytes, plan.grad_bytes, plan.optimizer_bytes
+    weight_b, grad_b, optim_b = stored_weight_bytes(plan), plan.grad_bytes, plan.optimizer_bytes
     fp32_shards = fp32_shards_are_master(plan)  # FSDP's fp32 shard: the master, no compute-dtype shard
     state_w, state_o = where(fp32_shards, 4.0, weight_b), where(fp32_shards, optim_b - plan.master_bytes, optim_b)
     paired = schedule_of(plan).param_copies == 2  # DualPipe: each rank holds stages i and pp-1-i

@@ -300,11 +300,22 @@ def _kept(ends: Any, layers: Any, small: Any, frac: Any) -> Any:
     return ends + (1.0 - frac) * maximum(layers, 0.0) + frac * small
 
 
+def stored_weight_bytes(plan: ParallelPlan) -> Any:
+    """Bytes per weight of the rank's stored model copy (its shard under ZeRO-3): weight_bytes, but 2 (the bf16
+    weight, as without fp8_params) where fp8_params is torchao's FSDP2 float8 all-gather (torchao_float8; check_plan's
+    torchao_fp8_params_gather allows it nowhere else): torchao keeps the original-precision tensor and casts it
+    to fp8 only to gather it. Source: pytorch/ao@36027d82d1 torchao/float8/fsdp_utils.py
+    (WeightWithDynamicFloat8CastTensor wraps the original tensor; fsdp_pre_all_gather casts it).
+    Derived: docs/formulas.md#mem.torchao_fp8_shard"""
+    return 2.0 if plan.fp8_params and torchao_float8(plan) else plan.weight_bytes
+
+
 def kept_copy_extra_bytes(plan: ParallelPlan) -> Any:
     """Bytes a stored copy of a bf16-kept parameter (bf16_kept_params: the rank's weights, a checkpoint) holds
     beyond the low-precision weight bytes under fp8_params (bf16_parts_extra_bytes); none where FSDP's fp32
     shards are the only copy (fp32_shards_are_master). Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
-    return where(fp32_shards_are_master(plan), 0.0, bf16_parts_extra_bytes(plan))
+    torchao = plan.fp8_params and torchao_float8(plan)  # every stored weight bf16 already (stored_weight_bytes)
+    return where(fp32_shards_are_master(plan) | torchao, 0.0, bf16_parts_extra_bytes(plan))
 
 
 def model_bf16_kept_params(m: ModelSpec, plan: ParallelPlan) -> Any:

@@ -346,7 +346,9 @@ def torchao_weight_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> An
     (cast_config_weight_for_grad_input), each at TORCHAO_REQUANTIZE_BYTES (an amax pass, then the cast;
     compiled with fused_kernels, eager as its ops run, where the forward operand, weight.t(), is column-major
     already and skips preprocess_addmm's copy, 2 B). None where FSDP's float8 all-gather (fp8_params) hands
-    the linear an fp8 weight (tensor_already_casted_to_fp8, both passes); 0 off torchao and for a hybrid stack.
+    the linear an fp8 weight (tensor_already_casted_to_fp8, both passes: zero >= 2 over more than one rank, FSDP2's
+    float8 all-gather; fp8_params elsewhere is check_plan's torchao_fp8_params_gather refusal); 0 off torchao and
+    for a hybrid stack.
     Source: pytorch/ao@36027d82d1 torchao/float8/float8_linear.py (matmul_with_hp_or_float8_args.forward /
     backward: hp_tensor_to_float8_dynamic(weight_hp_t) unless tensor_already_casted_to_fp8), fsdp_utils.py
     (WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather / fsdp_post_all_gather), float8_ops.py
@@ -355,7 +357,8 @@ def torchao_weight_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> An
         return 0.0
     eager = TORCHAO_REQUANTIZE_BYTES["eager"]
     per = where(plan.fused_kernels, 2 * TORCHAO_REQUANTIZE_BYTES["compiled"], 2 * eager - TORCHAO_COLUMN_MAJOR_COPY)
-    return where(plan.fp8_params, 0.0, per * torchao_linear_weights(m, plan, moe))
+    gathered = plan.fp8_params & (plan.zero >= 2) & (plan.zero_shard > 1)  # comm.torchao_fp8_gather's predicate
+    return where(gathered, 0.0, per * torchao_linear_weights(m, plan, moe))
 
 
 TORCHAO_COLUMN_MAJOR_COPY = 1.0 + 1.0

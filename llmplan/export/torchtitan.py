@@ -424,6 +424,15 @@ def check_legacy(pf: PlanFile) -> None:
                      f"{LEGACY_VERSION} turns it on only when model.converters holds \"float8\", a name it no longer "
                      "registers (\"quantize.linear.float8\"), so its TP gathers bf16 and the linears save other "
                      "inputs than priced)", "re-plan with --tp 1 or --precision fp8-rowwise, or export to megatron")
+    if p.dtype == "fp8" and m.is_moe and (p.recipe != "rowwise" or p.pp > 1 or p.cp > 1):
+        # torchtitan@73a0e69 components/quantization/float8.py Float8GroupedMMConverter: torchao's MoETrainingConfig
+        # (dynamic float8 rowwise scaled grouped GEMMs) and asserts pipeline_parallel_degree == 1 and
+        # context_parallel_degree == 1; without it the routed experts run bf16 grouped GEMMs, priced here in fp8
+        why = (f"recipe {p.recipe}: its float8 grouped GEMMs are rowwise only" if p.recipe != "rowwise" else
+               f"pp {p.pp}, cp {p.cp}: its float8 grouped GEMMs assert pipeline and context parallelism off")
+        raise refuse(LEGACY_TARGET, f"fp8 routed experts of {m.name} ({why}, quantize.grouped_mm.float8 in torchtitan "
+                     f"{LEGACY_VERSION}; without it the experts run bf16 and the plan prices them in fp8)",
+                     "re-plan with --precision fp8-rowwise --pp 1 --cp 1, or export to megatron")
     if p.dtype == "fp8" and p.fp8_params and _fsdp(pf)[1] == 1:
         raise refuse(LEGACY_TARGET, f"fp8_params with zero {p.zero} and dp {p.dp} (torchtitan {LEGACY_VERSION} "
                      "enables the float8 all-gather only where FSDP shards the weights, data_parallel_shard_degree "
@@ -553,8 +562,8 @@ def toml_text(pf: PlanFile) -> str:
         "  # tokenizer and config: python scripts/download_hf_assets.py --repo_id "
         f"{hf_repo(m.name)} --assets tokenizer",
     ]
-    if p.dtype == "fp8":  # the name v0.2.2 registers (components/quantization/float8.py register_model_converter)
-        lines.append('converters = ["quantize.linear.float8"]')
+    if p.dtype == "fp8":  # the names v0.2.2 registers (components/quantization/float8.py register_model_converter)
+        lines.append("converters = [" + ", ".join(f'"{c}"' for c in float8_converters(pf)) + "]")
     lines += [
         "", "[training]", 'dataset = "c4"  # or your dataset registered in torchtitan/datasets; dataset_path for local files',
         f"local_batch_size = {local_batch if p.pp > 1 else p.micro_batch}",
@@ -583,6 +592,21 @@ def toml_text(pf: PlanFile) -> str:
     return "\n".join(lines + float8_lines(pf)) + "\n"
 
 
+GROUPED_MM_FQNS = ["experts"]
+"""What torchtitan v0.2.2's Float8GroupedMMConverter converts: modules whose fqn contains one of these, here the
+MoE layer's GroupedExperts (models/moe/moe.py MoE.experts), as its MoE configs set it
+(models/deepseek_v3/train_configs/deepseek_v3_16b.toml [quantize.grouped_mm.float8] fqns)."""
+
+
+def float8_converters(pf: PlanFile) -> list[str]:
+    """v0.2.2's converters for an fp8 plan: Float8Linear for the nn.Linear layers, and for an MoE model the
+    routed experts' float8 grouped GEMMs too (their weights are GroupedExperts parameters, which the linear
+    converter leaves in bf16, and llmplan prices their GEMMs in the recipe's format: cost.gemm.layer_gemm_seconds).
+    Source: pytorch/torchtitan v0.2.2 (73a0e69) components/quantization/float8.py (register_model_converter)."""
+    moe = ["quantize.grouped_mm.float8"] if pf.plan.dtype == "fp8" and pf.model.is_moe else []
+    return ["quantize.linear.float8"] + moe
+
+
 def float8_lines(pf: PlanFile) -> list[str]:
     """v0.2.2's [quantize.linear.float8] table for an fp8 plan (torchtitan/config/job_config.py Float8Linear): rowwise
     as recipe_name; per-tensor (no recipe_name: Float8LinearConverter builds the tensorwise config) with FSDP2's float8
@@ -599,7 +623,10 @@ def float8_lines(pf: PlanFile) -> list[str]:
     else:
         on = str(bool(p.fp8_params)).lower()
         lines += [f"enable_fsdp_float8_all_gather = {on}", f"precompute_float8_dynamic_scale_for_fsdp = {on}"]
-    return lines + ["filter_fqns = [" + ", ".join(f'"{x}"' for x in skip) + "]"]
+    lines.append("filter_fqns = [" + ", ".join(f'"{x}"' for x in skip) + "]")
+    if "quantize.grouped_mm.float8" in float8_converters(pf):  # config/job_config.py Float8GroupedMM.fqns
+        lines += ["", "[quantize.grouped_mm.float8]", "fqns = [" + ", ".join(f'"{x}"' for x in GROUPED_MM_FQNS) + "]"]
+    return lines
 
 
 def render_legacy(pf: PlanFile) -> dict[str, str]:

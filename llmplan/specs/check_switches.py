@@ -397,6 +397,14 @@ def _fp8_params_per_tensor(p: Any) -> Any:
     return (not p.fp8_params) | (p.recipe != "rowwise")
 
 
+def _fp8_params_gathered(p: Any) -> Any:
+    """Rule torchao_fp8_params_gather: fp8_params on torchao's per-tensor Float8Linear (fp8 tensorwise, tp_impl
+    dtensor) only where FSDP2's float8 all-gather runs (zero >= 2 over more than one shard rank): torchao keeps
+    no fp8 weight anywhere else. Derived: docs/formulas.md#mem.torchao_fp8_shard"""
+    torchao = (p.dtype == "fp8") & (p.recipe == "tensorwise") & (p.tp_impl == "dtensor")
+    return (not p.fp8_params) | (not torchao) | ((p.zero >= 2) & (p.zero_shard > 1))
+
+
 def _fp8_params_adam(p: Any) -> Any:
     """Rule muon_fp8_params: fp8_params not with Muon's layer-wise optimizer."""
     return (p.optimizer != "muon") | (not p.fp8_params)
@@ -405,7 +413,9 @@ def _fp8_params_adam(p: Any) -> Any:
 def fp8_params_allowed(plan: ParallelPlan) -> bool:
     """Whether check_plan's rules that read fp8_params with the workload's switches alone (dtype, recipe,
     optimizer: fp8_params_dtype, fp8_params_rowwise, muon_fp8_params; none reads the model or an axis) let
-    `plan` turn fp8_params on: what search.run.switch_variants tries."""
+    `plan` turn fp8_params on: what search.run.switch_variants tries. torchao_fp8_params_gather reads the axes
+    (zero, the shard ranks): the search prunes the plans it cuts, and cli.search skips a tried setting it cuts
+    whole."""
     on = plan.model_copy(update={"fp8_params": True})
     return all(bool(ok(on)) for ok in (_fp8_params_low, _fp8_params_per_tensor, _fp8_params_adam))
 
@@ -681,6 +691,17 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "enable_fsdp_float8_all_gather), which torchao runs for per-tensor scaling only; its rowwise "
                          "recipe casts inside each GEMM and gathers bf16 weights; use --precision fp8-tensorwise or "
                          "drop --fp8-params"),
+    # torchao keeps fp8 weights only inside FSDP2's float8 all-gather. Source: pytorch/ao@36027d82d1
+    # torchao/float8/fsdp_utils.py (WeightWithDynamicFloat8CastTensor holds the original-precision tensor and casts
+    # it in fsdp_pre_all_gather), float8_linear.py (the weight cast every forward and backward unless
+    # tensor_already_casted_to_fp8); pytorch/torchtitan v0.2.2 (73a0e69) components/quantization/float8.py
+    # (enable_fsdp_float8_all_gather and dp_shard_enabled)
+    Rule("torchao_fp8_params_gather", lambda m, p, c: _fp8_params_gathered(p),
+         lambda m, p, c: f"fp8_params with torchao's Float8Linear (fp8 tensorwise, tp_impl {p.tp_impl}) at zero "
+                         f"{p.zero} over {p.zero_shard} shard rank{'s' * (p.zero_shard != 1)}: torchao keeps fp8 "
+                         "weights only in FSDP2's float8 all-gather (enable_fsdp_float8_all_gather), which needs "
+                         "zero >= 2 over more than one rank; elsewhere it keeps the bf16 weights and casts them "
+                         "every micro-batch; use --zero 3 with dp or cp > 1, or drop --fp8-params"),
     Rule("zero3_copy_out_unit", lambda m, p, c: (not p.zero3_copy_out) | (p.zero3_unit == "layer"),
          lambda m, p, c: "zero3_copy_out with zero3_unit tensor: the copy-out is FSDP2's, which gathers a module "
                          "at a time, and the per-tensor unit is DeepSpeed's stage 3 of 2021, whose own copies "
