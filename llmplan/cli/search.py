@@ -357,9 +357,13 @@ class SettingSearch:
         if dispatchers:  # tried at the memory setting and NVLink-domain share that won
             self.tried = [({**t[0], **base_dispatch}, *t[1:]) for t in self.tried]
             v = {**v, **base_dispatch}
+        later = cp_later_worth(cp_later, res.ranked[0] if res.ranked else None)  # a2a+p2p
+        if later:  # the settings searched before it name their CP comm type too, so the one shown says which won
+            self.tried = [({"cp_comm_type": t[3].cp_comm_type, **t[0]}, *t[1:]) for t in self.tried]
+            v = {"cp_comm_type": w.cp_comm_type, **v}
         beat = win_floor(*(t[1] for t in self.tried)) if self.goal.objective == "throughput" else None
         at_winner = [(v, res, cluster, w, chosen)]  # the memory setting that won, under each dispatcher
-        for d in dispatchers + cp_later_worth(cp_later, res.ranked[0] if res.ranked else None):  # a2a+p2p
+        for d in dispatchers + later:
             n = len(self.tried)
             beat = self.one_more(d, v, w, res, cluster, chosen, beat)
             at_winner += self.tried[n:]

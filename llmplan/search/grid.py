@@ -446,11 +446,11 @@ def _product(space: Space, gpus: int) -> tuple[dict[str, np.ndarray], dict[tuple
         groups = {k: g[keep] for k, g in groups.items()}
     pp, vpp, first, last = (layouts[lay, j] for j in range(4))
     dp = np.maximum(1, gpus // (tp * pp * cp))
-    cols = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=resolve_etp(etp, tp), vpp=vpp, pp_first=first,
-                pp_last=last, sp=sp, zero=zero, recompute_code=rc, micro_batch=mb)
-    for a in (*cols.values(), *groups.values()):  # shared by every search that reuses this enumeration
+    axes_of = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp_resolved=resolve_etp(etp, tp), vpp=vpp, pp_first=first,
+                   pp_last=last, sp=sp, zero=zero, recompute_code=rc, micro_batch=mb)
+    for a in (*axes_of.values(), *groups.values()):  # shared by every search that reuses this enumeration
         a.setflags(write=False)
-    return cols, groups
+    return axes_of, groups
 
 
 def _combination(dims: list[int], kept: tuple[int, ...]) -> np.ndarray:
