@@ -171,11 +171,12 @@ def test_search_ranks_it_and_exports_it(cli, tmp_path):
             "--global-batch", "64", "--grad-dtype", "fp32", "--json", "--save", plan)
     assert r.code == 0, r.err
     doc = json.loads(r.out)
-    # the ring under the memory setting (one: --grad-dtype), then a2a+p2p at each in-domain share
+    # the ring under the memory setting (one: --grad-dtype), then a2a+p2p at each in-domain share; once those are
+    # searched the ring's setting names its comm type too
     tried = [(t.get("cp_comm_type"), t.get("cp_a2a_size")) for t in doc["switches"]["tried"]]
-    assert tried == [(None, None), ("a2a+p2p", 8), ("a2a+p2p", 4), ("a2a+p2p", 2)]
+    assert tried == [("p2p", None), ("a2a+p2p", 8), ("a2a+p2p", 4), ("a2a+p2p", 2)]
     best = doc["plans"][0]["plan"]
-    assert best["cp_comm_type"] == doc["switches"].get("cp_comm_type", "p2p")
+    assert best["cp_comm_type"] == doc["switches"]["cp_comm_type"]
     pinned = cli("search", "--model", LLAMA, "--hardware", "dgx-h100", "--nodes", "4", "--seq-len", "131072",
                  "--global-batch", "64", "--grad-dtype", "fp32", "--cp-comm-type", "p2p", "--json")
     assert all(p["plan"]["cp_comm_type"] == "p2p" for p in json.loads(pinned.out)["plans"])
