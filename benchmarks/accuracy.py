@@ -888,6 +888,8 @@ def spec_for(rec: dict, fam: str) -> ModelSpec:
     # Megatron-Core r0.8's scaling runs: an output layer of their own and learned absolute positions
     # (MEGATRON_R08_GPT: the README table's model sizes, and r0.8's --position-embedding-type default)
     r08 = rec["id"].startswith(MEGATRON_R08_GPT)
+    learned = r08 or rec["id"].startswith(NEMO2407_GPT3) or fam in (
+        "narayanan2021", "korthikanti2022", "mpt", "megatron2020", "megascale", "megascale-opt", "mtnlg")
     # MPT's benchmark models (MPT_BENCHMARK_ARCH): learned positions and biases, as MPTConfig's defaults give them
     return ModelSpec(
         name=rec["id"], model_type="gpt", hidden_size=h, intermediate_size=md.get("ffn_hidden") or 4 * h,
@@ -896,9 +898,7 @@ def spec_for(rec: dict, fam: str) -> ModelSpec:
         # llm-foundry's position table holds the run's max_seq_len (submit_benchmarks.py sets it per run)
         max_position_embeddings=md.get("seq_len", 2048) if mpt else max(md.get("seq_len", 2048), 2048),
         tie_word_embeddings=not r08, gated_mlp=False,
-        norm_type="layernorm", learned_position_embeddings=r08 or fam in ("narayanan2021", "korthikanti2022", "mpt",
-                                                                         "megatron2020", "megascale",
-                                                                         "megascale-opt", "mtnlg"),
+        norm_type="layernorm", learned_position_embeddings=learned,
         attention_bias=True, mlp_bias=True,
         # MegaScale's optimised stack runs the parallel transformer block (Jiang et al. 2024, §3.1 and Table 3,
         # "PTB": 47.7 -> 52.3 MFU): attention and MLP side by side on one norm's output, one TP pair per layer
@@ -917,6 +917,16 @@ core_r0.8.0; the README names no other). Their parameter counts, 12Lh^2 + 13Lh +
 table's model sizes for 7.1B .. 462B (1.7B counts 1.754B); tied (one Vh) they fall 0.6-7% short, with rotary (no
 sh) the 32B, 119B and 462B round to 31, 118 and 461 (tests/test_megatron_r08_params.py). The README's text agrees: its GPT-3 has "slightly more
 than 175 billion parameters due to larger vocabulary size" (177B: 12Lh^2 + 2Vh)."""
+
+
+NEMO2407_GPT3 = ("nemo2407-pretrain-gpt3-",)
+"""Record id prefixes of NeMo 24.07's GPT-3 pretraining rows (5B, 20B, 175B), read with learned absolute position
+embeddings (a max_position_embeddings x hidden table, no rotary passes): their configs (NVIDIA/NeMo-Framework-Launcher
+launcher_scripts/conf/training/gpt3/{5b,20b,175b}.yaml at tag 24.07, 8325688d83) set no position_embedding_type,
+and NeMo r2.0.0rc1 (NeMo 24.07; 579983fbfc) builds the Megatron-Core GPT with
+position_embedding_type=cfg.get('position_embedding_type', 'learned_absolute')
+(nemo/collections/nlp/models/language_modeling/megatron_gpt_model.py, model_provider_func). Its Llama and
+Nemotron configs set rope. docs/validation.md#fit-stability"""
 
 
 def torchtitan_split(layers: int, pp: int, vpp: int) -> tuple[int, int]:
@@ -2053,15 +2063,16 @@ def grid_estimate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Gri
 # is cuBLAS's published rate against K (docs/validation.md#gemm-k-half).
 GLOBAL_CONSTANTS = ("attention_efficiency",)
 def _steps(lo: float, hi: float, step: float) -> tuple[float, ...]:
-    return tuple(round(lo + i * step, 3) for i in range(round((hi - lo) / step) + 1))
+    return tuple(round(lo + i * step, 4) for i in range(round((hi - lo) / step) + 1))
 
 
-# Steps of 0.025 for the clocks and 0.05 for the attention efficiency: on the coarser grid of earlier
-# releases (0.05 / 0.1) the ridge where the two trade off was sampled too sparsely for the left-out fits
-# (docs/validation.md#lofo).
+# Steps of 0.0125 for the clocks and 0.05 for the attention efficiency: a clock step of 0.025 moved a left-out
+# family's error by up to 3 points (the Megatron-Core r0.8 rows), more than the fit's noise resolves
+# (docs/validation.md#fit-stability); on the coarser grid of earlier releases (0.05 / 0.1) the ridge where the
+# two trade off was sampled too sparsely for the left-out fits (docs/validation.md#lofo).
 GRID = {
-    "clock_a100": _steps(0.75, 1.0, 0.025),
-    "clock_h100": _steps(0.7, 1.0, 0.025),
+    "clock_a100": _steps(0.75, 1.0, 0.0125),
+    "clock_h100": _steps(0.7, 1.0, 0.0125),
     "attention_efficiency": _steps(0.4, 1.2, 0.05),  # an asymptote (above 1 possible: docs/formulas.md#compute.cp_attention)
 }
 CLOCK_GROUPS = ("a100", "h100")
@@ -2136,9 +2147,11 @@ def fit_tables(records: list[dict]) -> tuple[dict[tuple, dict], dict[tuple, dict
                     fams.setdefault(f, {})[g] = np.array(
                         [[abs(by_clock[c].get(i, np.nan)) for i in mine] for c in GRID[f"clock_{g}"]])
             errors = family_errors(fams)
-            tables[n][key] = {f: np.nanmedian(e, axis=-1) for f, e in errors.items()}
-            if n == 0:
-                tables[2][key] = {f: jackknife_medians(e) for f, e in errors.items()}
+            if n == 0:  # the fit's objective: each family's mean |error| (FIT_STATISTIC)
+                tables[n][key] = {f: np.nanmean(e, axis=-1) for f, e in errors.items()}
+                tables[2][key] = {f: jackknife_means(e) for f, e in errors.items()}
+            else:  # what is reported: each family's median |error|
+                tables[n][key] = {f: np.nanmedian(e, axis=-1) for f, e in errors.items()}
     return tables
 
 
@@ -2195,6 +2208,20 @@ def jackknife_medians(errors: np.ndarray) -> np.ndarray:
     out = np.empty_like(errors)
     np.put_along_axis(out, order, by_rank, axis=-1)
     return out
+
+
+def jackknife_means(errors: np.ndarray) -> np.ndarray:
+    """The mean over the last axis (records) with each record deleted in turn: out[..., i] is the mean of the
+    others, NaN (a record not predicted at some grid point) left out of the mean as nanmean does; NaN for a
+    family of one record, which then leaves the objective (_fit_arrays)."""
+    n = errors.shape[-1]
+    if n == 1:
+        return np.full(errors.shape, np.nan)
+    ok = ~np.isnan(errors)
+    total = np.where(ok, errors, 0.0).sum(axis=-1, keepdims=True)
+    count = ok.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(ok, (total - np.where(ok, errors, 0.0)) / (count - 1), total / count)
 
 
 FIT_SE = 1.0
@@ -2296,14 +2323,14 @@ def _tied(arrays: dict, held: dict[str, float]) -> list[tuple[dict, float]]:
         masks[key] = mask
     least, at = min(((float(mean[i]), (key, i)) for key, (mean, _) in arrays.items()
                      for i in zip(*np.nonzero(masks[key]), strict=True)), key=lambda t: t[0])
+    se = 0.0
     delta_best = arrays[at[0]][1]
+    if delta_best is not None:  # the jackknife standard error of the least point's objective
+        d = delta_best[at[1]]
+        n = d.shape[-1]
+        se = float(np.sqrt((n - 1) / n * ((d - d.mean()) ** 2).sum()))
     tied = []
-    for key, (mean, delta) in arrays.items():
-        se = np.zeros(mean.shape)
-        if delta is not None and delta_best is not None:
-            d = delta - delta_best[at[1]]  # each deletion's change to the difference from the least
-            n = d.shape[-1]
-            se = np.sqrt((n - 1) / n * ((d - d.mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1))
+    for key, (mean, _) in arrays.items():
         ok = masks[key] & (mean <= least + FIT_SE * se + 1e-12)
         tied += [(point(key, i), float(mean[i])) for i in zip(*np.nonzero(ok), strict=True)]
     return tied
