@@ -2116,11 +2116,12 @@ def fit_row(rec: dict) -> bool:
 
 
 def fit_tables(records: list[dict]) -> tuple[dict[tuple, dict], dict[tuple, dict], dict[tuple, dict]]:
-    """(fitted, scored, jackknife): median |error| of every training family for every grid point, as {key:
-    {family: array over the group clocks}} (family_medians; a record sees only its group's clock), over the
-    records that enter the fit (fit_row) and over every scored record; and, for the fitted records, each
-    family's median with each of its records deleted in turn ({key: {family: array (clocks..., record)}},
-    jackknife_medians), from which fit_constants takes the standard errors of its one-standard-error rule.
+    """(fitted, scored, jackknife): for every grid point, as {key: {family: array over the group clocks}} (a
+    record sees only its group's clock; family_errors), each training family's mean |error| over the records
+    that enter the fit (fit_row; the fit's objective, FIT_SE) and its median |error| over every scored record
+    (what is reported); and, for the fitted records, each family's mean with each of its records deleted in
+    turn ({key: {family: array (clocks..., record)}}, jackknife_means), from which fit_constants takes the
+    standard error of its one-standard-error rule.
     Each record is predicted once for all the grid points of its clock group (the constants as arrays:
     predict, grid_estimate)."""
     train = [r for r in records if family(r["id"]) in TRAIN_FAMILIES and clock_group(r)]
@@ -2147,7 +2148,7 @@ def fit_tables(records: list[dict]) -> tuple[dict[tuple, dict], dict[tuple, dict
                     fams.setdefault(f, {})[g] = np.array(
                         [[abs(by_clock[c].get(i, np.nan)) for i in mine] for c in GRID[f"clock_{g}"]])
             errors = family_errors(fams)
-            if n == 0:  # the fit's objective: each family's mean |error| (FIT_STATISTIC)
+            if n == 0:  # the fit's objective: each family's mean |error| (FIT_SE)
                 tables[n][key] = {f: np.nanmean(e, axis=-1) for f, e in errors.items()}
                 tables[2][key] = {f: jackknife_means(e) for f, e in errors.items()}
             else:  # what is reported: each family's median |error|
@@ -2225,12 +2226,16 @@ def jackknife_means(errors: np.ndarray) -> np.ndarray:
 
 
 FIT_SE = 1.0
-"""Grid points whose mean of family medians exceeds the least by no more than FIT_SE standard errors of that
-difference (a delete-one-record jackknife over the fit's records, computed per fit) are tied: the
-one-standard-error rule (Breiman et al. 1984, Classification and Regression Trees, section 3.4.3; Hastie,
-Tibshirani & Friedman, The Elements of Statistical Learning, 2nd ed., section 7.10), which replaced a fixed
-0.1-point tolerance after the jackknife showed one record moving the gap between the two best basins by more
-(docs/validation.md#lofo-one-se)."""
+"""The fit's objective at a grid point is the mean over the fitted families of each family's mean |error| (an
+L1 fit: each record's |error| is convex in its clock, so a family's mean has one basin where a median of a few
+records has several; the reported statistic stays the median). Grid points whose objective exceeds the least by
+no more than FIT_SE standard errors of the least point's objective (a delete-one-record jackknife over the
+fit's records, jackknife_means, computed per fit) are tied: the one-standard-error rule as its sources state it
+(Breiman et al. 1984, Classification and Regression Trees, section 3.4.3; Hastie, Tibshirani & Friedman, The
+Elements of Statistical Learning, 2nd ed., section 7.10: "no more than one standard error above the error of
+the best model"), a sublevel set with no hole around the least. It replaced a fixed 0.1-point tolerance
+(docs/validation.md#lofo-one-se) and then the standard error of each point's difference from the least,
+whose tied set left out the coherent neighbours of the least and jumped (docs/validation.md#fit-stability)."""
 
 
 def fit_prior() -> dict[str, float]:
@@ -2258,7 +2263,7 @@ their prior is the fit on the fold's own families (independent_prior)."""
 def independent_prior(table: dict, families: set[str], jackknife: dict | None = None) -> dict[str, float]:
     """The prior of a fit on `families` that no other family informs (docs/validation.md#lofo-prior): each
     constant of PUBLISHED_PRIOR at its grid value nearest the published one; every other constant at the grid
-    point of least mean of family medians over `families` alone (the fit without the one-standard-error rule).
+    point of least objective (FIT_SE) over `families` alone (the fit without the one-standard-error rule).
     A left-out fit's prior thus never sees the left-out families, as the shipped values (fit_prior, earlier
     all-family fits) did."""
     arrays = _fit_arrays(table, families, jackknife)
@@ -2271,7 +2276,7 @@ def independent_prior(table: dict, families: set[str], jackknife: dict | None = 
 
 @dataclass(frozen=True)
 class Fit:
-    """One constant fit: the grid point, its mean of family medians, the constants held at the prior because
+    """One constant fit: the grid point, its objective (FIT_SE), the constants held at the prior because
     the fit cannot identify them (docs/validation.md#lofo, rule 3), and the prior (independent_prior)."""
 
     consts: dict
@@ -2282,9 +2287,9 @@ class Fit:
 
 def _fit_arrays(table: dict, families: set[str], jackknife: dict | None
                 ) -> dict[tuple, tuple[np.ndarray, np.ndarray | None]]:
-    """Per grid key: the mean over `families` of the family medians (clocks...) and each fitted record's
-    delete-one change to it (clocks..., record; None without `jackknife`). A family of one record leaves the
-    mean when its record is deleted."""
+    """Per grid key: the objective, the mean over `families` of the table's family values (fit_tables' first:
+    each family's mean |error|; clocks...), and each fitted record's delete-one change to it (clocks...,
+    record; None without `jackknife`). A family of one record leaves the mean when its record is deleted."""
     out = {}
     for key, med in table.items():
         kept = sorted(f for f in families if f in med)
@@ -2308,8 +2313,9 @@ def _fit_arrays(table: dict, families: set[str], jackknife: dict | None
 
 
 def _tied(arrays: dict, held: dict[str, float]) -> list[tuple[dict, float]]:
-    """The grid points with the constants `held` at their values that lie within FIT_SE jackknife standard
-    errors of the least such point, with their means."""
+    """The grid points with the constants `held` at their values whose objective lies within FIT_SE jackknife
+    standard errors of the least such point's objective (one standard error, the least point's; 0 without a
+    jackknife: exact ties only), with their objectives."""
     def point(key: tuple, i: tuple) -> dict:
         return {**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, i, strict=True)}}
 
@@ -2339,9 +2345,10 @@ def _tied(arrays: dict, held: dict[str, float]) -> list[tuple[dict, float]]:
 def fit_constants(table: dict, families: set[str], prior: dict[str, float] | None = None,
                   jackknife: dict | None = None) -> Fit | None:
     """The constants fitted on `families` (docs/validation.md#lofo): the objective of a grid point is the mean
-    over the families of their median |error|. Points within FIT_SE standard errors of the least are tied (the
-    standard error of each point's difference from the least, by a delete-one-record jackknife over the fit's
-    records from `jackknife`, fit_tables' third; without it only exact ties). A constant every one of whose
+    over the families of the table's value (fit_tables' first: each family's mean |error|; FIT_SE). Points
+    within FIT_SE standard errors of the least point's objective are tied (the standard error of the least
+    point's objective by a delete-one-record jackknife over the fit's records from `jackknife`, fit_tables'
+    third; without it only exact ties). A constant every one of whose
     grid values some tied point takes is not identified and is held at `prior` (by default independent_prior:
     published values, else the fit on `families` alone; docs/validation.md#lofo-prior); among the points tied
     then, the one nearest `prior` in grid steps (the one-standard-error rule's simplest model). None when no
@@ -2364,7 +2371,7 @@ def fit_constants(table: dict, families: set[str], prior: dict[str, float] | Non
 
 def best_fit(table: dict, families: set[str], jackknife: dict | None = None,
              prior: dict[str, float] | None = None) -> tuple[dict, float]:
-    """fit_constants' grid point and mean of family medians ((None, inf) when no family of the set has a
+    """fit_constants' grid point and objective ((None, inf) when no family of the set has a
     fitted record)."""
     fit = fit_constants(table, families, prior, jackknife=jackknife)
     if fit is None:
