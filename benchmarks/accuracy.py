@@ -888,6 +888,8 @@ def spec_for(rec: dict, fam: str) -> ModelSpec:
     # Megatron-Core r0.8's scaling runs: an output layer of their own and learned absolute positions
     # (MEGATRON_R08_GPT: the README table's model sizes, and r0.8's --position-embedding-type default)
     r08 = rec["id"].startswith(MEGATRON_R08_GPT)
+    learned = r08 or rec["id"].startswith(NEMO2407_GPT3) or fam in (
+        "narayanan2021", "korthikanti2022", "mpt", "megatron2020", "megascale", "megascale-opt", "mtnlg")
     # MPT's benchmark models (MPT_BENCHMARK_ARCH): learned positions and biases, as MPTConfig's defaults give them
     return ModelSpec(
         name=rec["id"], model_type="gpt", hidden_size=h, intermediate_size=md.get("ffn_hidden") or 4 * h,
@@ -896,9 +898,7 @@ def spec_for(rec: dict, fam: str) -> ModelSpec:
         # llm-foundry's position table holds the run's max_seq_len (submit_benchmarks.py sets it per run)
         max_position_embeddings=md.get("seq_len", 2048) if mpt else max(md.get("seq_len", 2048), 2048),
         tie_word_embeddings=not r08, gated_mlp=False,
-        norm_type="layernorm", learned_position_embeddings=r08 or fam in ("narayanan2021", "korthikanti2022", "mpt",
-                                                                         "megatron2020", "megascale",
-                                                                         "megascale-opt", "mtnlg"),
+        norm_type="layernorm", learned_position_embeddings=learned,
         attention_bias=True, mlp_bias=True,
         # MegaScale's optimised stack runs the parallel transformer block (Jiang et al. 2024, §3.1 and Table 3,
         # "PTB": 47.7 -> 52.3 MFU): attention and MLP side by side on one norm's output, one TP pair per layer
@@ -917,6 +917,16 @@ core_r0.8.0; the README names no other). Their parameter counts, 12Lh^2 + 13Lh +
 table's model sizes for 7.1B .. 462B (1.7B counts 1.754B); tied (one Vh) they fall 0.6-7% short, with rotary (no
 sh) the 32B, 119B and 462B round to 31, 118 and 461 (tests/test_megatron_r08_params.py). The README's text agrees: its GPT-3 has "slightly more
 than 175 billion parameters due to larger vocabulary size" (177B: 12Lh^2 + 2Vh)."""
+
+
+NEMO2407_GPT3 = ("nemo2407-pretrain-gpt3-",)
+"""Record id prefixes of NeMo 24.07's GPT-3 pretraining rows (5B, 20B, 175B), read with learned absolute position
+embeddings (a max_position_embeddings x hidden table, no rotary passes): their configs (NVIDIA/NeMo-Framework-Launcher
+launcher_scripts/conf/training/gpt3/{5b,20b,175b}.yaml at tag 24.07, 8325688d83) set no position_embedding_type,
+and NeMo r2.0.0rc1 (NeMo 24.07; 579983fbfc) builds the Megatron-Core GPT with
+position_embedding_type=cfg.get('position_embedding_type', 'learned_absolute')
+(nemo/collections/nlp/models/language_modeling/megatron_gpt_model.py, model_provider_func). Its Llama and
+Nemotron configs set rope. docs/validation.md#fit-stability"""
 
 
 def torchtitan_split(layers: int, pp: int, vpp: int) -> tuple[int, int]:
@@ -2053,15 +2063,16 @@ def grid_estimate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Gri
 # is cuBLAS's published rate against K (docs/validation.md#gemm-k-half).
 GLOBAL_CONSTANTS = ("attention_efficiency",)
 def _steps(lo: float, hi: float, step: float) -> tuple[float, ...]:
-    return tuple(round(lo + i * step, 3) for i in range(round((hi - lo) / step) + 1))
+    return tuple(round(lo + i * step, 4) for i in range(round((hi - lo) / step) + 1))
 
 
-# Steps of 0.025 for the clocks and 0.05 for the attention efficiency: on the coarser grid of earlier
-# releases (0.05 / 0.1) the ridge where the two trade off was sampled too sparsely for the left-out fits
-# (docs/validation.md#lofo).
+# Steps of 0.0125 for the clocks and 0.05 for the attention efficiency: a clock step of 0.025 moved a left-out
+# family's error by up to 3 points (the Megatron-Core r0.8 rows), more than the fit's noise resolves
+# (docs/validation.md#fit-stability); on the coarser grid of earlier releases (0.05 / 0.1) the ridge where the
+# two trade off was sampled too sparsely for the left-out fits (docs/validation.md#lofo).
 GRID = {
-    "clock_a100": _steps(0.75, 1.0, 0.025),
-    "clock_h100": _steps(0.7, 1.0, 0.025),
+    "clock_a100": _steps(0.75, 1.0, 0.0125),
+    "clock_h100": _steps(0.7, 1.0, 0.0125),
     "attention_efficiency": _steps(0.4, 1.2, 0.05),  # an asymptote (above 1 possible: docs/formulas.md#compute.cp_attention)
 }
 CLOCK_GROUPS = ("a100", "h100")
@@ -2105,11 +2116,12 @@ def fit_row(rec: dict) -> bool:
 
 
 def fit_tables(records: list[dict]) -> tuple[dict[tuple, dict], dict[tuple, dict], dict[tuple, dict]]:
-    """(fitted, scored, jackknife): median |error| of every training family for every grid point, as {key:
-    {family: array over the group clocks}} (family_medians; a record sees only its group's clock), over the
-    records that enter the fit (fit_row) and over every scored record; and, for the fitted records, each
-    family's median with each of its records deleted in turn ({key: {family: array (clocks..., record)}},
-    jackknife_medians), from which fit_constants takes the standard errors of its one-standard-error rule.
+    """(fitted, scored, jackknife): for every grid point, as {key: {family: array over the group clocks}} (a
+    record sees only its group's clock; family_errors), each training family's mean |error| over the records
+    that enter the fit (fit_row; the fit's objective, FIT_SE) and its median |error| over every scored record
+    (what is reported); and, for the fitted records, each family's mean with each of its records deleted in
+    turn ({key: {family: array (clocks..., record)}}, jackknife_means), from which fit_constants takes the
+    standard error of its one-standard-error rule.
     Each record is predicted once for all the grid points of its clock group (the constants as arrays:
     predict, grid_estimate)."""
     train = [r for r in records if family(r["id"]) in TRAIN_FAMILIES and clock_group(r)]
@@ -2136,9 +2148,11 @@ def fit_tables(records: list[dict]) -> tuple[dict[tuple, dict], dict[tuple, dict
                     fams.setdefault(f, {})[g] = np.array(
                         [[abs(by_clock[c].get(i, np.nan)) for i in mine] for c in GRID[f"clock_{g}"]])
             errors = family_errors(fams)
-            tables[n][key] = {f: np.nanmedian(e, axis=-1) for f, e in errors.items()}
-            if n == 0:
-                tables[2][key] = {f: jackknife_medians(e) for f, e in errors.items()}
+            if n == 0:  # the fit's objective: each family's mean |error| (FIT_SE)
+                tables[n][key] = {f: np.nanmean(e, axis=-1) for f, e in errors.items()}
+                tables[2][key] = {f: jackknife_means(e) for f, e in errors.items()}
+            else:  # what is reported: each family's median |error|
+                tables[n][key] = {f: np.nanmedian(e, axis=-1) for f, e in errors.items()}
     return tables
 
 
@@ -2197,13 +2211,31 @@ def jackknife_medians(errors: np.ndarray) -> np.ndarray:
     return out
 
 
+def jackknife_means(errors: np.ndarray) -> np.ndarray:
+    """The mean over the last axis (records) with each record deleted in turn: out[..., i] is the mean of the
+    others, NaN (a record not predicted at some grid point) left out of the mean as nanmean does; NaN for a
+    family of one record, which then leaves the objective (_fit_arrays)."""
+    n = errors.shape[-1]
+    if n == 1:
+        return np.full(errors.shape, np.nan)
+    ok = ~np.isnan(errors)
+    total = np.where(ok, errors, 0.0).sum(axis=-1, keepdims=True)
+    count = ok.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(ok, (total - np.where(ok, errors, 0.0)) / (count - 1), total / count)
+
+
 FIT_SE = 1.0
-"""Grid points whose mean of family medians exceeds the least by no more than FIT_SE standard errors of that
-difference (a delete-one-record jackknife over the fit's records, computed per fit) are tied: the
-one-standard-error rule (Breiman et al. 1984, Classification and Regression Trees, section 3.4.3; Hastie,
-Tibshirani & Friedman, The Elements of Statistical Learning, 2nd ed., section 7.10), which replaced a fixed
-0.1-point tolerance after the jackknife showed one record moving the gap between the two best basins by more
-(docs/validation.md#lofo-one-se)."""
+"""The fit's objective at a grid point is the mean over the fitted families of each family's mean |error| (an
+L1 fit: each record's |error| is convex in its clock, so a family's mean has one basin where a median of a few
+records has several; the reported statistic stays the median). Grid points whose objective exceeds the least by
+no more than FIT_SE standard errors of the least point's objective (a delete-one-record jackknife over the
+fit's records, jackknife_means, computed per fit) are tied: the one-standard-error rule as its sources state it
+(Breiman et al. 1984, Classification and Regression Trees, section 3.4.3; Hastie, Tibshirani & Friedman, The
+Elements of Statistical Learning, 2nd ed., section 7.10: "no more than one standard error above the error of
+the best model"), a sublevel set with no hole around the least. It replaced a fixed 0.1-point tolerance
+(docs/validation.md#lofo-one-se) and then the standard error of each point's difference from the least,
+whose tied set left out the coherent neighbours of the least and jumped (docs/validation.md#fit-stability)."""
 
 
 def fit_prior() -> dict[str, float]:
@@ -2231,7 +2263,7 @@ their prior is the fit on the fold's own families (independent_prior)."""
 def independent_prior(table: dict, families: set[str], jackknife: dict | None = None) -> dict[str, float]:
     """The prior of a fit on `families` that no other family informs (docs/validation.md#lofo-prior): each
     constant of PUBLISHED_PRIOR at its grid value nearest the published one; every other constant at the grid
-    point of least mean of family medians over `families` alone (the fit without the one-standard-error rule).
+    point of least objective (FIT_SE) over `families` alone (the fit without the one-standard-error rule).
     A left-out fit's prior thus never sees the left-out families, as the shipped values (fit_prior, earlier
     all-family fits) did."""
     arrays = _fit_arrays(table, families, jackknife)
@@ -2244,7 +2276,7 @@ def independent_prior(table: dict, families: set[str], jackknife: dict | None = 
 
 @dataclass(frozen=True)
 class Fit:
-    """One constant fit: the grid point, its mean of family medians, the constants held at the prior because
+    """One constant fit: the grid point, its objective (FIT_SE), the constants held at the prior because
     the fit cannot identify them (docs/validation.md#lofo, rule 3), and the prior (independent_prior)."""
 
     consts: dict
@@ -2255,9 +2287,9 @@ class Fit:
 
 def _fit_arrays(table: dict, families: set[str], jackknife: dict | None
                 ) -> dict[tuple, tuple[np.ndarray, np.ndarray | None]]:
-    """Per grid key: the mean over `families` of the family medians (clocks...) and each fitted record's
-    delete-one change to it (clocks..., record; None without `jackknife`). A family of one record leaves the
-    mean when its record is deleted."""
+    """Per grid key: the objective, the mean over `families` of the table's family values (fit_tables' first:
+    each family's mean |error|; clocks...), and each fitted record's delete-one change to it (clocks...,
+    record; None without `jackknife`). A family of one record leaves the mean when its record is deleted."""
     out = {}
     for key, med in table.items():
         kept = sorted(f for f in families if f in med)
@@ -2281,8 +2313,9 @@ def _fit_arrays(table: dict, families: set[str], jackknife: dict | None
 
 
 def _tied(arrays: dict, held: dict[str, float]) -> list[tuple[dict, float]]:
-    """The grid points with the constants `held` at their values that lie within FIT_SE jackknife standard
-    errors of the least such point, with their means."""
+    """The grid points with the constants `held` at their values whose objective lies within FIT_SE jackknife
+    standard errors of the least such point's objective (one standard error, the least point's; 0 without a
+    jackknife: exact ties only), with their objectives."""
     def point(key: tuple, i: tuple) -> dict:
         return {**dict(key), **{f"clock_{g}": GRID[f"clock_{g}"][j] for g, j in zip(CLOCK_GROUPS, i, strict=True)}}
 
@@ -2296,14 +2329,14 @@ def _tied(arrays: dict, held: dict[str, float]) -> list[tuple[dict, float]]:
         masks[key] = mask
     least, at = min(((float(mean[i]), (key, i)) for key, (mean, _) in arrays.items()
                      for i in zip(*np.nonzero(masks[key]), strict=True)), key=lambda t: t[0])
+    se = 0.0
     delta_best = arrays[at[0]][1]
+    if delta_best is not None:  # the jackknife standard error of the least point's objective
+        d = delta_best[at[1]]
+        n = d.shape[-1]
+        se = float(np.sqrt((n - 1) / n * ((d - d.mean()) ** 2).sum()))
     tied = []
-    for key, (mean, delta) in arrays.items():
-        se = np.zeros(mean.shape)
-        if delta is not None and delta_best is not None:
-            d = delta - delta_best[at[1]]  # each deletion's change to the difference from the least
-            n = d.shape[-1]
-            se = np.sqrt((n - 1) / n * ((d - d.mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1))
+    for key, (mean, _) in arrays.items():
         ok = masks[key] & (mean <= least + FIT_SE * se + 1e-12)
         tied += [(point(key, i), float(mean[i])) for i in zip(*np.nonzero(ok), strict=True)]
     return tied
@@ -2312,9 +2345,10 @@ def _tied(arrays: dict, held: dict[str, float]) -> list[tuple[dict, float]]:
 def fit_constants(table: dict, families: set[str], prior: dict[str, float] | None = None,
                   jackknife: dict | None = None) -> Fit | None:
     """The constants fitted on `families` (docs/validation.md#lofo): the objective of a grid point is the mean
-    over the families of their median |error|. Points within FIT_SE standard errors of the least are tied (the
-    standard error of each point's difference from the least, by a delete-one-record jackknife over the fit's
-    records from `jackknife`, fit_tables' third; without it only exact ties). A constant every one of whose
+    over the families of the table's value (fit_tables' first: each family's mean |error|; FIT_SE). Points
+    within FIT_SE standard errors of the least point's objective are tied (the standard error of the least
+    point's objective by a delete-one-record jackknife over the fit's records from `jackknife`, fit_tables'
+    third; without it only exact ties). A constant every one of whose
     grid values some tied point takes is not identified and is held at `prior` (by default independent_prior:
     published values, else the fit on `families` alone; docs/validation.md#lofo-prior); among the points tied
     then, the one nearest `prior` in grid steps (the one-standard-error rule's simplest model). None when no
@@ -2337,7 +2371,7 @@ def fit_constants(table: dict, families: set[str], prior: dict[str, float] | Non
 
 def best_fit(table: dict, families: set[str], jackknife: dict | None = None,
              prior: dict[str, float] | None = None) -> tuple[dict, float]:
-    """fit_constants' grid point and mean of family medians ((None, inf) when no family of the set has a
+    """fit_constants' grid point and objective ((None, inf) when no family of the set has a
     fitted record)."""
     fit = fit_constants(table, families, prior, jackknife=jackknife)
     if fit is None:

@@ -398,16 +398,17 @@ def test_constant_fit_takes_each_family_median_over_its_clock_groups():
             "nemo2407": {"h100": errs("h100", ih, 4)}}
     med = accuracy.family_medians(fams)
     assert med["mpt"].shape == med["nemo2407"].shape == (na, nh)
-    # Off by one step in the A100 group only: 3 of MPT's 5 records are 2.5 points off, so the median is; one
-    # step off in the H100 group: 2 of 5, so it is not.
-    assert med["mpt"][ia + 1, ih] == pytest.approx(2.5)
-    assert med["mpt"][ia, ih + 1] == pytest.approx(0.0) and med["nemo2407"][ia, ih + 1] == pytest.approx(2.5)
+    # Off by one step in the A100 group only: 3 of MPT's 5 records are one step (100 x the clock step points)
+    # off, so the median is; one step off in the H100 group: 2 of 5, so it is not.
+    step = {g: 100 * (grid[g][1] - grid[g][0]) for g in grid}
+    assert med["mpt"][ia + 1, ih] == pytest.approx(step["a100"])
+    assert med["mpt"][ia, ih + 1] == pytest.approx(0.0) and med["nemo2407"][ia, ih + 1] == pytest.approx(step["h100"])
     key = tuple((k, v[0]) for k, v in accuracy.GRID.items() if not k.startswith("clock_"))
     best, score = accuracy.best_fit({key: med}, {"mpt", "nemo2407"})
     assert score == pytest.approx(0.0)
     assert (best["clock_a100"], best["clock_h100"]) == (grid["a100"][ia], grid["h100"][ih])
     assert accuracy.score({key: med}, {**dict(key), "clock_a100": grid["a100"][ia + 1],
-                                       "clock_h100": grid["h100"][ih]}, {"mpt"}) == {"mpt": pytest.approx(2.5)}
+                                       "clock_h100": grid["h100"][ih]}, {"mpt"}) == {"mpt": pytest.approx(step["a100"])}
 
 
 def _fit_from_records(errors: np.ndarray):
