@@ -38,8 +38,9 @@ def safe_headroom() -> float:
 
 
 def test_the_upper_end_is_the_published_memory_interval():
-    # docs/validation.md quotes the memory peaks' interval as x0.99-x1.25 (64 published peaks)
-    assert 1.2 < memory_upper() < 1.3
+    # README quotes the memory peaks' interval as x0.99-x1.18 (64 published peaks; x1.25 before stop 60's memory
+    # mends, docs/validation.md#headroom-tiers)
+    assert 1.1 < memory_upper() < 1.3
 
 
 def test_tiers_by_hand():
