@@ -1104,11 +1104,17 @@ def mbridge_flex_backend(rec: dict) -> str:
     """moe_flex_dispatcher_backend of an mbridge row whose preset runs the flex dispatcher (mbridge_moe_recipe):
     hybridep, as the performance presets set it (scripts/performance/configs/*/..._workload_base_configs.py,
     perf_recipes/*/common.py), except DeepSeek-V3's B200 MXFP8 V2 preset (mbridge_ds_b200_v2: deepep, v0.4.2 /
-    v0.5.0; perf_recipes/deepseek/b200/deepseek_v3.py at v0.6.0) and Qwen3-30B-A3B's H100 presets of v0.3.0
-    (26.02: deepep, before v0.3.1's f29a269f8 "Update Qwen3 30B H100 Base Configs with HybridEP"); deepep
-    (llmplan's default) where the row runs no flex dispatcher."""
+    v0.5.0; perf_recipes/deepseek/b200/deepseek_v3.py at v0.6.0), Qwen3-30B-A3B's H100 presets of v0.3.0
+    (26.02: deepep, before v0.3.1's f29a269f8 "Update Qwen3 30B H100 Base Configs with HybridEP") and
+    DeepSeek-V3's 25.09 H100 preset (deepep: run_script.py at v0.1.0rc4, 6725f7049, enable_deepep for h100, which
+    deepseek_v3_pretrain_config turns into moe_token_dispatcher_type "flex" + moe_enable_deepep True; the same at
+    v0.1.0rc3 and on r0.1.0, 684a68616; Megatron-Bridge issue #1731: the H100 baseline ran DeepEP, OOM with
+    HybridEP); deepep (llmplan's default) where the row runs no flex dispatcher.
+    Source: NVIDIA-NeMo/Megatron-Bridge scripts/performance/run_script.py @ 6725f7049 (v0.1.0rc4)"""
     if not mbridge_moe_recipe(rec)[0] or mbridge_ds_b200_v2(rec):
         return "deepep"
+    if rec["id"].startswith("mbridge-25.09-") and "deepseekv3" in rec["id"]:
+        return "deepep"  # 25.09's only flex rows are DeepSeek-V3 on H100 (the token-drop rows run alltoall)
     if "qwen3-30b" in rec["id"] and "h100" in str(rec["hardware"]["gpu"]).lower() and source_ref(rec) == (26, 2):
         return "deepep"
     return "hybridep"

@@ -220,6 +220,20 @@ def test_mbridge_rows_run_their_presets_flex_backend(published_runs, acc):
         assert (plan.moe_dispatcher, plan.moe_flex_backend) == ("deepep", backend), rid
 
 
+def test_the_2509_deepseek_v3_h100_row_runs_deepep(published_runs, acc):
+    # Megatron-Bridge scripts/performance/run_script.py at v0.1.0rc4 (6725f7049, the 25.09 container):
+    # enable_deepep = gpu in ["h100"] for DeepSeek-V3, passed to deepseek_v3_pretrain_config, which sets
+    # moe_token_dispatcher_type "flex" and moe_enable_deepep True (DeepEP, not HybridEP; issue #1731: the H100
+    # baseline ran DeepEP and went OOM with HybridEP). The B200 / GB200 rows of that release run token drop (alltoall).
+    rid = "mbridge-25.09-pretrain-deepseekv3-dropless-dgx-h100-1024gpu-fp8-tp2pp8cp1ep64vp4gbs8192mbs1"
+    rec = published_runs[rid]
+    plan = acc.plan_for(rec, acc.family(rid), rec["hardware"]["gpus"])
+    assert (plan.moe_dispatcher, plan.moe_flex_backend) == ("deepep", "deepep")
+    for drop in ("mbridge-25.09-pretrain-deepseekv3-tokendrop-dgx-b200-256gpu-fp8-tp1pp16cp1ep8vp1gbs2048mbs1",
+                 "mbridge-25.09-pretrain-deepseekv3-tokendrop-dgx-gb200-256gpu-fp8-tp1pp4cp1ep64vp4gbs2048mbs1"):
+        assert acc.mbridge_moe_recipe(published_runs[drop])[0] is False, drop
+
+
 def test_fp8_dispatch_carries_the_same_absolute_prob_bytes_a_row_as_bf16():
     # HybridEP's probs are fp32 (hybrid_ep_backend.cuh at 17cfb81) whatever the rows' dtype: with ep_dispatch_fp8
     # the dispatch rows shrink to 1 + 4/128 bytes an element, the probs a row do not. Prob bytes a call =
