@@ -54,11 +54,14 @@ def test_search_under_the_published_switches_ranks_the_published_kind_first(row_
 
 @pytest.fixture(scope="module")
 def h800_default():
-    """benchmarks/search_speed.py's DeepSeek-V3 case: 256 x dgx-h800, batch 4,096 x 4,096, bf16, --tp-comm-overlap,
-    with the alltoall dispatcher (`llmplan search` now also tries the flex dispatcher: test_search_deepep)."""
+    """DeepSeek-V3 on 1,024 x dgx-h800, batch 16,384 x 4,096, bf16, --tp-comm-overlap, with the alltoall dispatcher
+    (`llmplan search` now also tries the flex dispatcher: test_search_deepep). benchmarks/search_speed.py's case
+    (256 nodes, batch 4,096) ranks tp4 pp16 ep16 first since the headroom tiers: its tp4 ep8 plan, 5% faster, holds
+    70.6 GiB, over the H800 at the memory interval's upper end (docs/validation.md#headroom-tiers); with 128-way
+    data parallelism the optimizer shards leave tp4 ep8 inside it (67.4 GiB), so it is #1 here."""
     m = resolve_model("deepseek-v3")
-    cluster = ClusterSpec(system=resolve_system("dgx-h800"), num_nodes=256)
-    w = Workload(global_batch=4096, seq_len=4096, dtype="bf16", tp_comm_overlap=True)
+    cluster = ClusterSpec(system=resolve_system("dgx-h800"), num_nodes=1024)
+    w = Workload(global_batch=16384, seq_len=4096, dtype="bf16", tp_comm_overlap=True)
     return m, cluster, w, search(m, cluster, default_space(m, cluster, w), w, top=3)
 
 
