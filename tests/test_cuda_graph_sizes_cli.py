@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from exported import unwrapped
 from typer.testing import CliRunner
 
 from llmplan.cli.app import app
@@ -207,3 +208,26 @@ def test_padded_step_is_the_pipeline_groups_step_the_cost_prices():
     assert (d["decode_graph_batch"], d["decode_graph_tokens"], d["decode_graph_eager"]) == (90, 90, False)
     assert (d["decode_graph_groups"], d["decode_graph_requests"], d["decode_graph_group_batch"],
             d["decode_graph_group_tokens"], d["decode_graph_group_eager"]) == (2, 45, 48, 48, False)
+
+
+def test_vllm_drops_a_users_sizes_above_max_num_batched_tokens(tmp_path):
+    # vLLM 0.33.0 (PyPI sdist), vllm/config/vllm.py VllmConfig._set_cudagraph_sizes keeps a user's
+    # cudagraph_capture_sizes `if i <= max_num_tokens` (max_num_batched_tokens). At --max-num-batched-tokens 256
+    # a list 128,384 is captured as 128 alone: the batch of 200 runs eagerly (384 would have covered it), priced
+    # as the list 128 and as a server without decode graphs; 256 is kept and pads 200 to 256.
+    cap = ("--engine", "vllm", "--batch", "200", "--max-num-batched-tokens", "256")
+    given, alone = _json(*cap, "--cuda-graph-sizes", "128,384"), _json(*cap, "--cuda-graph-sizes", "128")
+    eager = _json(*cap, "--no-cuda-graphs")
+    assert given["workload"]["cuda_graph_batch_sizes"] == [128, 384]  # the job keeps the list as given
+    assert (given["decode_graph_tokens"], given["decode_graph_eager"]) == (200, True)
+    assert given["tpot_s"] == pytest.approx(alone["tpot_s"], rel=1e-12)
+    assert given["tpot_s"] == pytest.approx(eager["tpot_s"], rel=1e-12)
+    kept = _json(*cap, "--cuda-graph-sizes", "128,256,384")
+    assert (kept["decode_graph_tokens"], kept["decode_graph_eager"]) == (256, False)
+    plan = tmp_path / "plan.json"
+    r = CliRunner().invoke(app, [*BASE[:-1], *cap, "--cuda-graph-sizes", "128,384", "--save", str(plan)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["export", str(plan), "--to", "vllm", "-o", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    text = unwrapped((tmp_path / "out" / "vllm_serve.sh").read_text())
+    assert "vLLM keeps 128 of it (the sizes <= --max-num-batched-tokens 256" in text

@@ -184,3 +184,28 @@ def test_a_users_size_off_the_alignment_runs_eagerly(cli, tmp_path):
     # eager: the same step as a server without decode graphs
     plain = cli("estimate", *args, "--no-cuda-graphs", "--json").json()
     assert d["tpot_s"] == pytest.approx(plain["tpot_s"], rel=1e-12)
+
+
+def test_a_users_list_sglang_keeps_none_of_is_refused(cli, tmp_path):
+    """The same server at 7 requests per rank with 3, 5, 7: the pool 7 rounds up to 8 (alignment 2, two-batch
+    overlap), the list does not reach above it and every size is odd, so SGLang's runner keeps none and SGLang
+    refuses to start (get_batch_sizes_to_capture). estimate and export refuse in one line naming the even sizes up
+    to 8 it keeps; search prunes the layout by the same rule."""
+    args = ("--mode", "infer", "-m", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--tp", "1", "--dp", "8", "--ep", "8",
+            "--dp-attention", "--engine", "sglang", "--batch", "7", "--two-batch-overlap", "--moe-dispatcher", "deepep")
+    r = cli("estimate", *args, "--cuda-graph-sizes", "3,5,7")
+    assert r.code == 2 and "Traceback" not in (r.out + r.err)
+    assert "keeps none of --cuda-graph-sizes 3,5,7" in (r.out + r.err) and "(2, 4, 6, 8)" in (r.out + r.err)
+    assert "--no-cuda-graphs" in (r.out + r.err)
+    assert cli("estimate", *args, "--cuda-graph-sizes", "2,5,7").code == 0  # 2 kept: runs, priced eager at 7
+    plan = tmp_path / "plan.json"
+    assert cli("estimate", *args, "--cuda-graph-sizes", "2,5,7", "--save", plan).code == 0
+    doc = json.loads(plan.read_text())
+    doc["job"]["cuda_graph_batch_sizes"] = [3, 5, 7]
+    plan.write_text(json.dumps(doc))
+    r = cli("export", plan, "--to", "sglang", "-o", tmp_path / "out")
+    assert r.code == 2 and "keeps none of --cuda-graph-sizes 3,5,7" in (r.out + r.err)
+    assert not (tmp_path / "out" / "sglang_serve.sh").exists()
+    s = cli("search", "--mode", "infer", "-m", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--dp-attention",
+            "--engine", "sglang", "--max-batch", "7", "--two-batch-overlap", "--cuda-graph-sizes", "3,5,7")
+    assert s.code == 3 and "sglang_graph_sizes" in (s.out + s.err)  # every layout pruned: search's "nothing fits"

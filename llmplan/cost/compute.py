@@ -83,7 +83,7 @@ from llmplan.cost.mixers import (
     mean_mamba_scan_flops,
     mean_mamba_scan_step_flops,
 )
-from llmplan.cost.model_states import bf16_parts_extra_bytes, optimizer_share
+from llmplan.cost.model_states import optimizer_share, stored_kept_extra_bytes, stored_weight_bytes
 from llmplan.cost.params import RankParams, padded_vocab
 from llmplan.cost.quantize import (  # noqa: F401  (re-exported: their home was this module)
     CAST_BYTES,
@@ -380,17 +380,18 @@ def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec
     (2 x optimizer bytes + 4 x gradient + weight) per parameter of the rank's optimizer shard. The rank's
     `expert_on_rank` routed-expert parameters are sharded over the expert data-parallel group,
     world / (etp x ep x pp) ranks (as cost.memory.stage_memory), the rest over dp x cp.
-    Under fp8_params the `kept` parameters (cost.model_states.bf16_kept_params, sharded alike) write a bf16
-    copy, bf16_parts_extra_bytes more each. The `muon` parameters (cost.muon.muon_params, sharded alike) read and
+    The weight written is the stored copy's (cost.model_states.stored_weight_bytes: bf16 under torchao's
+    fp8_params). Under fp8_params the `kept` parameters (cost.model_states.bf16_kept_params, sharded alike)
+    write a bf16 copy, stored_kept_extra_bytes more each. The `muon` parameters (cost.muon.muon_params, sharded alike) read and
     write one momentum buffer instead of two moments (their Newton-Schulz GEMMs: cost.muon.newton_schulz_seconds).
     Source: Megatron-LM megatron/core/parallel_state.py (expert data-parallel group).
     Derived: docs/formulas.md#compute.optimizer, docs/formulas.md#mem.fp8_param_bf16_parts,
     docs/formulas.md#optim.muon_memory"""
-    per_param = 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + plan.weight_bytes
+    per_param = 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + stored_weight_bytes(plan)
 
     def shard(dense_and_expert: Any, expert: Any) -> Any:
         return optimizer_share(plan, RankParams(dense=dense_and_expert - expert, expert=expert))
-    extra = 0.0 if kept is None else shard(kept.total, kept.expert) * bf16_parts_extra_bytes(plan)
+    extra = 0.0 if kept is None else shard(kept.total, kept.expert) * stored_kept_extra_bytes(plan)
     if muon is not None:
         extra = extra - shard(muon.total, muon.expert) * 2 * OPTIMIZER_STATE_BYTES[plan.optimizer_moment_dtype]
     return (shard(params_on_rank, expert_on_rank) * per_param + extra) / gpu.hbm_achieved_bytes_per_s

@@ -15,7 +15,7 @@ from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import (bf16_kept_params, fp32_shards_are_master, kept_copy_extra_bytes,
-                                       model_bf16_kept_params)
+                                       model_bf16_kept_params, stored_weight_bytes)
 from llmplan.cost.muon import model_muon_params, muon_params
 from llmplan.cost.params import RankParams, param_counts, rank_params
 from llmplan.specs.hardware import SystemSpec
@@ -43,9 +43,11 @@ def job_failure_rate(system: SystemSpec, gpus: int, nodes: int, per_gpu_hour: fl
 
 def checkpoint_bytes_per_param(plan: ParallelPlan) -> Any:
     """Bytes a checkpoint holds per parameter: the model copy and the optimizer state (mixed-precision Adam:
-    2 + 12; FSDP's fp32 shards are the master copy: 12). Gradients are not saved.
-    Source: Rajbhandari et al. 2020 (ZeRO), Section 3.1 (2Ψ + 12Ψ model states without the 2Ψ gradients)."""
-    return where(fp32_shards_are_master(plan), plan.optimizer_bytes, plan.weight_bytes + plan.optimizer_bytes)
+    2 + 12; FSDP's fp32 shards are the master copy: 12). Gradients are not saved. The model copy at its stored
+    bytes (cost.model_states.stored_weight_bytes: bf16 under torchao's fp8_params).
+    Source: Rajbhandari et al. 2020 (ZeRO), Section 3.1 (2Ψ + 12Ψ model states without the 2Ψ gradients).
+    Derived: docs/formulas.md#mem.torchao_fp8_shard"""
+    return where(fp32_shards_are_master(plan), plan.optimizer_bytes, stored_weight_bytes(plan) + plan.optimizer_bytes)
 
 
 def checkpoint_job_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:

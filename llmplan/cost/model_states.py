@@ -314,8 +314,14 @@ def kept_copy_extra_bytes(plan: ParallelPlan) -> Any:
     """Bytes a stored copy of a bf16-kept parameter (bf16_kept_params: the rank's weights, a checkpoint) holds
     beyond the low-precision weight bytes under fp8_params (bf16_parts_extra_bytes); none where FSDP's fp32
     shards are the only copy (fp32_shards_are_master). Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
-    torchao = plan.fp8_params and torchao_float8(plan)  # every stored weight bf16 already (stored_weight_bytes)
-    return where(fp32_shards_are_master(plan) | torchao, 0.0, bf16_parts_extra_bytes(plan))
+    return where(fp32_shards_are_master(plan), 0.0, stored_kept_extra_bytes(plan))
+
+
+def stored_kept_extra_bytes(plan: ParallelPlan) -> Any:
+    """Bytes a bf16-kept parameter's stored copy (the rank's model copy, the copy the optimizer writes, a
+    checkpoint's) holds beyond stored_weight_bytes: bf16_parts_extra_bytes, none under torchao's fp8_params
+    (every stored weight bf16 already). Derived: docs/formulas.md#mem.torchao_fp8_shard"""
+    return 0.0 if plan.fp8_params and torchao_float8(plan) else bf16_parts_extra_bytes(plan)
 
 
 def model_bf16_kept_params(m: ModelSpec, plan: ParallelPlan) -> Any:

@@ -113,11 +113,16 @@ def captured_graph_sizes(job: ServeJob, plan: ServePlan | None = None) -> tuple[
     --cuda-graph-sizes as to its default: sizes off the ranks' alignment dropped, the request pool of an
     attention rank (the batch: llmplan's export writes --max-running-requests batch x the attention ranks)
     rounded up to it and added when the list reaches above it, larger sizes dropped; None where none is left
-    (SGLang refuses to start). The export keeps the user's list as given. Without `plan`, the list.
-    Source: sgl-project/sglang v0.5.23 (PyPI wheel), python/sglang/srt/model_executor/runner/
-    base_cuda_graph_runner.py, get_batch_sizes_to_capture (cuda_graph_config.decode.bs, the user's list where
-    given: arg_groups/cuda_graph_hook.py parse_cuda_graph_config). Derived: docs/formulas.md#infer.graph_padding"""
+    (SGLang refuses to start; check_serve_plan refuses the plan). vLLM drops a user's sizes above
+    max_num_batched_tokens (None where none is left: no graph). The export keeps the user's list as given.
+    SGLang without `plan`: the list. Source: sgl-project/sglang v0.5.23 (PyPI wheel), python/sglang/srt/
+    model_executor/runner/base_cuda_graph_runner.py, get_batch_sizes_to_capture (cuda_graph_config.decode.bs,
+    the user's list where given: arg_groups/cuda_graph_hook.py parse_cuda_graph_config); vllm-project/vllm
+    v0.33.0 (PyPI sdist), vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes (a user's
+    cudagraph_capture_sizes kept `if i <= max_num_tokens`). Derived: docs/formulas.md#infer.graph_padding"""
     sizes = job.decode_graph_sizes
+    if sizes and job.engine == "vllm" and not job.cuda_graph_sizes_default:
+        return tuple(b for b in sizes if b <= job.max_num_batched_tokens) or None
     if not sizes or plan is None or job.engine != "sglang" or job.cuda_graph_sizes_default:
         return sizes
     ranks = SglangRanks.of(plan)

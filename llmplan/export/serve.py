@@ -266,6 +266,11 @@ def graph_sizes(pf: PlanFile, engine: str, requests: int | None = None) -> tuple
         note += (f"# {GRAPH_SIZES_FLAG[engine]}: as given; SGLang's runner captures {kept} of it for "
                  f"{pool:,} running requests per attention rank (alignment and pool, "
                  "base_cuda_graph_runner.py get_batch_sizes_to_capture), as priced\n")
+    if engine == j.engine == "vllm" and captured != j.decode_graph_sizes:
+        kept = " ".join(str(b) for b in captured) if captured else "none (no decode graph)"
+        note += (f"# {GRAPH_SIZES_FLAG[engine]}: as given; vLLM keeps {kept} of it (the sizes <= "
+                 f"--max-num-batched-tokens {j.max_num_batched_tokens}, vllm/config/vllm.py _set_cudagraph_sizes), "
+                 "as priced\n")
     return sizes, note
 
 

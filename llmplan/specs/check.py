@@ -330,7 +330,30 @@ def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob,
         out.append(Violation("context", f"input_len + output_len ({job.input_len} + {job.output_len} = "
                              f"{job.context}) exceeds max_position_embeddings ({m.max_position_embeddings}) of "
                              f"{m.name}{scaling}; lower --input-len or --output-len"))
-    return out + speculative_violations(m, plan, job)
+    return out + speculative_violations(m, plan, job) + sglang_graph_violations(plan, job)
+
+
+def sglang_graph_violations(plan: ServePlan, job: ServeJob) -> list[Violation]:
+    """A user's decode capture list of which SGLang's runner keeps no size for the plan's server
+    (cost.serve_step.captured_graph_sizes empty): SGLang then refuses to start, so the plan is refused, naming
+    the sizes its runner keeps at the server's alignment. Source: sgl-project/sglang v0.5.23 (PyPI wheel),
+    python/sglang/srt/model_executor/runner/base_cuda_graph_runner.py, get_batch_sizes_to_capture (asserts a
+    non-empty list). Derived: docs/formulas.md#infer.graph_padding"""
+    from llmplan.cost.serve_step import SglangRanks, captured_graph_sizes, draft_tokens_of, sglang_request_width
+    listed = job.decode_graph_sizes
+    if job.engine != "sglang" or job.cuda_graph_sizes_default or not listed or captured_graph_sizes(job, plan):
+        return []
+    ranks = SglangRanks.of(plan)
+    width = sglang_request_width(ranks, draft_tokens_of(job))
+    step = ranks.align // math.gcd(ranks.align, width)
+    top = -(-job.batch // ranks.align) * ranks.align
+    kept = ", ".join(str(b) for b in range(step, top + 1, step)) if top // step <= 8 else \
+        f"{step}, {2 * step}, ..., {top}"
+    return [Violation("sglang_graph_sizes", f"SGLang's runner keeps none of --cuda-graph-sizes "
+                      f"{','.join(map(str, listed))} for {job.batch} requests per attention rank: it drops sizes "
+                      f"above the pool rounded up to the alignment {ranks.align} ({top}) and sizes b with b x "
+                      f"{width} not a multiple of {ranks.align}, and refuses to start with none left; give sizes "
+                      f"it keeps ({kept}) or --no-cuda-graphs")]
 
 
 def speculative_violations(m: ModelSpec, plan: ServePlan, job: ServeJob) -> list[Violation]:
