@@ -1,6 +1,6 @@
 """A seeded fuzz test of the console entry point: generated flags and generated spec, hardware, plan and lock
 files. Any exit other than 0 / 2 / 3 (1 for `check` and `lock` failing a check), any "internal error", or any
-call over 10 s fails (issue "Every bad input gets a clear answer")."""
+call over CALL_LIMIT_S fails (issue "Every bad input gets a clear answer")."""
 
 from __future__ import annotations
 
@@ -115,8 +115,14 @@ def command_lines(draw, folder: Path):
     return kind, args
 
 
+CALL_LIMIT_S = 20
+"""A call this long is a hang, not a slow answer: the slowest legitimate command drawn, `estimate` of a default
+plan that does not fit (its advice prices ~380 combinations), takes ~4 s alone on one core and went past 10 s
+beside the suite's other xdist worker (stop 60's CI run)."""
+
+
 def _alarm(signum, frame):
-    raise TimeoutError("llmplan call over 10 s")
+    raise TimeoutError(f"llmplan call over {CALL_LIMIT_S} s")
 
 
 @settings(max_examples=300, deadline=None, derandomize=True,
@@ -126,7 +132,7 @@ def test_any_command_line_ends_cleanly(cli, tmp_path_factory, data):
     folder = tmp_path_factory.mktemp("fuzz")
     kind, args = data.draw(command_lines(folder))
     old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(10)
+    signal.alarm(CALL_LIMIT_S)
     t0 = time.perf_counter()
     try:
         r = cli(*args)
@@ -136,7 +142,7 @@ def test_any_command_line_ends_cleanly(cli, tmp_path_factory, data):
     allowed = {0, 2, 3} | ({1} if kind in ("check", "lock") else set())
     assert r.code in allowed, (args, r.code, r.err[-500:])
     assert "internal error" not in r.err + r.out, (args, r.err[-500:])
-    assert time.perf_counter() - t0 < 10
+    assert time.perf_counter() - t0 < CALL_LIMIT_S
     if "--json" in args and r.out.strip():
         json.loads(r.out)
 
@@ -174,7 +180,7 @@ def test_search_with_any_pinned_axes_ends_cleanly(cli, args):
     """Pinned axes anywhere around their bounds: a plan, no fit (3) or one short line (2), never an internal
     error (search --cp 1e20, --tp 70000 and --vpp 5000 were)."""
     old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(10)
+    signal.alarm(CALL_LIMIT_S)
     try:
         r = cli(*args)
     finally:
@@ -239,7 +245,7 @@ def test_spec_numbers_of_the_wrong_type_are_refused(cli, tmp_path_factory, data)
     target.write_text(json.dumps(doc))  # JSON is YAML: "768" stays text in both
     other = ("--hardware", "dgx-h100") if flag == "--model" else ("--model", "llama-3.1-8b")
     old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(10)
+    signal.alarm(CALL_LIMIT_S)
     try:
         r = cli("estimate", flag, target, *other, "--json")
     finally:

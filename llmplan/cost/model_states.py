@@ -226,12 +226,14 @@ def low_precision_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: b
     output layer, bf16 layers, and every layer's non-matrix parameters: nonmatrix_layer_params); bf16_kept_params
     is its complement. A tied embedding at pp 1 is
     one tensor (separate_output_layer), kept once. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
-    dense, expert = 0.0, 0.0
-    for s in held_stages(plan, stage, paired):
-        rp = rank_params(m, plan, s)
-        kept_d, kept_e = _bf16_kept(m, plan, s)
-        dense, expert = dense + rp.dense - kept_d, expert + rp.expert - kept_e
-    return RankParams(dense=dense, expert=expert)
+    def compute() -> RankParams:
+        dense, expert = 0.0, 0.0
+        for s in held_stages(plan, stage, paired):
+            rp = rank_params(m, plan, s)
+            kept_d, kept_e = _bf16_kept(m, plan, s)
+            dense, expert = dense + rp.dense - kept_d, expert + rp.expert - kept_e
+        return RankParams(dense=dense, expert=expert)
+    return memoized(plan, ("low_precision_params", m, stage, paired), compute)  # read by several memory terms
 
 
 def held_stages(plan: ParallelPlan, stage: Any, paired: bool) -> tuple[Any, ...]:
