@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
 
 from llmplan.estimate import estimate_training
 from llmplan.search.evaluate import evaluate
+from llmplan.specs.check import check_plan
+
+
+def valid_sample(m, cluster, plans, seed: int, scan: int, n: int, keep: Callable = lambda p: True) -> list[int]:
+    """Up to `n` indices of `plans` that check_plan accepts and `keep(plan)` holds for, from the first `scan` of
+    a seeded permutation (the sample the agreement tests price both ways)."""
+    order = np.random.default_rng(seed).permutation(len(plans))[:scan]
+    return [int(i) for i in order if not check_plan(m, plans.plan(int(i)), cluster) and keep(plans.plan(int(i)))][:n]
 
 
 def assert_arrays_agree(m, cluster, plans, idx: Sequence[int], rel: float = 1e-9) -> None:

@@ -14,14 +14,12 @@ Llama 3.1 8B: one layer's linears 218,103,808 weights (wq, wk, wv, wo, w1, w3, w
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from agreement import assert_arrays_agree
+from agreement import assert_arrays_agree, valid_sample
 
 from llmplan.cost.comm import (TORCHAO_FP8_GATHER_CAST_BYTES, dp_transfers, torchao_amax_transfers,
                                torchao_fp8_gather_cast_bytes)
 from llmplan.search.grid import Workload, default_space, enumerate_plans
-from llmplan.specs.check import check_plan
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
 
@@ -94,8 +92,6 @@ def test_the_search_prices_the_fp8_gather_as_the_scalar_estimate():
     w = Workload(global_batch=64, seq_len=4096, dtype="fp8", recipe="tensorwise", fp8_scaling="current",
                  tp_impl="dtensor", fp8_params=True)
     plans = enumerate_plans(default_space(L8, cluster, w), cluster, w)
-    order = np.random.default_rng(5).permutation(len(plans))
-    idx = [int(i) for i in order[:300] if not check_plan(L8, plans.plan(int(i)), cluster)
-           and plans.plan(int(i)).zero >= 2 and plans.plan(int(i)).zero_shard > 1][:6]
+    idx = valid_sample(L8, cluster, plans, seed=5, scan=300, n=6, keep=lambda p: p.zero >= 2 and p.zero_shard > 1)
     assert idx
     assert_arrays_agree(L8, cluster, plans, idx)

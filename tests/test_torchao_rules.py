@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-from agreement import assert_arrays_agree
+from agreement import assert_arrays_agree, valid_sample
 
 from llmplan.cost.comm import dp_transfers
 from llmplan.cost.model_states import bf16_gathered_params, bf16_kept_params
@@ -114,8 +113,6 @@ def test_the_search_prices_the_expert_gather_as_the_scalar_estimate():
     w = Workload(global_batch=64, seq_len=4096, dtype="fp8", recipe="tensorwise", fp8_scaling="current",
                  tp_impl="dtensor", fp8_params=True)
     plans = enumerate_plans(default_space(MIX, cluster, w), cluster, w)
-    order = np.random.default_rng(7).permutation(len(plans))
-    idx = [int(i) for i in order[:400] if not check_plan(MIX, plans.plan(int(i)), cluster)
-           and plans.plan(int(i)).zero >= 3][:6]
+    idx = valid_sample(MIX, cluster, plans, seed=7, scan=400, n=6, keep=lambda p: p.zero >= 3)
     assert idx
     assert_arrays_agree(MIX, cluster, plans, idx)
