@@ -46,9 +46,12 @@ class Row:
     measured_gib: float | None
 
 
-def rows() -> list[Row]:
+def rows(ids: frozenset[str] | None = None) -> list[Row]:
+    """The fit records and BLOOM's logged peaks, priced; only the records named in `ids` when given."""
     out = []
     for r in yaml.safe_load(Path(A.DEFAULT_RUNS).read_text()):
+        if ids is not None and r["id"] not in ids:
+            continue
         fam = A.family(r["id"])
         if fam not in A.FAMILIES or fam == "trtllm":
             continue
