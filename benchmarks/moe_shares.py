@@ -17,8 +17,12 @@ shipped value):
 * --hbm-efficiency X: every H100 / Blackwell profile's achieved HBM fraction (GpuSpec.hbm_efficiency: cuDNN's
   published norm bandwidth on Blackwell, 0.66 / 0.67, and 0.8 assumed on H100; docs/formulas.md#compute.hbm_efficiency)
   set to X.
+* --hbm-size: every H100 profile's achieved HBM fraction set, row by row, to what a fused RMSNorm reaches at the
+  row's own size (the rank's tokens x hidden, bf16) on the size curve of cuDNN's published norm benchmark on H200,
+  the same GH100 die: each pass's time a fixed part plus its bytes over an asymptotic rate (H200_NORM_CURVE,
+  docs/validation.md#hbm-rate).
 
-`python benchmarks/moe_shares.py [--published-attention] [--hbm-efficiency 0.55]` (about 30 s).
+`python benchmarks/moe_shares.py [--published-attention] [--hbm-efficiency 0.55] [--hbm-size]` (about 30 s).
 """
 
 from __future__ import annotations
@@ -36,13 +40,23 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 import accuracy as A
 
+from llmplan.cost.elementwise import FUSED_NORM_BYTES
 from llmplan.estimate import estimate_training
 from llmplan.specs.hardware import GpuSpec
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
 
 FAMILIES = ("mbridge-moe", "mbridge-dense")
 BLACKWELL = ("b200", "b300", "gb200", "gb300")
 PUBLISHED_ATTENTION = 1.16  # cuDNN 9.22's GB300 asymptote, llmplan's count (docs/validation.md#blackwell-attention)
 PUBLISHED_SOFTMAX_RATIO = 0.91  # GB200 / GB300 bf16 causal forward + backward, same benchmark
+H200_NORM_CURVE = ((1.90e-6, 0.795), (7.20e-6, 0.811))
+"""(fixed seconds, asymptotic share of peak) of cuDNN's fused RMSNorm forward (one kernel) and backward (the input
+gradient, then the weight gradient's reduction) on H200: time = t0 + bytes / (share x 4,800 GB/s), least squares
+weighted by 1 / time over the 14 RMSNorm rows (2,048-131,072 tokens x 128-16,384 hidden, 4-403 MB) of
+NVIDIA/cudnn-frontend benchmark/norms/results/h200/all_models_20260227_035147.csv at 3929da2ef4 (bf16, cuDNN
+Frontend 1.19, the harness's bytes: forward reads x and the weight and writes y and the fp32 inverse RMS; backward
+reads x, dy, the weight and the inverse RMS and writes dx and the weight gradient). docs/validation.md#hbm-rate"""
 
 
 def probe_gpu(gpu: GpuSpec, published_attention: bool, hbm_efficiency: float | None) -> GpuSpec:
@@ -59,6 +73,27 @@ def probe_gpu(gpu: GpuSpec, published_attention: bool, hbm_efficiency: float | N
     return gpu.model_copy(update=update) if update else gpu
 
 
+def size_share(tokens: float, hidden: int, peak_bytes_per_s: float) -> float:
+    """Share of peak a fused RMSNorm forward + backward over `tokens` x `hidden` reaches on H200_NORM_CURVE (the
+    bytes of compute.norm_bytes, FUSED_NORM_BYTES an element), the two passes combined as the stage spends their
+    time: (fwd + bwd) / (fwd / e_fwd + bwd / e_bwd), e = bytes / (t0 + bytes / (share x peak)) / peak."""
+    shares = []
+    for per_element, (t0, share) in zip(FUSED_NORM_BYTES, H200_NORM_CURVE, strict=True):
+        nbytes = per_element * tokens * hidden
+        shares.append(nbytes / (t0 + nbytes / (share * peak_bytes_per_s)) / peak_bytes_per_s)
+    fwd, bwd = FUSED_NORM_BYTES
+    return (fwd + bwd) / (fwd / shares[0] + bwd / shares[1])
+
+
+def size_probe_gpu(gpu: GpuSpec, m: ModelSpec, plan: ParallelPlan) -> GpuSpec:
+    """An H100 profile with its achieved HBM fraction at the row's norm size (size_share: the rank's tokens, the
+    sequence split by CP and, with sequence parallelism, by TP, times the hidden size); other GPUs unchanged."""
+    if not gpu.name.lower().startswith("h100"):
+        return gpu
+    tokens = plan.seq_len / plan.cp * plan.micro_batch / (plan.tp if plan.sp else 1)
+    return gpu.model_copy(update={"hbm_efficiency": size_share(tokens, m.hidden_size, gpu.hbm_bytes_per_s)})
+
+
 def model_key(rid: str) -> str:
     """The model of a Megatron-Bridge row id (the token-drop / dropless / MTP variants folded into their model)."""
     found = re.search(r"pretrain-(.+?)-dgx-", rid)
@@ -67,7 +102,7 @@ def model_key(rid: str) -> str:
 
 
 def shares(rec: dict, published_attention: bool = False,
-           hbm_efficiency: float | None = None) -> tuple[float, dict[str, float]] | None:
+           hbm_efficiency: float | None = None, hbm_size: bool = False) -> tuple[float, dict[str, float]] | None:
     """(signed error, {part: share of the predicted step}) of one row: gemm, attention and memory_bound split
     the step's compute as the slowest stage's micro-batch does, comm is the exposed communication; None where
     the row is not scored."""
@@ -77,6 +112,8 @@ def shares(rec: dict, published_attention: bool = False,
         return None
     model, cluster, plan = setup
     gpu = probe_gpu(cluster.system.gpu, published_attention, hbm_efficiency)
+    if hbm_size:
+        gpu = size_probe_gpu(gpu, model, plan)
     cluster = cluster.model_copy(update={"system": cluster.system.model_copy(update={"gpu": gpu})})
     e = estimate_training(model, cluster, plan)
     t, s = e.time, e.time.stage
@@ -92,12 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--published-attention", action="store_true")
     ap.add_argument("--hbm-efficiency", type=float, default=None)
+    ap.add_argument("--hbm-size", action="store_true")
     args = ap.parse_args(argv)
     if args.hbm_efficiency is not None and not 0 < args.hbm_efficiency <= 1:
         ap.error(f"--hbm-efficiency {args.hbm_efficiency}: a bandwidth fraction, must be in (0, 1] (e.g. 0.55)")
     rows: dict[tuple[str, str], list[tuple[float, dict[str, float]]]] = {}
     for rec in yaml.safe_load(A.DEFAULT_RUNS.read_text()):
-        got = shares(rec, args.published_attention, args.hbm_efficiency)
+        got = shares(rec, args.published_attention, args.hbm_efficiency, args.hbm_size)
         if got is None:
             continue
         gen = "h100" if "h100" in str(rec["hardware"]["gpu"]).lower() else "bw"
