@@ -92,11 +92,11 @@ def moe_fp8(tmp_path_factory):
 def test_moe_rowwise_converts_the_routed_experts(moe_fp8):
     """torchtitan v0.2.2 (73a0e69): Float8LinearConverter swaps nn.Linear only, so GroupedExperts' parameters stay
     bf16 unless "quantize.grouped_mm.float8" (Float8GroupedMMConverter, rowwise) is among model.converters, with
-    [quantize.grouped_mm.float8] fqns naming the experts (models/deepseek_v3/train_configs/deepseek_v3_16b.toml:
-    fqns = ["experts"]; models/moe/moe.py MoE.experts)."""
+    [quantize.grouped_mm.float8] fqns naming the routed experts (models/moe/moe.py MoE.experts: "moe.experts", no
+    substring of moe.shared_experts; tests/test_torchtitan_expert_fqns.py)."""
     cfg = tomllib.loads(render_all(moe_fp8, "torchtitan-0.2")[0]["torchtitan-v0.2.2.toml"])
     assert cfg["model"]["converters"] == ["quantize.linear.float8", "quantize.grouped_mm.float8"]
-    assert cfg["quantize"]["grouped_mm"]["float8"] == {"fqns": ["experts"]}
+    assert cfg["quantize"]["grouped_mm"]["float8"] == {"fqns": ["moe.experts"]}
     assert cfg["quantize"]["linear"]["float8"]["filter_fqns"] == ["output", "router.gate"]
     rec = json.loads((Path(__file__).parent / "data" / "launchers" / "torchtitan-v0.2.2.json").read_text())
     assert rec["sections"]["model"]["converters"] == "list[str]"  # recorded by tools/launcher_flags.py at v0.2.2

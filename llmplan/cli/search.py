@@ -26,9 +26,9 @@ from llmplan.estimate import TrainingEstimate
 from llmplan.export import FLEX_DISPATCH_TARGETS
 from llmplan.fileio import check_target, excerpt
 from llmplan.planfile import plan_document, serve_plan_document, save_refs
-from llmplan.search.grid import RECOMPUTE, Workload, default_space
+from llmplan.search.grid import RECOMPUTE, Workload, default_space, enumerate_plans
 from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, first_setting,
-                                win_floor, nodes_using,
+                                win_floor, nodes_using, runs_on, any_passes,
                                 power_of_two_domain, straddling_space, switch_variants,
                                 cp_comm_variants, dispatcher_variants, ep_overlap_variants)
 from llmplan.search.filtered import Walk
@@ -40,7 +40,7 @@ from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions,
                                    PipelineSplitOptions, SearchGoal, SearchPins, ServingOptions, SwitchOptions)
-from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.registry import build, is_pool_file, resolve_model
 from llmplan.specs.serve import ServePlan
@@ -302,6 +302,16 @@ class SettingSearch:
             self.walks.append((wv, cc, kept.walk))
         return kept
 
+    def keeps_fp8_params(self, wv: Workload) -> bool:
+        """Whether some plan of `wv`'s space on the full racks (fp8_params on), enumerated as the search does with
+        the workload as it runs there (search.run.runs_on), passes check_plan's rules (search.run.any_passes):
+        torchao_fp8_params_gather reads the axes (zero >= 2 over more than one shard rank), and fp8_params_dtype
+        cuts it whole where the GPU has no fp8 GEMM and the plan runs bf16."""
+        cc, pins = self.full_cluster, self.pins
+        m = trained_model(self.m, wv.base)
+        space = default_space(m, cc, wv, self.pinned, pins.max_tp, pins.max_pp, pins.max_cp)
+        return any_passes(m, enumerate_plans(space, cc, runs_on(m, cc, wv), self.screens), cc)
+
     def full_of(self, cluster: ClusterSpec) -> int | None:
         """The `full` of run() for a search on `cluster`: the domain's GPUs on a share, None on the full racks."""
         return self.full_cluster.system.domain_gpus if cluster is not self.full_cluster else None
@@ -327,12 +337,9 @@ class SettingSearch:
                                  try_scalings=self.target is not None and "fp8_scaling" not in self.named,
                                  cp_comm_types=tuple(cp_types)):
             wv = Workload(**{**base.fields(), **v})
-            try:
-                res = self.run(full_cluster, wv)
-            except LlmplanError:  # fp8_params the search turned on, cut from every plan by check_plan's rules on
-                if s.fp8_params is not None or not v["fp8_params"] or not self.tried:  # the axes (torchao's float8
-                    raise  # all-gather needs zero >= 2 over more than one rank): the plain setting stands
-                continue
+            if s.fp8_params is None and v["fp8_params"] and self.tried and not self.keeps_fp8_params(wv):
+                continue  # fp8_params the search turned on itself, cut from every plan: the plain setting stands
+            res = self.run(full_cluster, wv)
             if res is None:  # only a straddling space can be empty; the full one never is
                 continue
             used = power_of_two_domain(full_cluster.system)

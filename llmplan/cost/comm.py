@@ -22,7 +22,7 @@ from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import bf16_gathered_params, low_precision_params
 from llmplan.cost.mixers import attention_share, dense_mlp_share, lightning
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
-from llmplan.cost.quantize import torchao_float8
+from llmplan.cost.quantize import torchao_fp8_params
 from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_bytes, offload_layer_bytes
 from llmplan.cost.memo import memoized
 from llmplan.cost.params import (
@@ -996,7 +996,7 @@ def torchao_fp8_gather(plan: ParallelPlan) -> Any:
     """Whether FSDP2 gathers torchao's Float8Linear weights in float8 (fp8_params read as torchtitan's
     enable_fsdp_float8_all_gather): torchao_float8, the weights sharded (zero >= 2) over more than one rank
     (torchtitan: dp_shard_enabled and enable_fsdp_float8_all_gather). Derived: docs/formulas.md#comm.torchao_fp8_gather"""
-    return plan.fp8_params & torchao_float8(plan) & (plan.zero >= 2) & (plan.zero_shard > 1)
+    return torchao_fp8_params(plan) & (plan.zero >= 2) & (plan.zero_shard > 1)
 
 
 def torchao_fp8_gather_cast_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any = 0) -> Any:

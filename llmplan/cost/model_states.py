@@ -16,7 +16,7 @@ from llmplan.cost.compressed import hc_head_params
 from llmplan.cost.memo import memoized
 from llmplan.cost.params import (RankParams, mtp_projection_params, nonmatrix_layer_params, norm_params, param_counts,
                                  rank_params, router_params, stage_end_params, stepped_rank_params)
-from llmplan.cost.quantize import torchao_float8
+from llmplan.cost.quantize import torchao_float8, torchao_fp8_params
 from llmplan.cost.stages import stage_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -276,7 +276,7 @@ def bf16_gathered_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankPa
     torch/distributed/fsdp/_fully_shard/_fsdp_param.py (all_gather_inputs: _to_dtype_if_needed(..., param_dtype)).
     Derived: docs/formulas.md#comm.torchao_fp8_gather"""
     kept = bf16_kept_params(m, plan, stage)
-    experts = where(plan.fp8_params & torchao_float8(plan), low_precision_params(m, plan, stage).expert, 0.0)
+    experts = where(torchao_fp8_params(plan), low_precision_params(m, plan, stage).expert, 0.0)
     return RankParams(dense=kept.dense, expert=kept.expert + experts)
 
 
@@ -309,7 +309,7 @@ def stored_weight_bytes(plan: ParallelPlan) -> Any:
     to fp8 only to gather it. Source: pytorch/ao@36027d82d1 torchao/float8/fsdp_utils.py
     (WeightWithDynamicFloat8CastTensor wraps the original tensor; fsdp_pre_all_gather casts it).
     Derived: docs/formulas.md#mem.torchao_fp8_shard"""
-    return 2.0 if plan.fp8_params and torchao_float8(plan) else plan.weight_bytes
+    return 2.0 if torchao_fp8_params(plan) else plan.weight_bytes
 
 
 def kept_copy_extra_bytes(plan: ParallelPlan) -> Any:
@@ -323,7 +323,7 @@ def stored_kept_extra_bytes(plan: ParallelPlan) -> Any:
     """Bytes a bf16-kept parameter's stored copy (the rank's model copy, the copy the optimizer writes, a
     checkpoint's) holds beyond stored_weight_bytes: bf16_parts_extra_bytes, none under torchao's fp8_params
     (every stored weight bf16 already). Derived: docs/formulas.md#mem.torchao_fp8_shard"""
-    return 0.0 if plan.fp8_params and torchao_float8(plan) else bf16_parts_extra_bytes(plan)
+    return 0.0 if torchao_fp8_params(plan) else bf16_parts_extra_bytes(plan)
 
 
 def model_bf16_kept_params(m: ModelSpec, plan: ParallelPlan) -> Any:

@@ -261,6 +261,17 @@ def torchao_float8(plan: ParallelPlan) -> bool:
                                                                   and plan.tp_impl == "dtensor"))
 
 
+def torchao_fp8_params(plan: ParallelPlan) -> Any:
+    """fp8_params on torchao's float8 stack (torchao_float8): read as torchtitan's enable_fsdp_float8_all_gather,
+    where torchao keeps the original-precision weight (stored at 2 B) and casts it to float8 only for FSDP2's
+    all-gather of the Float8Linear weights (torchtitan's routed experts gather bf16); check_plan's
+    torchao_fp8_params_gather and fp8_params_rowwise allow it only where that gather runs. One predicate for
+    model_states.bf16_gathered_params, stored_weight_bytes, stored_kept_extra_bytes and comm.torchao_fp8_gather.
+    Source: pytorch/ao@36027d82d1 torchao/float8/fsdp_utils.py (WeightWithDynamicFloat8CastTensor).
+    Derived: docs/formulas.md#mem.torchao_fp8_shard"""
+    return plan.fp8_params & torchao_float8(plan)
+
+
 def torchao_hp_saved_share(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Share of the layers whose linears save their bf16 input for backward (0 elsewhere): fp8 on the
     PyTorch-native stack (torchao_float8: torchao's Float8Linear, as torchtitan converts nn.Linear) under the

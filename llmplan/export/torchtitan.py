@@ -592,10 +592,19 @@ def toml_text(pf: PlanFile) -> str:
     return "\n".join(lines + float8_lines(pf)) + "\n"
 
 
-GROUPED_MM_FQNS = ["experts"]
-"""What torchtitan v0.2.2's Float8GroupedMMConverter converts: modules whose fqn contains one of these, here the
-MoE layer's GroupedExperts (models/moe/moe.py MoE.experts), as its MoE configs set it
-(models/deepseek_v3/train_configs/deepseek_v3_16b.toml [quantize.grouped_mm.float8] fqns)."""
+GROUPED_MM_FQNS = ["moe.experts"]
+"""What torchtitan v0.2.2's Float8GroupedMMConverter converts: the routed experts alone, the MoE layer's
+GroupedExperts (models/moe/moe.py MoE.experts; DeepEPMoE and gpt_oss's GptOssMoE keep the name), as llmplan prices
+them (their grouped GEMMs in fp8). The converter matches a substring of the module FQN
+(components/quantization/float8.py Float8GroupedMMConverter.convert, moe_module_filter_fn: `target_fqn in
+cur_fqn`), and torchao's quantize_ swaps every parameter under the first module that matches (pytorch/ao v0.16.0
+quantization/quant_api.py _replace_with_custom_fn_if_matches_filter, prototype/moe_training/conversion_utils.py
+_swap_params). So v0.2.2's own MoE configs' fqns = ["experts"] (models/deepseek_v3/train_configs/*.toml) also
+match layers.N.moe.shared_experts, a FeedForward of nn.Linear: its w1 / w2 / w3 weights become
+ScaledGroupedMMTensor, which intercepts torch._grouped_mm only and hands other ops the unwrapped tensor
+(prototype/moe_training/tensor.py __torch_function__, __torch_dispatch__), gathering it bf16
+(fsdp_pre_all_gather): a conversion llmplan does not price and no one ran here. "moe.experts" names the routed
+experts alone (it is no substring of "moe.shared_experts"), so the converted set is the priced one."""
 
 
 def float8_converters(pf: PlanFile) -> list[str]:
@@ -617,7 +626,8 @@ def float8_lines(pf: PlanFile) -> list[str]:
     if p.dtype != "fp8":
         return []
     skip = ["output", "router.gate"] if m.is_moe else ["output"]
-    lines = ["", "[quantize.linear.float8]"]
+    lines = ["", f"# the quantize tables of torchtitan {LEGACY_VERSION} (config/job_config.py, 73a0e69); 0.3.0 dropped "
+             "them for Float8LinearConverter.Config in config functions", "[quantize.linear.float8]"]
     if p.recipe == "rowwise":
         lines.append('recipe_name = "rowwise"')
     else:
@@ -625,7 +635,10 @@ def float8_lines(pf: PlanFile) -> list[str]:
         lines += [f"enable_fsdp_float8_all_gather = {on}", f"precompute_float8_dynamic_scale_for_fsdp = {on}"]
     lines.append("filter_fqns = [" + ", ".join(f'"{x}"' for x in skip) + "]")
     if "quantize.grouped_mm.float8" in float8_converters(pf):  # config/job_config.py Float8GroupedMM.fqns
-        lines += ["", "[quantize.grouped_mm.float8]", "fqns = [" + ", ".join(f'"{x}"' for x in GROUPED_MM_FQNS) + "]"]
+        lines += ["", f"# {LEGACY_VERSION} matches fqns as a substring of a module's FQN (\"experts\" would also convert "
+                  "moe.shared_experts): the routed experts only;", "# torchtitan 0.3.0 has no such table "
+                  "(Float8GroupedExpertsConverter.Config converts every GroupedExperts, by type)",
+                  "[quantize.grouped_mm.float8]", "fqns = [" + ", ".join(f'"{x}"' for x in GROUPED_MM_FQNS) + "]"]
     return lines
 
 

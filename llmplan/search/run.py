@@ -6,7 +6,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, trained_model
 from llmplan.specs.resilience import CheckpointPolicy
+from llmplan.specs.rule import Rule
 from llmplan.specs.schedule import schedule_of
 from llmplan.topology.placement import DEFAULT_ORDER, on_cluster, place
 from llmplan.units import GIB
@@ -426,13 +427,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     keep = np.ones(considered, dtype=bool)
     pruned: list[Pruned] = []
     say("pruning")
-    held = {u.name for u in SWITCH_USES}  # switches that act on some plans only: kept, checked below
-    for rule in (r for r in RULES if r.name not in held):
-        ok = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _, r=rule: r.ok(m, p, cluster)) if rule.name in LAYOUT_RULES \
-            else rule.ok(m, plans, cluster)
-        ok = np.asarray(ok, dtype=bool)
-        if ok.all():  # nothing to cut (most rules on most spaces): skip the passes over every plan
-            continue
+    for rule, ok in rule_cuts(m, plans, cluster):
         if ok.ndim == 0 and rule in SWITCH_RULES:  # the workload's switches alone break it: no pin or axis mends it
             raise switches_break(rule.name, rule.message(m, plans.plan(0, settled=False), cluster))
         ok = np.broadcast_to(ok, keep.shape)
@@ -566,6 +561,27 @@ def best_without(keep: np.ndarray, other: np.ndarray, score: np.ndarray,
     if not len(idx) or not np.any(other):
         return None
     return est(idx[int(np.argmax(np.asarray(score, dtype=float)[idx]))])
+
+
+def rule_cuts(m: ModelSpec, plans: PlanArrays, cluster: ClusterSpec) -> Iterator[tuple[Rule, np.ndarray]]:
+    """check_plan's rules the search prunes by (RULES less the switches of SWITCH_USES, which act on some plans
+    only and are checked apart), in order, each with its verdict on `plans` (a bool array, or a bool where the
+    workload alone decides) where it cuts some of them."""
+    held = {u.name for u in SWITCH_USES}
+    for rule in (r for r in RULES if r.name not in held):
+        ok = plans.on_distinct(LAYOUT_AXES, 0, lambda p, _, r=rule: r.ok(m, p, cluster)) if rule.name in LAYOUT_RULES \
+            else rule.ok(m, plans, cluster)
+        ok = np.asarray(ok, dtype=bool)
+        if not ok.all():  # nothing to cut (most rules on most spaces): no pass over every plan
+            yield rule, ok
+
+
+def any_passes(m: ModelSpec, plans: PlanArrays, cluster: ClusterSpec) -> bool:
+    """Whether some of `plans` passes every rule the search prunes by (rule_cuts)."""
+    keep = np.ones(len(plans), dtype=bool)
+    for _, ok in rule_cuts(m, plans, cluster):
+        keep &= ok
+    return bool(keep.any())
 
 
 def refuse_unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] | None = None) -> None:

@@ -405,6 +405,12 @@ def _fp8_params_gathered(p: Any) -> Any:
     return (not p.fp8_params) | (not torchao) | ((p.zero >= 2) & (p.zero_shard > 1))
 
 
+def _dtensor_recipe_ok(p: Any) -> Any:
+    """Rule dtensor_recipe: on the PyTorch-native stack (tp_impl dtensor) low precision only in torchao's float8
+    recipes llmplan models (tensorwise, rowwise: cost.quantize.torchao_float8)."""
+    return (not p.low_precision) | (p.tp_impl != "dtensor") | (p.recipe in ("tensorwise", "rowwise"))
+
+
 def _fp8_params_adam(p: Any) -> Any:
     """Rule muon_fp8_params: fp8_params not with Muon's layer-wise optimizer."""
     return (p.optimizer != "muon") | (not p.fp8_params)
@@ -691,6 +697,18 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "enable_fsdp_float8_all_gather), which torchao runs for per-tensor scaling only; its rowwise "
                          "recipe casts inside each GEMM and gathers bf16 weights; use --precision fp8-tensorwise or "
                          "drop --fp8-params"),
+    # On the PyTorch-native stack torchao's converters run every other recipe: pytorch/torchtitan v0.2.2 (73a0e69)
+    # components/quantization/mx.py (MXLinearConverter, MXGroupedMMConverter: register_model_converter
+    # "quantize.linear.mx", "quantize.grouped_mm.mx"; torchao MXLinearConfig / MoETrainingConfig(MXFP8)); 0.3.0
+    # (PyPI wheel) mx.py MXFP8LinearConverter, MXFP8GroupedExpertsConverter, nvfp4.py NVFP4LinearConverter.
+    # llmplan models their casts and saved tensors nowhere (cost.quantize.torchao_float8: Float8Linear alone), and
+    # the torchtitan exports write the float8 converters only (export.torchtitan._check_common)
+    Rule("dtensor_recipe", lambda m, p, c: _dtensor_recipe_ok(p),
+         lambda m, p, c: f"recipe {p.recipe} ({p.dtype}) with tp_impl {p.tp_impl}: on the PyTorch-native stack "
+                         "torchao's converters run it (torchtitan's quantize.linear.mx / quantize.grouped_mm.mx, "
+                         "MXFP8LinearConverter in 0.3.0), whose casts and saved tensors llmplan does not model and no "
+                         "torchtitan export writes; use --tp-impl megatron (Transformer Engine's recipe, export to "
+                         "megatron), or --precision fp8-rowwise / fp8-tensorwise"),
     # torchao keeps fp8 weights only inside FSDP2's float8 all-gather. Source: pytorch/ao@36027d82d1
     # torchao/float8/fsdp_utils.py (WeightWithDynamicFloat8CastTensor holds the original-precision tensor and casts
     # it in fsdp_pre_all_gather), float8_linear.py (the weight cast every forward and backward unless
