@@ -139,12 +139,13 @@ def test_a_batch_above_every_captured_size_runs_as_without_cuda_graphs(engine):
 GRAPH_KEYS_968A3F0 = {"decode_graph_batch", "decode_graph_unit", "decode_graph_tokens", "decode_graph_eager"}
 GRAPH_KEYS_GROUP = {"decode_graph_requests", "decode_graph_groups", "decode_graph_group_batch",
                     "decode_graph_group_tokens", "decode_graph_group_eager"}
+GRAPH_KEYS_SIZES = {"decode_graph_sizes", "decode_graphs_off"}  # added (branch search-edges): the captured list, why off
 
 
 def _graph_keys(*args: str) -> dict:
     d = _json("--tp", "1", *args)
-    assert {k for k in d if k.startswith("decode_graph")} == GRAPH_KEYS_968A3F0 | GRAPH_KEYS_GROUP
-    keys = {k: v for k, v in d.items() if k.startswith("decode_graph")}
+    assert {k for k in d if k.startswith("decode_graph")} == GRAPH_KEYS_968A3F0 | GRAPH_KEYS_GROUP | GRAPH_KEYS_SIZES
+    keys = {k: v for k, v in d.items() if k.startswith("decode_graph") and k not in GRAPH_KEYS_SIZES}
     return keys | {"sizes": d["workload"]["cuda_graph_batch_sizes"]}
 
 

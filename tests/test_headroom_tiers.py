@@ -6,6 +6,7 @@ chosen by the same rule (search.run.first_setting)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -136,3 +137,19 @@ def test_cli_small_moe_search_orders_ties_by_memory_tier(cli):
             assert over[i] < over[j]
         if n["rule"].startswith("faster prediction"):
             assert plans[i]["throughput"]["tokens_per_s"] >= plans[j]["throughput"]["tokens_per_s"]
+
+
+def test_layouts_equal_to_four_digits_keep_the_faster_first_not_the_roomier():
+    """search.layouts.rank rounded each layout's score to 4 significant digits before its stable sort, so two
+    layouts 0.001% apart kept the vectorised order, which puts more headroom (to 0.1 GiB) first among equal
+    rounded scores (search.run._order); the tie resolution then kept it there on its last key (the ranked order)
+    and noted 'faster prediction'. Both plans fit at the memory interval's upper end and no other rule separates
+    them: the faster goes first (docs/validation.md#headroom-tiers). Fails before branch search-edges."""
+    from llmplan.search.layouts import rank
+
+    roomy, fast = est(99_999.0, 40.0, ep=16), est(100_000.0, 20.0)
+    assert round(99_999.0 / 100_000.0, 4) == 1.0 and decide(fast, roomy)[0] == 0
+    res = dataclasses.replace(result([roomy, fast], 100_000.0), equivalents=[0, 0])
+    out = rank(res, 5)
+    assert [float(e.throughput.tokens_per_s) for e in out.ranked] == [100_000.0, 99_999.0]
+    assert out.tie_notes[0].rule.startswith("faster prediction")

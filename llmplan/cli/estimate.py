@@ -69,8 +69,7 @@ def estimate(
                            "--model on --hardware; give both, or --plan PLAN.json (a saved plan)")
     if mode not in ("train", "infer"):
         raise LlmplanError(f"--mode {mode}: use train or infer")
-    # --moe-dispatcher is shared with training: serving reads it too (alltoall | deepep)
-    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"dp", "moe_dispatcher"} | set(MoeServingOptions.model_fields))
+    refuse_other_mode(ctx, mode, opt.SERVING_READS | {"dp"} | set(MoeServingOptions.model_fields))
     if output.save is not None:  # refuse an existing --save file before printing the estimate, not after
         check_target(output.save, output.force)
     if mode == "infer":

@@ -464,9 +464,11 @@ SERVING_ONLY = (frozenset(ServingOptions.model_fields) | frozenset(MoeServingOpt
                 | {"batch", "max_load", "max_batch", "request_rate", "disaggregated"})
 """Options only the serving paths (--mode infer) read: given in training mode they are an error."""
 SERVING_READS = (frozenset(ClusterOptions.model_fields) | frozenset(MemoryOptions.model_fields)
-                 | frozenset(OutputOptions.model_fields) | {"tp", "pp", "ep", "dtype", "mode"} | SERVING_ONLY)
+                 | frozenset(OutputOptions.model_fields) | {"tp", "pp", "ep", "dtype", "mode", "moe_dispatcher"}
+                 | SERVING_ONLY)
 """Options the serving paths of estimate and search read (each command adds its own: estimate --dp, search
---objective and --top); any other option given with --mode infer is a training option, and an error."""
+--objective and --top; --moe-dispatcher is shared with training, alltoall | deepep in serving); any other option
+given with --mode infer is a training option, and an error."""
 SERVING_INSTEAD = {
     "precision": "serving weights take --dtype: bf16, fp8, mxfp8, nvfp4, int8, int4",
     "global_batch": "concurrent sequences are --batch (estimate) or --max-batch (search)",

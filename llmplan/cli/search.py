@@ -100,10 +100,10 @@ def search(
         cluster = one
     if mode == "infer" and disaggregated:
         search_disagg(cluster, goal, training.dtype, serving, max_batch, request_rate, memory, output,
-                      given_moe(ctx, moe_serving))
+                      given_moe(ctx, moe_serving, training.moe_dispatcher))
     elif mode == "infer":
         search_infer(cluster, pins, goal, training.dtype, serving, max_batch, request_rate, memory, output,
-                     given_moe(ctx, moe_serving), target)
+                     given_moe(ctx, moe_serving, training.moe_dispatcher), target)
     else:
         search_train(cluster, pins, goal, training, split, memory, checkpoints, output, named_options(ctx), target)
 
@@ -118,10 +118,12 @@ def refuse_typed_nodes(c: ClusterOptions, goal: SearchGoal) -> None:
                            "system file's keys, in the cluster file)")
 
 
-def given_moe(ctx: typer.Context, o: MoeServingOptions) -> dict[str, object]:
-    """The MoE serving options given on the command line (the search's own choices stand for the others)."""
-    return {f: getattr(o, f) for f in MoeServingOptions.model_fields
-            if getattr(ctx.get_parameter_source(f), "name", None) in ("COMMANDLINE", "ENVIRONMENT")}
+def given_moe(ctx: typer.Context, o: MoeServingOptions, dispatcher: str) -> dict[str, object]:
+    """The MoE serving options given on the command line, and --moe-dispatcher (`dispatcher`, shared with
+    training) where given (the search's own choices stand for the others)."""
+    given = lambda f: getattr(ctx.get_parameter_source(f), "name", None) in ("COMMANDLINE", "ENVIRONMENT")  # noqa: E731
+    return {**{f: getattr(o, f) for f in MoeServingOptions.model_fields if given(f)},
+            **({"moe_dispatcher": dispatcher} if given("moe_dispatcher") else {})}
 
 
 def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: str, s: ServingOptions,

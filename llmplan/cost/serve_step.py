@@ -141,6 +141,20 @@ def effective_graph_sizes(job: ServeJob, sizes: tuple[int, ...] | None = None,
     return vllm_spec_decode_sizes(sizes, decode_query_len(job)) or None
 
 
+def sglang_default_list_empty(job: ServeJob) -> bool:
+    """Whether an SGLang job as its server of the plan runs it (serving.job_for_plan: the default list derived
+    for the plan, default_graph_sizes) has CUDA graphs on and the engine's default decode list, of which the
+    runner keeps no size (sglang_graph_sizes empty: e.g. a GPU under 20 GiB, max_bs 8, at alignment 16).
+    SGLang 0.5.23 then refuses to start (get_batch_sizes_to_capture asserts a non-empty list), so llmplan's
+    export turns decode graphs off (--disable-decode-cuda-graph, export.serve.render_sglang) and the decode is
+    priced eager, as that server runs it. A user's list that keeps none is refused instead
+    (check.sglang_graph_violations). Source: sgl-project/sglang v0.5.23 (PyPI wheel), python/sglang/srt/
+    model_executor/runner/base_cuda_graph_runner.py, get_batch_sizes_to_capture (assert len(capture_bs) > 0).
+    Derived: docs/formulas.md#infer.graph_padding"""
+    return (job.engine == "sglang" and job.cuda_graphs and job.cuda_graph_sizes_default
+            and not job.cuda_graph_batch_sizes)
+
+
 def graph_ceiling(job: ServeJob, plan: ServePlan, host: GraphHost | None = None) -> int | None:
     """The most sequences a decode step may hold and still replay a CUDA graph on the server the job
     describes: the largest captured size (the user's, or for the engine's default list,

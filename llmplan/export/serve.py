@@ -10,7 +10,7 @@ from typing import Any
 from llmplan.cost.inference import admitted_tokens
 from llmplan.cost.lengths import lengths_of, quantile
 from llmplan.cost.serve_memory import sglang_chunk_total
-from llmplan.cost.serve_step import captured_graph_sizes
+from llmplan.cost.serve_step import captured_graph_sizes, sglang_default_list_empty
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
 from llmplan.planfile import PlanFile
 from llmplan.serving import ServeEstimate, admitted_run, estimate_serving
@@ -206,6 +206,12 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     spec_flags, spec_note = sglang_speculative(pf)
     chunk, chunk_note = sglang_chunk(pf, run)
     sizes, sizes_note = graph_sizes(pf, "sglang", cap)
+    no_list = sglang_default_list_empty(run.job)  # SGLang would refuse to start: decode eager, as priced
+    if no_list:
+        sizes_note += (f"# --disable-decode-cuda-graph: SGLang's default decode capture list keeps no size for "
+                       f"{cap:,} running requests per attention rank at this server's alignment, and SGLang "
+                       "refuses to start with none (base_cuda_graph_runner.py get_batch_sizes_to_capture); decode "
+                       "runs eager, as priced\n")
     note = cap_note + fraction_note + chunk_note + sizes_note
     if p.weight_dtype in ("int4", "int8", "mxfp8", "nvfp4"):
         note += f"# {p.weight_dtype} weights: point MODEL at a pre-quantised checkpoint\n"
@@ -227,7 +233,8 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
         ("--mamba-ssm-dtype", recurrent_state_dtype(pf)),
         # --no-cuda-graphs: both phases eager (0.5.23's spellings; its --disable-cuda-graph is deprecated)
-        ("--disable-decode-cuda-graph", not j.cuda_graphs), ("--disable-prefill-cuda-graph", not j.cuda_graphs),
+        ("--disable-decode-cuda-graph", not j.cuda_graphs or no_list),
+        ("--disable-prefill-cuda-graph", not j.cuda_graphs),
         (GRAPH_SIZES_FLAG["sglang"], sizes),
     ] + spec_flags)
     note += spec_note
@@ -262,7 +269,9 @@ def graph_sizes(pf: PlanFile, engine: str, requests: int | None = None) -> tuple
     pool = j.batch if requests is None else requests
     captured = captured_graph_sizes(j.model_copy(update={"batch": pool}), pf.plan)
     if engine == j.engine == "sglang" and captured != j.decode_graph_sizes:
-        kept = " ".join(str(b) for b in captured) if captured else "none (SGLang refuses to start)"
+        # never empty: load_plan refuses a list the runner keeps none of at the planned batch
+        # (check.sglang_graph_violations), and a pool of at most the batch keeps at least as much of it
+        kept = " ".join(str(b) for b in captured or ())
         note += (f"# {GRAPH_SIZES_FLAG[engine]}: as given; SGLang's runner captures {kept} of it for "
                  f"{pool:,} running requests per attention rank (alignment and pool, "
                  "base_cuda_graph_runner.py get_batch_sizes_to_capture), as priced\n")

@@ -15,7 +15,7 @@ from llmplan.cost.inference import ENGINES, admitted_tokens
 from llmplan.cost.serve_phase import PhaseTiming
 from llmplan.cost.speculative import SpeculativeStep, draft_passes
 from llmplan.cost.serve_step import (decode_graph_step, effective_graph_sizes, graph_padded_rows,
-                                     graph_padded_tokens, graph_sizes_count_tokens)
+                                     graph_padded_tokens, graph_sizes_count_tokens, sglang_default_list_empty)
 from llmplan.report.common import ReportTable, SCHEMA, gib
 from llmplan.report.training import advice_table
 from llmplan.search.disagg import DisaggPlan, DisaggResult, Pool
@@ -67,6 +67,17 @@ def serve_json(e: ServeEstimate, advice: list | None = None, fitting: ServeEstim
     }
 
 
+def decode_graphs_off(j: ServeJob) -> str:
+    """Why a job's decode runs without a CUDA graph (its server of the plan: serving.job_for_plan)."""
+    if not j.cuda_graphs:
+        return "--no-cuda-graphs: every decode step launched eagerly"
+    if sglang_default_list_empty(j):
+        return ("SGLang's default decode capture list keeps no size for this server (its alignment and request "
+                "pool; SGLang 0.5.23 refuses to start with none), so the export turns decode graphs off "
+                "(--disable-decode-cuda-graph) and the decode is priced eager; --cuda-graph-sizes gives a list")
+    return "no captured size is left for this server (the engine's rule on its list): the decode is priced eager"
+
+
 def fitting_json(f: ServeEstimate | None) -> dict[str, Any] | None:
     """What a plan that does not fit achieves at the most sequences that fit (None: not even one fits)."""
     if f is None:
@@ -88,19 +99,23 @@ def decode_graph_json(e: ServeEstimate) -> dict[str, Any]:
     SGLang. The step the cost prices is one pipeline group's (cost.serve_step.decode_graph_step):
     decode_graph_groups (pp) groups of decode_graph_requests = batch / pp sequences take turns;
     decode_graph_group_batch / _tokens / _eager are that step's, the group rounded up to ceil(batch / pp)
-    requests (the larger group: it pads to the captured size the cost pads batch / pp to)."""
+    requests (the larger group: it pads to the captured size the cost pads batch / pp to).
+    decode_graph_sizes: the captured sizes a step pads against, in decode_graph_unit (null: no decode graph);
+    decode_graphs_off: why no decode graph is priced (null where one is), in words."""
     j = e.job
     g = decode_graph_step(j, e.plan, e.cluster.system, e.model)
     sizes = effective_graph_sizes(j, plan=e.plan)
     if g is None or not sizes:
-        return {k: None for k in ("decode_graph_batch", "decode_graph_unit", "decode_graph_tokens",
-                                  "decode_graph_eager", "decode_graph_requests", "decode_graph_groups",
-                                  "decode_graph_group_batch", "decode_graph_group_tokens",
-                                  "decode_graph_group_eager")}
+        return {**{k: None for k in ("decode_graph_batch", "decode_graph_unit", "decode_graph_tokens",
+                                     "decode_graph_eager", "decode_graph_requests", "decode_graph_groups",
+                                     "decode_graph_group_batch", "decode_graph_group_tokens",
+                                     "decode_graph_group_eager", "decode_graph_sizes")},
+                "decode_graphs_off": decode_graphs_off(j)}
     batch, tokens, eager = _padded_step(j.batch, g.queries, sizes, graph_sizes_count_tokens(j.engine))
     group_batch, group_tokens, _ = _padded_step(math.ceil(g.requests), g.queries, sizes,
                                                 graph_sizes_count_tokens(j.engine))
-    return {"decode_graph_batch": batch,
+    return {"decode_graph_sizes": list(sizes), "decode_graphs_off": None,
+            "decode_graph_batch": batch,
             "decode_graph_unit": "tokens" if graph_sizes_count_tokens(j.engine) else "requests",
             "decode_graph_tokens": tokens, "decode_graph_eager": eager,
             "decode_graph_requests": _whole(g.requests), "decode_graph_groups": e.plan.pp,

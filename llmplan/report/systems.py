@@ -9,10 +9,11 @@ from rich.console import Console
 
 from llmplan.cost.budget import RunBudget
 from llmplan.intervals import training_interval
-from llmplan.report.common import CAPPED, SCHEMA, ReportTable, capped_note, capped_text
+from llmplan.report.common import CAPPED, SCHEMA, ReportTable, capped_note, capped_text, gib
 from llmplan.report.search import log_percent, plan_label, search_json
 from llmplan.search.grid import Workload
 from llmplan.search.systems import Comparison, SystemBest
+from llmplan.search.ties import at_risk, memory_upper
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec
 from llmplan.units import DAY
@@ -92,8 +93,10 @@ def systems_view(console: Console, cmp: Comparison, model: ModelSpec, shown: Map
         console.print(f"#{i} {r.name}: {plan_label(e.plan)} on {e.cluster.num_nodes:,} nodes, MFU "
                       f"{100 * float(e.throughput.mfu):.1f}% ({100 * iv['mfu'][0]:.0f}-{100 * iv['mfu'][1]:.0f}"
                       f"{capped_text(iv)}), "
-                      f"goodput {100 * r.budget.seconds / r.budget.effective_seconds:.1f}%", highlight=False)
-    notes = []
+                      f"goodput {100 * r.budget.seconds / r.budget.effective_seconds:.1f}%"
+                      + (f"; memory at risk: {gib(float(e.memory.total) * memory_upper())} GiB at the interval's upper "
+                         f"end, of {gib(float(e.memory.capacity))}" if at_risk(e) else ""), highlight=False)
+    notes = list(cmp.tie_notes)
     ties = [f"#{i}" for i, w in enumerate(cmp.tied_with, 1) if w]
     if ties and cmp.resolution is not None:
         notes.append(f"=: tied ({', '.join(ties)}): {cmp.objective} within the model's resolution "
@@ -140,6 +143,7 @@ def systems_json(cmp: Comparison, model: ModelSpec, shown: Mapping[str, tuple[Wo
         rows.append({
             "rank": i if r.budget is not None else None, "system": r.name, "nodes": used.num_nodes,
             "gpus": used.num_gpus, "fits": r.budget is not None,
+            "memory_at_risk": at_risk(e) if e else None,
             "tied_with": cmp.tied_with[i - 1] if i <= len(cmp.tied_with) else [],
             "price_per_gpu_hour": r.price.usd if r.price else None,
             "price_source": r.price.source if r.price else None,
@@ -151,7 +155,7 @@ def systems_json(cmp: Comparison, model: ModelSpec, shown: Mapping[str, tuple[Wo
     fits = [row for row in rows if row["best"] is not None]
     return {"schema": SCHEMA, "mode": "train", "model": model.name, "hardware": list(shown),
             "budget_gpus": budget_gpus, "objective": cmp.objective, "train_tokens": cmp.tokens,
-            "resolution": cmp.resolution, "search_s": cmp.seconds,
+            "resolution": cmp.resolution, "search_s": cmp.seconds, "tie_notes": list(cmp.tie_notes),
             "considered": sum(r.result.considered for r in cmp.systems),
             "feasible": sum(r.result.feasible for r in cmp.systems),
             "pruned": _summed({p.rule: p.count for p in r.result.pruned} for r in cmp.systems),

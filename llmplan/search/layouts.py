@@ -177,15 +177,17 @@ def _none_message(pins: LayoutPins, plans: Any, ranking: np.ndarray, tried: int)
 
 
 def rank(res: Any, pool: int) -> Any:
-    """The result's layouts (one estimate each, search.variants) by their best score (to 4 significant digits, as
-    search.run ranks; stable, so the vectorised order stands among equals), the first `pool` kept, ties
-    resolved among the first TIE_POOL of them (search.ties.resolve_pool)."""
+    """The result's layouts (one estimate each, search.variants) by their best score, exactly (stable, so the
+    vectorised order stands only among identical scores), the first `pool` kept, ties resolved among the first
+    TIE_POOL of them (search.ties.resolve_pool), whose last key is this order: the faster prediction
+    (docs/validation.md#headroom-tiers). Scores were compared to 4 significant digits, which left two layouts
+    0.005% apart in the vectorised pass's order, i.e. by more headroom to 0.1 GiB (search.run._order), a rule
+    the tie resolution gives headroom only through the out-of-memory tier."""
     if not res.ranked:
         return res
     # each layout placed by its best plan's score (the one shown may be a more robust one tied with it)
     lead = [max(v.best, score(e, res.objective)) for e, v in zip(res.ranked, res.variants, strict=True)]
-    best = max(abs(x) for x in lead) or 1.0
-    idx = sorted(range(len(res.ranked)), key=lambda i: -round(lead[i] / best, 4))[:pool]
+    idx = sorted(range(len(res.ranked)), key=lambda i: -lead[i])[:pool]
     tied_with: list[list[int]] = []
     notes: list[Any] = []
     if res.resolution is not None:

@@ -11,7 +11,7 @@ from llmplan.cost.inference import max_batch_under_slo, serve_memory, serve_timi
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.search.run import Pruned
 from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans
-from llmplan.specs.check import check_serve_plan, divisors, speculative_violations, valid_tp
+from llmplan.specs.check import check_serve_plan, divisors, serve_moe_violations, speculative_violations, valid_tp
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.registry import build
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
@@ -71,8 +71,10 @@ def serve_layouts(m: ModelSpec, cluster: ClusterSpec, pins: dict) -> list[tuple[
     return out
 
 
-MOE_SEARCH_FIELDS = ("dp_attention", "two_batch_overlap", "redundant_experts", "ep_imbalance", "expert_dtype")
-"""The MoE serving options (ServePlan fields) the serving search honours when they are given."""
+MOE_SEARCH_FIELDS = ("dp_attention", "two_batch_overlap", "redundant_experts", "ep_imbalance", "expert_dtype",
+                     "moe_dispatcher")
+"""The MoE serving options (ServePlan fields) the serving search honours when they are given (--moe-dispatcher
+as `estimate --mode infer` reads it: the one flag serving shares with training)."""
 
 WIDE_EP_REDUNDANT = (0, 32)
 """EPLB redundant experts tried for a wide-EP layout whose GPUs do not divide the experts (DeepSeek's and
@@ -110,13 +112,14 @@ def wide_ep_plans(m: ModelSpec, cluster: ClusterSpec, pins: dict, base: ServePla
 def with_moe_options(m: ModelSpec, plan: ServePlan, moe: dict | None) -> ServePlan | None:
     """A candidate layout under the MoE serving options the user gave (MOE_SEARCH_FIELDS), or None when they
     exclude it: --dp-attention keeps only DP-attention layouts, --no-dp-attention drops them;
-    --two-batch-overlap and --redundant-experts apply to layouts with ep > 1; --ep-imbalance and
+    --two-batch-overlap, --redundant-experts and --moe-dispatcher apply to layouts with ep > 1 (a layout
+    without EP runs no expert all-to-all: check_serve_plan's moe_serving_needs_ep); --ep-imbalance and
     --expert-dtype to every layout of a MoE model."""
     moe = moe or {}
     if "dp_attention" in moe and bool(moe["dp_attention"]) != plan.dp_attention:
         return None
     keys = (("ep_imbalance", "expert_dtype") if m.is_moe else ()) + (
-        ("two_batch_overlap", "redundant_experts") if plan.ep > 1 else ())
+        ("two_batch_overlap", "redundant_experts", "moe_dispatcher") if plan.ep > 1 else ())
     update = {k: moe[k] for k in keys if k in moe}
     return plan.model_copy(update=update) if update else plan
 
@@ -130,8 +133,12 @@ def check_search_moe(m: ModelSpec, weight_dtype: str, kv_dtype: str, moe: dict) 
                            "(co-located, or prefill and decode pools with --disaggregated); price one pool with "
                            f"`estimate --mode infer --phase {moe['phase']}`")
     given = {k: v for k, v in moe.items() if k in MOE_SEARCH_FIELDS}
-    if not m.is_moe and any(v not in (None, False) for v in given.values()):
-        flags = ", ".join("--" + k.replace("_", "-") for k, v in given.items() if v not in (None, False))
+    if not m.is_moe and given.get("moe_dispatcher", "alltoall") != "alltoall":  # every layout of a dense model has
+        # ep 1: the rule `estimate --mode infer` refuses the dispatcher by (check_serve_plan's moe_serving_needs_ep)
+        raise PlanViolationError(serve_moe_violations(m, ServePlan(moe_dispatcher=given["moe_dispatcher"])))
+    unset = (None, False, "alltoall")  # a value that asks for nothing (alltoall: ServePlan's default dispatcher)
+    if not m.is_moe and any(v not in unset for v in given.values()):
+        flags = ", ".join("--" + k.replace("_", "-") for k, v in given.items() if v not in unset)
         raise LlmplanError(f"{flags}: MoE serving options, but {m.name} is dense; drop them")
     build(ServePlan, {"weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
                       **{k: v for k, v in given.items() if k != "dp_attention"}}, "MoE serving options",

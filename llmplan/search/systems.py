@@ -14,6 +14,7 @@ from llmplan.errors import LlmplanError
 from llmplan.intervals import resolution as model_resolution
 from llmplan.intervals import tied, training_interval
 from llmplan.search.run import SearchResult
+from llmplan.search.ties import at_risk, risk_words, row_order
 from llmplan.specs.hardware import SystemSpec
 
 COMPARE_OBJECTIVES = ("throughput", "time-to-train", "gpu-hours", "cost")
@@ -62,6 +63,8 @@ class Comparison:
     resolution: float | None = None
     """|log| of a ratio inside which two figures are tied (intervals.resolution); None when nothing fits."""
     seconds: float = 0.0
+    tie_notes: list[str] = field(default_factory=list)
+    """Where a system goes above one with a better figure it is tied with: why (search.ties.risk_words)."""
 
 
 def budget_nodes(system: SystemSpec, budget_gpus: int) -> int:
@@ -118,20 +121,28 @@ def compare(names: Sequence[str], prices: Sequence[Price | None], search_one: Ca
             objective: str, tokens: float) -> Comparison:
     """Search each system (search_one: one system's search, as `search` runs it) and rank their best plans by
     the objective, the ones where nothing fits last; ties by the single-system rule (intervals.resolution on
-    the ranked figure)."""
+    the ranked figure), and among tied systems the one search's first tie rule: a best plan whose memory
+    interval's upper end passes the GPU (search.ties.at_risk) goes after tied ones that fit there, row by row
+    as search.ties.resolve orders tied plans (docs/validation.md#headroom-tiers)."""
     t0 = time.perf_counter()
     rows = [priced(n, search_one(n), p, tokens) for n, p in zip(names, prices, strict=True)]
     fit = [r for r in rows if r.budget is not None]
     sign = -1.0 if objective == "throughput" else 1.0
     fit.sort(key=lambda r: sign * ranked_figure(r, objective))
-    ranked = fit + [r for r in rows if r.budget is None]
     if not fit:
-        return Comparison(objective, tokens, ranked, [[] for _ in ranked], None, time.perf_counter() - t0)
+        return Comparison(objective, tokens, fit + rows, [[] for _ in rows], None, time.perf_counter() - t0)
     res = model_resolution(moe=bool(fit[0].result.ranked[0].model.num_experts))
     figs = [ranked_figure(r, objective) for r in fit]
+    order = row_order(len(fit), lambda j, i: tied_figures(figs[j], figs[i], res),
+                      lambda open_: min(open_, key=lambda i: (at_risk(fit[i].result.ranked[0]), i)))
+    notes = [f"{fit[i].name} before {fit[j].name} ({objective} tied): "
+             + risk_words(fit[i].result.ranked[0], fit[j].result.ranked[0])
+             for i, j in zip(order, order[1:]) if i > j]
+    fit, figs = [fit[i] for i in order], [figs[i] for i in order]
+    ranked = fit + [r for r in rows if r.budget is None]
     tied = [[j + 1 for j, g in enumerate(figs) if j != i and tied_figures(f, g, res)] for i, f in enumerate(figs)]
     return Comparison(objective, tokens, ranked, tied + [[] for _ in ranked[len(fit):]], res,
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, notes)
 
 
 def tied_figures(a: float, b: float, res: float) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,12 @@ def oom_tier(total: Any, capacity: Any) -> Any:
 
 def _tier(e: Any) -> int:
     return int(oom_tier(e.memory.total, e.memory.capacity))
+
+
+def at_risk(e: Any) -> bool:
+    """Whether a training estimate's memory interval's upper end passes the GPU (oom_tier > 0): the first rule
+    among tied plans (decide), and among tied systems' best plans (search.systems.compare)."""
+    return _tier(e) > 0
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,10 @@ def risk_words(safer: Any, other: Any) -> str:
     up = memory_upper()
     hi_s, hi_o = float(safer.memory.total) * up, float(other.memory.total) * up
     cap = float(other.memory.capacity)
+    if float(safer.memory.capacity) != cap:  # two systems' GPUs (search.systems.compare): each against its own
+        cap_s = float(safer.memory.capacity)
+        return (f"memory {'within' if _tier(safer) == 0 else 'less over'} the GPU at the interval's upper end "
+                f"({hi_s / GIB:.1f} of {cap_s / GIB:.1f} GiB; the other {hi_o / GIB:.1f} of {cap / GIB:.1f})")
     if _tier(safer) == 0:
         return (f"memory within the GPU at the interval's upper end ({hi_s / GIB:.1f} GiB; the other "
                 f"{hi_o / GIB:.1f} GiB of {cap / GIB:.1f})")
@@ -153,14 +164,8 @@ def resolve(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[
     most robust open plan (robust_first) takes the row. So a tie is never a chain: a plan that is tied with
     a faster one only through a third plan stays below it. Returns the new order (indices into `ranked`),
     per new rank the ranks (1-based) it is tied with, and a note for each adjacent tied pair."""
-    rest = list(range(len(ranked)))
-    order: list[int] = []
-    while rest:
-        # rest keeps the given order: plan i is open when no unplaced plan ahead of it is beyond the resolution
-        open_ = [i for k, i in enumerate(rest) if all(apart(ranked[j], ranked[i]) <= resolution for j in rest[:k])]
-        pick = robust_first(ranked, open_)
-        order.append(pick)
-        rest.remove(pick)
+    order = row_order(len(ranked), lambda j, i: apart(ranked[j], ranked[i]) <= resolution,
+                      lambda open_: robust_first(ranked, open_))
     tied_with = tied_ranks(ranked, order, resolution)
     notes = []
     for k in range(len(order) - 1):
@@ -170,6 +175,21 @@ def resolve(ranked: list[Any], resolution: float) -> tuple[list[int], list[list[
             notes.append(TieNote(k + 1, k + 2, apart(a, b), rule if sign < 0 else
                                  "faster prediction (no robustness rule prefers the other)"))
     return order, tied_with, notes
+
+
+def row_order(n: int, within: Callable[[int, int], bool], first: Callable[[list[int]], int]) -> list[int]:
+    """resolve's row-by-row rule over n items ranked best first: among the items not yet placed, those within
+    (`within(j, i)`: inside the resolution of each other) every unplaced item ranked ahead of them are open (the
+    first unplaced item always is); `first` picks the row's item among them. Indices in the new order."""
+    rest = list(range(n))
+    order: list[int] = []
+    while rest:
+        # rest keeps the given order: item i is open when no unplaced item ahead of it is beyond the resolution
+        open_ = [i for k, i in enumerate(rest) if all(within(j, i) for j in rest[:k])]
+        pick = first(open_)
+        order.append(pick)
+        rest.remove(pick)
+    return order
 
 
 def robust_first(ranked: list[Any], tied: list[int]) -> int:

@@ -276,6 +276,12 @@ SERVE_MOE_RULES: tuple[Rule, ...] = (
 redundant_experts, expert_dtype)."""
 
 
+def serve_moe_violations(m: ModelSpec, plan: ServePlan) -> list[Violation]:
+    """The SERVE_MOE_RULES the plan breaks (part of check_serve_plan, which needs no job or cluster for them):
+    what the serving search checks up front for an option no layout it tries can take."""
+    return [Violation(r.name, r.message(m, plan, None)) for r in SERVE_MOE_RULES if not bool(r.ok(m, plan, None))]
+
+
 SERVE_RULES: tuple[Rule, ...] = (
     *_training_rules("tp_heads"),
     Rule("tp_kv_heads_serve",

@@ -1,0 +1,46 @@
+"""`search --hardware A,B` ranks the systems' best plans by the objective and marks ties with the search's resolution;
+among tied systems it now applies the one search's first tie rule (docs/validation.md#headroom-tiers): a best plan
+whose memory interval's upper end passes the GPU goes after a tied one that fits there (search.systems.compare,
+through search.ties.row_order and at_risk). Before branch search-edges the cheaper system stayed #1 on cost alone.
+
+The case: Qwen3-30B-A3B on one node of DGX H100 (80 GB) and of HGX H100 96 GB, --objective cost at given prices.
+The H100's best plan (tp4 pp1 dp2 ep8 zero2 mb2, 73.7 GiB predicted) passes its 79.2 GiB at the upper end; the
+96 GB system's fits; their costs are within the MoE resolution (13.3%) of each other, the H100's the lower."""
+
+from __future__ import annotations
+
+import math
+
+ARGS = ("search", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100,hgx-h100-96gb", "--nodes", "1",
+        "--objective", "cost", "--price", "dgx-h100=2.0,hgx-h100-96gb=1.85")
+
+
+def test_a_tied_system_whose_best_plan_fits_goes_before_a_cheaper_one_at_risk(cli):
+    r = cli(*ARGS, "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    rows = {s["system"]: s for s in d["systems"]}
+    h100, h96 = rows["dgx-h100"], rows["hgx-h100-96gb"]
+    assert h100["memory_at_risk"] is True and h96["memory_at_risk"] is False
+    cost_h100, cost_h96 = h100["run"]["cost_usd"], h96["run"]["cost_usd"]
+    assert cost_h100 < cost_h96 and abs(math.log(cost_h96 / cost_h100)) <= d["resolution"]  # tied, H100 cheaper
+    assert [s["system"] for s in d["systems"]] == ["hgx-h100-96gb", "dgx-h100"]
+    assert (h96["rank"], h100["rank"]) == (1, 2) and h96["tied_with"] == [2] and h100["tied_with"] == [1]
+    assert d["plans"][0]["system"] == "hgx-h100-96gb"
+    assert len(d["tie_notes"]) == 1 and d["tie_notes"][0].startswith("hgx-h100-96gb before dgx-h100 (cost tied)")
+
+
+def test_the_text_says_which_best_plan_is_at_risk(cli):
+    r = cli(*ARGS)
+    assert r.code == 0, r.err
+    text = " ".join(r.out.split())
+    assert "#2 dgx-h100:" in text and "memory at risk:" in text
+    assert "hgx-h100-96gb before dgx-h100 (cost tied): memory within the GPU at the interval's upper end" in text
+
+
+def test_systems_beyond_the_resolution_keep_the_objective_order(cli):
+    """Throughput: the H100's best plan (125,731 tok/s) is 12.9% ahead of the 96 GB system's, outside the
+    resolution: it stays first though at risk, and is marked so."""
+    d = cli(*ARGS[:7], "--json").json()
+    assert [s["system"] for s in d["systems"]] == ["dgx-h100", "hgx-h100-96gb"]
+    assert d["systems"][0]["memory_at_risk"] is True and d["tie_notes"] == []
