@@ -1790,8 +1790,12 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # it (mbridge_delay_wgrad); a verification card's row says what its recipe set (parallel.delay_wgrad)
         delay_wgrad=bool(par.get("delay_wgrad", False)) or mbridge_delay_wgrad(rec),
         # Megatron-Bridge's performance scripts give HybridEP 32 SMs (moe_hybridep_num_sms = 32 in
-        # scripts/performance/utils/helpers.py at v0.2.0, utils/overrides.py at v0.3.0 ... v0.6.0)
-        moe_dispatch_sms=par.get("moe_dispatch_sms") or (32 if mbridge_moe_recipe(rec)[0] else None),
+        # scripts/performance/utils/helpers.py at v0.2.0, utils/overrides.py at v0.3.0 ... v0.6.0, each under
+        # `if moe_flex_dispatcher_backend == "hybridep"`); a DeepEP-backend preset sets none (v0.1.0rc4's
+        # run_script.py has no SM setting), so Megatron-Core's default runs: moe_deepep_num_sms 20
+        # (transformer_config.py at core_v0.14.0, 23e00ed09), llmplan's DEEPEP_NUM_SMS (docs/validation.md#ep-overlap-nodes)
+        moe_dispatch_sms=par.get("moe_dispatch_sms") or (32 if mbridge_moe_recipe(rec)[0] and (
+            par.get("moe_flex_backend") or mbridge_flex_backend(rec)) == "hybridep" else None),
         moe_flex_backend=par.get("moe_flex_backend") or mbridge_flex_backend(rec),
         cuda_graphs=par.get("cuda_graphs") or mbridge_cuda_graphs(rec),
         # Megatron-Bridge's MoE recipes run the experts without tensor parallelism (expert_tensor_parallel_size 1)
