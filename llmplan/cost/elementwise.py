@@ -355,6 +355,36 @@ def activation_pass_bytes(m: ModelSpec) -> float:
     return 6.0 if m.gated_mlp else 4.0
 
 
+def jit_routed_bytes(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any]:
+    """(pass, rerun) HBM bytes of an MoE layer's routed experts' gated activation that Megatron-Core's jit_fuser
+    kernel runs (ParallelPlan.jit_activation), one micro-batch, one rank, in elementwise_bytes' forward-equivalent
+    units (a part of expert_node_bytes): the one fused pass (activation_pass_bytes on the k rows a token of f_e,
+    none on the fused MXFP8 grouped MLP's share) and, with moe_act recomputed, its forward once more (a third).
+    (0, 0) without jit_activation, a gated MLP or fused kernels. Source: NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/experts.py (TEGroupedMLP: weighted_bias_swiglu_impl /
+    weighted_bias_quick_geglu_impl under bias_activation_fusion), fusions/fused_bias_swiglu.py and
+    fused_bias_geglu.py (@jit_fuser), jit.py (jit_fuser = torch.compile on torch >= 2.2, since 473225f9a5) at
+    d98e8a6. Derived: docs/formulas.md#compute.jit_activation"""
+    if not (m.is_moe and m.gated_mlp):
+        return 0.0, 0.0
+    on = where(plan.jit_activation & plan.fused_kernels, 1.0, 0.0)
+    fused = where(fused_grouped_mlp(m, plan), plan.low_precision_layer_fraction(m.num_hidden_layers), 0.0)
+    rows = plan.seq_len / plan.cp * plan.micro_batch * m.expert_ffn * m.num_experts_per_tok / plan.tp
+    one = on * activation_pass_bytes(m) * rows * (1.0 - fused)
+    return one, one * where(plan.recomputes("moe_act"), 1.0, 0.0) / 3
+
+
+def jit_activation_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> tuple[Any, Any]:
+    """(pass, rerun) HBM bytes of one layer's gated activation that Megatron-Core's jit_fuser kernel runs, in
+    elementwise_bytes' forward-equivalent units (a part of them): the dense MLP's or shared experts' one fused
+    pass (bias_swiglu_impl) and the routed experts' (jit_routed_bytes). Derived: docs/formulas.md#compute.jit_activation"""
+    f = (m.shared_ffn or 0) if moe else m.intermediate_size * dense_mlp_share(m)
+    on = where(plan.jit_activation & plan.fused_kernels, 1.0, 0.0) if m.gated_mlp else 0.0
+    one = on * activation_pass_bytes(m) * plan.seq_len / plan.cp * plan.micro_batch * f / plan.tp
+    routed, rerun = jit_routed_bytes(m, plan) if moe else (0.0, 0.0)
+    return one + routed, rerun
+
+
 def moe_routing_bytes(m: ModelSpec) -> float:
     """HBM bytes per token of one MoE layer's routing, forward, in 16 bits, as serving's step prices it: the
     router's fp32 scores over the E experts (softmax and top-k: read and write 8E) and the permute of the token

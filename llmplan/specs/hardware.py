@@ -199,6 +199,12 @@ class GpuSpec(Spec):
     reduction): where a STREAM-like run of this die and memory is published, its copy or triad rate over the
     peak; the MoE sort-by-local-expert copy is priced at it (docs/formulas.md#compute.copy_bandwidth). None:
     hbm_efficiency."""
+    jit_activation_hbm_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Achieved fraction of HBM bandwidth by the forward of Megatron-Core's jit_fuser SwiGLU (bias_swiglu_impl:
+    torch.compile of chunk, silu and product over the 2f-wide fc1 output), where it is published for this GPU:
+    H100 SXM 0.56 (linkedin/Liger-Kernel benchmark/data/all_benchmark_data.csv at ead96b61, megatron_swiglu
+    rows). Plans with ParallelPlan.jit_activation price their gated activation's forward at it; None:
+    hbm_efficiency (docs/formulas.md#compute.jit_activation)."""
     decode_kv_hbm_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Achieved fraction of HBM bandwidth by a decode attention kernel streaming the KV cache (one query row per
     sequence against its whole cache: long contiguous reads, no write-back), where it is published for this GPU's

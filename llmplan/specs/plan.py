@@ -373,6 +373,12 @@ class ParallelPlan(PlanQuantities, Spec):
     it by default (core_v0.15 - core_v0.19, weighted_bias_quick_geglu_impl): two eager clamps and a
     concatenation before the compiled activation, priced as extra HBM passes and one more saved copy of the
     fc1 output (docs/formulas.md#moe.glu_clamp)."""
+    jit_activation: bool = False
+    """A gated MLP's activation (dense MLP, shared and routed experts) runs as Megatron-Core's jit_fuser kernels
+    (bias_activation_fusion: bias_swiglu_impl, weighted_bias_swiglu_impl, weighted_bias_quick_geglu_impl, each
+    torch.compile'd with torch >= 2.2), whose forward is priced at GpuSpec.jit_activation_hbm_efficiency where
+    published. False: a fused activation at hbm_efficiency, as a Triton / TE / Inductor-fused kernel runs it
+    (docs/formulas.md#compute.jit_activation)."""
     expert_bias_fusion: bool = False
     """With biased experts (ModelSpec.mlp_bias: GPT-OSS), the fc2 bias is scaled and added inside the grouped
     GEMM (Transformer Engine's GroupedLinear op in Megatron-Core's op-fuser path, use_transformer_engine_op_fuser,
