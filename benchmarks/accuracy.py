@@ -185,7 +185,8 @@ ASSUMPTIONS = {
               "bf16 gradient reduction, fp8 weights for FP8-CS and MXFP8, sequence parallelism and TP overlap with "
               "TP, native fused attention, "
               "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation (MCORE_1F1B_SYNC), "
-              "the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's defaults (te_default_margin); "
+              "the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's defaults (te_default_margin), "
+              "the param-gather overlap off where the preset turns it off (mbridge_param_gather_off); "
               "predicts tokens/s per GPU (unambiguous: no FLOP "
               "convention); only the H100 rows enter the constant fit (Blackwell profiles are not fitted)",
     "torchtitan": "torchtitan's December 2024 Llama 3.1 benchmarks on H100 96 GB HBM2e at 500 W (hgx-h100-96gb "
@@ -988,6 +989,32 @@ def mbridge_muon(rec: dict) -> bool:
     step (optimizer/__init__.py _get_megatron_emerging_optimizer; layer_wise_optimizer.py allgather_params).
     Source: NVIDIA-NeMo/Megatron-Bridge v0.3.1, v0.4.0, v0.4.2, v0.5.0. docs/validation.md#muon"""
     return "kimi-k2" in rec["id"] and source_ref(rec) >= (26, 2, 1)
+
+
+def mbridge_param_gather_off(rec: dict) -> bool:
+    """Whether a Megatron-Bridge row's preset turned the distributed optimizer's parameter all-gather overlap off
+    (ParallelPlan.overlap_param_gather False: the updated weights gathered after the step, beside no compute).
+    (1) 25.11 (v0.2.0 - v0.2.2) MXFP8: scripts/performance/configs/llama3/llama3_llm_pretrain.py (Llama 3 70B
+    GB300 / GB200 / B200), llama31/llama31_llm_pretrain.py (Llama 3.1 405B GB300 / GB200 / B200),
+    deepseek/deepseek_llm_pretrain.py (DeepSeek-V3 GB300 / GB200, not B200) and qwen3/qwen3_llm_pretrain.py
+    (Qwen3-235B-A22B B200 only) set comm_overlap / ddp / optimizer overlap_param_gather = False under
+    `if precision == "fp8_mx"` ("keeping this eanbled causes NaN grad norm"); the 8B, Qwen3-30B-A3B and H100
+    functions do not. v0.1.0rc4 (25.09) and v0.3.0 - v0.6.0 (26.02 - 26.08) have no such MXFP8 override (their
+    NaN note, utils/overrides.py, keeps only overlap_param_gather_with_optimizer_step off for fp8_mx).
+    (2) Llama 3.1 405B GB200 NVFP4 V2 (256 GPUs, gbs 1536) from v0.4.2 (26.04.01): disable_param_gather_overlap
+    (configs/llama/llama31_llm_pretrain.py v0.4.2 - v0.5.1, "avoid OOM", issue #3714; commit 8339cbb6d);
+    perf_recipes/llama/gb200/llama31.py llama31_405b_pretrain_256gpu_gb200_nvfp4_config at v0.6.0.
+    Source: NVIDIA-NeMo/Megatron-Bridge at v0.2.0 (7af9601c9), v0.4.2 (c81012934), v0.6.0. docs/validation.md#mxfp8-gather-preset"""
+    rid = rec["id"]
+    if family(rid) not in BRIDGE_FAMILIES:
+        return False
+    if bridge_release(rec) == (25, 11) and ("mxfp8" in rid or "fp8mx" in rid):
+        llama = ("llama3-70b" in rid or "llama31-405b" in rid or "llama3.1-405b" in rid)
+        return ((llama and any(g in rid for g in ("-gb300-", "-gb200-", "-b200-")))
+                or ("deepseekv3" in rid and any(g in rid for g in ("-gb300-", "-gb200-")))
+                or ("qwen3-235b" in rid and "-b200-" in rid))
+    return (rid.startswith("mbridge-") and "llama3.1-405b" in rid and "-gb200-256gpu-nvfp4" in rid
+            and "gbs1536" in rid and source_ref(rec) >= (26, 4, 1))
 
 
 def mbridge_muon_bf16_params(rec: dict) -> bool:
@@ -1829,7 +1856,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # blocked the other stages' backwards): the stage's reduction beside no compute
         # a recipe that turns the DP overlap off says so in the record (the Qwen3.5 card's recipe: both False)
         overlap_grad_reduce=par.get("overlap_grad_reduce", fam not in STEP_END_DP and not (fam == "torchtitan" and pp > 1)),
-        overlap_param_gather=par.get("overlap_param_gather", fam not in STEP_END_DP and not mbridge_muon(rec)),
+        # Megatron-Bridge presets that turn it off (25.11 MXFP8 Llama 70B / 405B, DeepSeek-V3 NVL72, Qwen3-235B
+        # B200; 405B GB200 NVFP4 V2 from 26.04.01): mbridge_param_gather_off
+        overlap_param_gather=par.get("overlap_param_gather", fam not in STEP_END_DP and not mbridge_muon(rec)
+                                     and not mbridge_param_gather_off(rec)),
         # BigScience ran with CUDA_LAUNCH_BLOCKING=1 against NCCL hangs on Jean Zay (tr11-176B-ml.slurm exports it;
         # chronicles-prequel.md 'dealing with JZ hanging': without it, 320 GPUs always hung)
         launch_blocking=fam == "bloom",
