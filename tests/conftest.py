@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 from pathlib import Path
@@ -47,6 +49,36 @@ def cli(capsys):
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         captured = capsys.readouterr()
         return CliResult(code, captured.out, captured.err)
+
+    return run
+
+
+def run_cli(*args: str) -> CliResult:
+    """`llmplan ARGS...` in-process through the real entry point, its output captured here (no capsys: for the
+    session-scoped cli_once)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(scope="session")
+def cli_once():
+    """As `cli`, but each distinct argument list runs once per test process and later calls get that result:
+    for read-only commands (no --save, no file written or read that a test changes) that several tests check
+    from different sides, such as one long search. CliResult.json() parses afresh, so no test sees another's
+    edits."""
+    done: dict[tuple[str, ...], CliResult] = {}
+
+    def run(*args: str) -> CliResult:
+        key = tuple(str(a) for a in args)
+        if key not in done:
+            done[key] = run_cli(*key)
+        return done[key]
 
     return run
 
