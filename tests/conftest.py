@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import io
 import json
 import sys
 from pathlib import Path
@@ -51,10 +54,54 @@ def cli(capsys):
     return run
 
 
+def run_cli(*args: str) -> CliResult:
+    """`llmplan ARGS...` in-process through the real entry point, its output captured here (no capsys: for the
+    session-scoped cli_once)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope="session")
-def published_runs() -> dict[str, dict]:
+def cli_once():
+    """As `cli`, but each distinct argument list runs once per test process and later calls get that result:
+    for read-only commands (no --save, no file written or read that a test changes) that several tests check
+    from different sides, such as one long search. CliResult.json() parses afresh, so no test sees another's
+    edits."""
+    done: dict[tuple[str, ...], CliResult] = {}
+
+    def run(*args: str) -> CliResult:
+        key = tuple(str(a) for a in args)
+        if key not in done:
+            done[key] = run_cli(*key)
+        return done[key]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def _published_list() -> list[dict]:
+    """benchmarks/data's published runs, parsed once per test process: the file is about 1 MB, and
+    yaml.safe_load of it took 3-15 s a test on a loaded 2-core machine (libyaml's loader here, the same values)."""
+    return load_runs(runs_path())
+
+
+@pytest.fixture
+def published_records(_published_list) -> list[dict]:
+    """The published runs as a list in file order (what yaml.safe_load of the file gives), a copy for this
+    test alone."""
+    return copy.deepcopy(_published_list)
+
+
+@pytest.fixture(scope="session")
+def published_runs(_published_list) -> dict[str, dict]:
     """The published runs (shipped in benchmarks/data, so the golden tests always run)."""
-    return {r["id"]: r for r in load_runs(runs_path())}
+    return {r["id"]: r for r in _published_list}
 
 
 @pytest.fixture(scope="session")

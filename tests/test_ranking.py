@@ -544,23 +544,23 @@ def test_jackknife_medians_are_the_medians_with_each_record_deleted(values: list
     np.testing.assert_allclose(accuracy.jackknife_medians(errors), brute)
 
 
-def test_only_dense_models_records_enter_the_constant_fit():
+def test_only_dense_models_records_enter_the_constant_fit(published_records):
     # docs/validation.md#lofo, rule 1: by model structure, not by error.
     import accuracy
 
-    runs = accuracy.yaml.safe_load(accuracy.DEFAULT_RUNS.read_text())
+    runs = published_records
     moe = [r for r in runs if accuracy.family(r["id"]) == "mbridge-moe"]
     dense = [r for r in runs if accuracy.family(r["id"]) == "mbridge-dense"]
     assert moe and dense
     assert not any(accuracy.fit_row(r) for r in moe[:5]) and all(accuracy.fit_row(r) for r in dense[:5])
 
 
-def test_megatron_core_r08_pipelined_rows_are_read_as_interleaved():
+def test_megatron_core_r08_pipelined_rows_are_read_as_interleaved(published_runs):
     # ASSUMPTIONS["megatron"]: the r0.8 README overlaps pipeline communication, which r0.8 does only in the
     # interleaved schedule; one layer per virtual stage.
     import accuracy
 
-    runs = {r["id"]: r for r in accuracy.yaml.safe_load(accuracy.DEFAULT_RUNS.read_text())}
+    runs = published_runs
     r = runs["megatron-core-r0.8-weak-177b"]
     plan = accuracy.plan_for(r, "megatron", r["hardware"]["gpus"])
     assert (plan.pp, plan.vpp, plan.num_microbatches) == (6, 16, 24)
@@ -573,14 +573,14 @@ def test_megatron_core_r08_pipelined_rows_are_read_as_interleaved():
     assert accuracy.clock_group(r) == "h100"
 
 
-def test_fp8_over_bf16_speedup_matches_the_paired_mpt_runs():
+def test_fp8_over_bf16_speedup_matches_the_paired_mpt_runs(published_records):
     # The same llm-foundry run on 8 H100 in bf16 and in fp8 (MosaicML's tables, benchmarks/data): llmplan's
     # fp8 / bf16 throughput ratio is within 10% of the measured one for every pair (measured 1.00-1.35x).
     # This is the controlled test that rejected a separate sustained fraction for bf16 runs
     # (docs/validation.md#constants).
     import accuracy
 
-    pairs = accuracy.precision_pairs(accuracy.yaml.safe_load(accuracy.DEFAULT_RUNS.read_text()))
+    pairs = accuracy.precision_pairs(published_records)
     assert len(pairs) == 5
     for rid, pred, meas in pairs:
         assert abs(pred - meas) / meas < 0.10, (rid, pred, meas)

@@ -124,12 +124,12 @@ def _layout(p: dict) -> tuple:
     return (p["tp"], p["pp"], p["dp"], p["cp"], p["ep"], p["vpp"] > 1)
 
 
-def test_the_leading_plans_do_not_depend_on_top(cli):
+def test_the_leading_plans_do_not_depend_on_top(cli_once):
     # Ties were resolved among the best max(top, TIE_POOL) plans, five of them interleaved variants of one
     # layout: 70B on 8 DGX-H100 led with tp4 pp2 vpp6 up to --top 5 and with the non-interleaved tp4 pp2 plan,
     # 0.8% slower, from --top 6. Now the pool holds TIE_POOL distinct layouts whatever --top is, so the rows at
     # any --top are the first rows of the one ranking, with the same ties.
-    runs = {t: cli(*LLAMA70, "--top", str(t)) for t in (1, 2, TIE_POOL, TIE_POOL + 3)}
+    runs = {t: cli_once(*LLAMA70, "--top", str(t)) for t in (1, 2, TIE_POOL, TIE_POOL + 3)}  # --top 8: shared below
     assert all(r.code == 0 for r in runs.values()), [r.err for r in runs.values()]
     docs = {t: r.json() for t, r in runs.items()}
     full = docs[TIE_POOL + 3]
@@ -141,8 +141,8 @@ def test_the_leading_plans_do_not_depend_on_top(cli):
         assert doc["ties"]["decided"] == [d for d in full["ties"]["decided"] if d["lower"] <= t], t
 
 
-def test_each_row_is_a_distinct_layout_with_its_variants_counted(cli):
-    doc = cli(*LLAMA70, "--top", "8").json()
+def test_each_row_is_a_distinct_layout_with_its_variants_counted(cli_once):
+    doc = cli_once(*LLAMA70, "--top", "8").json()
     layouts = [_layout(p["plan"]) for p in doc["plans"]]
     assert len(set(layouts)) == len(layouts)  # no layout fills two rows
     res = 1 + doc["ties"]["resolution_percent"] / 100

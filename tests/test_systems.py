@@ -28,8 +28,8 @@ def test_run_budget_by_hand() -> None:
     assert none.effective_seconds == math.inf and none.cost_usd is None and none.energy_kwh is None
 
 
-def test_three_systems_rank_their_best_plans(cli) -> None:
-    r = cli(*SMALL, "--json")
+def test_three_systems_rank_their_best_plans(cli_once) -> None:
+    r = cli_once(*SMALL, "--json")  # one search shared with the two tests below that read the same document
     assert r.code == 0, r.err
     doc = r.json()
     assert doc["hardware"] == THREE.split(",")  # as given; "systems" is ranked
@@ -53,13 +53,13 @@ def test_three_systems_rank_their_best_plans(cli) -> None:
                 assert (j in a["tied_with"]) == inside
 
 
-def test_each_systems_row_is_that_systems_own_search(cli) -> None:
+def test_each_systems_row_is_that_systems_own_search(cli, cli_once) -> None:
     """One system searched alone gives exactly today's document; the comparison holds the same search."""
     alone = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-b200", "--nodes", "2", "--top", "2", "--json")
     assert alone.code == 0
     single = alone.json()
     assert "systems" not in single and single["hardware"] == "dgx-b200"
-    both = cli(*SMALL, "--json").json()
+    both = cli_once(*SMALL, "--json").json()
     row = next(s for s in both["systems"] if s["system"] == "dgx-b200")["search"]
     single.pop("search_s"), row.pop("search_s")
     assert row == single
@@ -81,9 +81,9 @@ def test_cost_ranks_by_price_and_throughput_does_not(cli) -> None:
     assert costs == sorted(costs)
 
 
-def test_energy_is_board_tdp_times_wall_clock(cli) -> None:
+def test_energy_is_board_tdp_times_wall_clock(cli_once) -> None:
     # NVIDIA H100 datasheet: up to 700 W (SXM); B200: 1,000 W. The energy is an upper bound at that power.
-    doc = cli(*SMALL, "--json").json()
+    doc = cli_once(*SMALL, "--json").json()
     tdp = {"dgx-h100": 700, "dgx-b200": 1000}
     for s in doc["systems"]:
         if s["system"] in tdp:
