@@ -115,10 +115,11 @@ def command_lines(draw, folder: Path):
     return kind, args
 
 
-CALL_LIMIT_S = 20
+CALL_LIMIT_S = 45
 """A call this long is a hang, not a slow answer: the slowest legitimate command drawn, `estimate` of a default
-plan that does not fit (its advice prices ~380 combinations), takes ~4 s alone on one core and went past 10 s
-beside the suite's other xdist worker (stop 60's CI run)."""
+plan that does not fit (its advice prices ~380 combinations), takes ~4 s alone on one core, went past 10 s
+beside the suite's other xdist worker (stop 60's CI run) and past 20 s on a machine shared with other jobs
+(stop 61: BLOOM-176B's retyped config.json, whose default plan does not fit one node)."""
 
 
 def _alarm(signum, frame):
