@@ -27,8 +27,8 @@ from llmplan.export import FLEX_DISPATCH_TARGETS
 from llmplan.fileio import check_target, excerpt
 from llmplan.planfile import plan_document, serve_plan_document, save_refs
 from llmplan.search.grid import RECOMPUTE, Workload, default_space, enumerate_plans
-from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, first_setting,
-                                win_floor, nodes_using, runs_on, any_passes,
+from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, complete_sides,
+                                first_setting, win_floor, nodes_using, runs_on, any_passes,
                                 power_of_two_domain, straddling_space, switch_variants,
                                 cp_comm_variants, dispatcher_variants, ep_overlap_variants)
 from llmplan.search.filtered import Walk
@@ -286,7 +286,8 @@ class SettingSearch:
     def run(self, cc: ClusterSpec, wv: Workload, full: int | None = None,
             beat: float | None = None) -> SearchResult | None:
         """One search of workload `wv` on `cc` (`full`: only the plans that straddle a domain of that many GPUs;
-        `beat`: search.run.search's); with a target, its plans kept for it (None: an empty straddling space)."""
+        `beat`: search.run.search's); with a target, its plans kept for it (None: an empty straddling space).
+        Without a target its side outputs are left pending, priced for the result shown (shown)."""
         pins, goal = self.pins, self.goal
         whole = default_space(self.m, cc, wv, self.pinned, pins.max_tp, pins.max_pp, pins.max_cp)
         space = straddling_space(whole, full) if full else whole
@@ -296,7 +297,7 @@ class SettingSearch:
                          progress=self.say, min_headroom=min_headroom_bytes(goal.min_headroom, cc.system.gpu.hbm_bytes),
                          checkpoint=self.checkpoint, vpp_pin=pins.vpp, named=self.named,
                          keep_plans=self.target is not None, screens=self.screens,
-                         beat=beat if self.target is None else None)
+                         beat=beat if self.target is None else None, sides=self.target is not None)
         if self.target is None:
             return res
         kept = keep_training(res, self.target, self.doc_of, goal.top)
@@ -427,6 +428,7 @@ class SettingSearch:
         if self.target is not None:  # none kept a plan: what refused them, over every setting tried
             refuse_every_setting(self.target, [(t[0], t[1]) for t in self.tried])
         v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]
+        res = complete_sides(res)  # priced for the result shown only (run: sides=False without a target)
         if self.target is not None:  # the side outputs of the result shown only
             res = training_sides(res, self.target, self.doc_of)
             res = dataclasses.replace(res, walks=tuple(self.walks))

@@ -13,6 +13,7 @@ Derived: docs/formulas.md#pipeline.layout
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,13 +158,25 @@ def layout_pass(res: Any, pins: LayoutPins, m: ModelSpec, cluster: ClusterSpec, 
         fitted.extend(fit)
     if pins.stand_ins and not fit and not any(e.plan.pp not in pins.stand_ins for e in res.ranked):
         raise LlmplanError(_none_message(pins, plans, ranking, len(tried)))
-    stand_in = lambda e: e.plan.pp in pins.stand_ins and e.plan.pp_layout is None  # noqa: E731
     groups = [Group(e, n, v) for e, n, v in zip(res.ranked, res.equivalents, res.variants, strict=True)
-              if not stand_in(e)]
+              if not _stand_in(e, pins.stand_ins)]
     groups = merge(groups, fit, lambda e: score(e, res.objective), res.resolution)
+    merged = functools.partial(merged_front, stand_ins=pins.stand_ins, fit=fit)
+    front = {"pareto": merged(res.pareto)} if res.pending is None else \
+        {"pending": dataclasses.replace(res.pending, merge=merged)}  # priced later: search.run.complete_sides
     return dataclasses.replace(res, ranked=[g.estimate for g in groups], equivalents=[g.equivalents for g in groups],
-                               variants=[g.variants for g in groups],
-                               pareto=_front([e for e in res.pareto if not stand_in(e)] + fit))
+                               variants=[g.variants for g in groups], **front)
+
+
+def _stand_in(e: TrainingEstimate, stand_ins: frozenset[int]) -> bool:
+    """A vpp-1 stand-in of a pinned --vpp (stand_in_space), which the layout pass takes out."""
+    return e.plan.pp in stand_ins and e.plan.pp_layout is None
+
+
+def merged_front(pareto: list[TrainingEstimate], stand_ins: frozenset[int],
+                 fit: list[TrainingEstimate]) -> list[TrainingEstimate]:
+    """The Pareto front of the vectorised front's rows (less the stand-ins) and the layout plans that fit."""
+    return _front([e for e in pareto if not _stand_in(e, stand_ins)] + fit)
 
 
 def _none_message(pins: LayoutPins, plans: Any, ranking: np.ndarray, tried: int) -> str:

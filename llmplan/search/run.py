@@ -78,7 +78,7 @@ class SearchResult:
     both: what #1 gives up where it runs ep 1 (report.search shows it only then)."""
     wide_ep: TrainingEstimate | None = None
     """The best plan that fits with a smaller TP and a wider EP than #1, where #1 runs TP beside an EP group
-    that stays inside one NVLink domain (wide_ep_side): the published MoE runs' kind, and what it costs here."""
+    that stays inside one NVLink domain (wide_ep_index): the published MoE runs' kind, and what it costs here."""
     cloud: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     """(tokens/s, headroom bytes) of up to CLOUD_POINTS plans that fit, spread evenly over the enumeration
     (for the report's scatter)."""
@@ -118,9 +118,56 @@ class SearchResult:
     """The best objective score of any plan that fits, before the tie rules (0 where none fits)."""
     outrun: bool = False
     """search(beat=...): no plan scored above `beat`, and the search stopped before ranking (ranked empty)."""
+    pending: "SidePlans | None" = None
+    """search(sides=False): the side outputs (pareto, conventional, without_cp, with_ep, wide_ep) not yet priced;
+    complete_sides prices them. None once priced, or where the search priced them itself."""
 
 
 CLOUD_POINTS = 2000
+
+
+@dataclass(frozen=True)
+class SidePlans:
+    """The side outputs of one search left unpriced (search(sides=False)): which plans they are, so that a
+    command that runs many searches and shows one (cli.search.train_search) prices them for that one only. Holds
+    the chosen plans, not the search's plan arrays. complete_sides gives what search(sides=True) gives."""
+
+    price: Callable[[int], TrainingEstimate]
+    """The scalar estimate of a plan by its index in the search's plans that fit (kept rows only)."""
+    front: tuple[int, ...]
+    """The vectorised Pareto front (pareto_front)."""
+    without_cp: int | None
+    with_ep: int | None
+    wide_ep: int | None
+    conventional: Callable[[], TrainingEstimate | None]
+    merge: Callable[[list[TrainingEstimate]], list[TrainingEstimate]] | None = None
+    """The layout pass's merge of its plans that fit into the front, where it ran (layouts.layout_pass)."""
+
+
+def pricer(rows: dict[int, Any], estimates: dict[int, TrainingEstimate], m: ModelSpec, cluster: ClusterSpec,
+           allowance: MemoryAllowance | None, order: tuple[str, ...],
+           checkpoint: CheckpointPolicy | None) -> Callable[[int], TrainingEstimate]:
+    """search's scalar estimate of a plan by index, over the `rows` (index: ParallelPlan) kept for it and the
+    `estimates` already priced (shared with the ranked rows)."""
+    def price(i: int) -> TrainingEstimate:
+        if i not in estimates:
+            estimates[i] = estimate_training(m, cluster, rows[i], allowance, order, checkpoint)
+        return estimates[i]
+    return price
+
+
+def complete_sides(res: SearchResult) -> SearchResult:
+    """`res` with its pending side outputs priced (SearchResult.pending), as search(sides=True) prices them."""
+    s = res.pending
+    if s is None:
+        return res
+    t0 = time.perf_counter()
+    pareto = [s.price(i) for i in s.front]
+    at = lambda i: None if i is None else s.price(i)  # noqa: E731
+    return dataclasses.replace(res, pareto=s.merge(pareto) if s.merge is not None else pareto,
+                               conventional=s.conventional(), without_cp=at(s.without_cp),
+                               with_ep=at(s.with_ep), wide_ep=at(s.wide_ep), pending=None,
+                               seconds=res.seconds + time.perf_counter() - t0)
 
 
 @dataclass(frozen=True)
@@ -392,7 +439,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
            progress: Callable[[str], None] | None = None, min_headroom: float | None = None,
            checkpoint: CheckpointPolicy | None = None, vpp_pin: int | None = None,
            named: Collection[str] | None = None, keep_plans: bool = False,
-           screens: dict[Any, Any] | None = None, beat: float | None = None) -> SearchResult:
+           screens: dict[Any, Any] | None = None, beat: float | None = None, sides: bool = True) -> SearchResult:
     """Rank every plan of `space` for training `m` on `cluster`; a plan fits when it leaves at least
     `min_headroom` bytes free per GPU (None: the default share of the GPU's memory, as `check` uses). The best
     pipelined shapes also get the balanced layout at the interleave degrees the even split cannot take
@@ -405,7 +452,9 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     and every search of one space, its enumerated axes (grid.enumerate_plans' reuse).
     `beat`: where no plan that fits scores above it, stop before ranking and return the result with `outrun` set
     and nothing ranked (a setting tried beside earlier ones: `beat` is the fastest plan so far less the model's
-    resolution, win_floor, below which no plan of this setting can tie with it; cli.search.train_search)."""
+    resolution, win_floor, below which no plan of this setting can tie with it; cli.search.train_search).
+    `sides` False: the side outputs (Pareto rows, conventional plan, best without CP / with EP, wide-EP row) are
+    left unpriced in `pending` (complete_sides prices them: a command that shows one of many searches)."""
     from llmplan.search import layouts
 
     if not MTP_RULE.ok(m, w.base, cluster):  # a workload switch: no pin or axis mends it
@@ -502,13 +551,21 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     counted = [variants_of(i, codes, score, memory, layout, plans, resolution) for i in picked]
     sample = np.unique(np.linspace(0, len(plans) - 1, min(CLOUD_POINTS, len(plans))).round().astype(int))
     cloud = np.stack([np.asarray(ev.throughput.tokens_per_s, dtype=float)[sample], headroom[sample]], axis=1)
+    cp_i = best_index(plans.cp == 1, plans.cp > 1, score)
+    ep_i = best_index(plans.ep > 1, plans.ep == 1, score) if m.is_moe else None
+    conventional = lambda: conventional_plan(m, cluster, w, allowance, order, min_headroom, checkpoint)  # noqa: E731
+    ranked = [est(i) for i in picked]
+    rows: dict[int, Any] = {}  # sides=False: the plans the pending side outputs price (pending_rows)
     res = SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
-                       ranked=[est(i) for i in picked], pareto=[est(i) for i in front],
+                       ranked=ranked, pareto=[est(i) for i in front] if sides else [],
                        seconds=time.perf_counter() - t0, objective=objective, equivalents=[n for n, _ in counted],
-                       conventional=conventional_plan(m, cluster, w, allowance, order, min_headroom, checkpoint),
-                       without_cp=best_without(plans.cp == 1, plans.cp > 1, score, est),
-                       with_ep=best_without(plans.ep > 1, plans.ep == 1, score, est) if m.is_moe else None,
-                       cloud=cloud, resolution=resolution, variants=[v for _, v in counted], top_score=top_score)
+                       conventional=conventional() if sides else None,
+                       without_cp=est(cp_i) if sides and cp_i is not None else None,
+                       with_ep=est(ep_i) if sides and ep_i is not None else None,
+                       cloud=cloud, resolution=resolution, variants=[v for _, v in counted], top_score=top_score,
+                       pending=None if sides else SidePlans(
+                           pricer(rows, estimates, m, cluster, allowance, order, checkpoint),
+                           tuple(int(i) for i in front), cp_i, ep_i, None, conventional))
     fitted: list[TrainingEstimate] = []
     res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, pool,
                               fitted)
@@ -517,9 +574,21 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                                        np.isin(plans.pp, list(pins.stand_ins)) if pins.stand_ins else None,
                                        np.asarray(ev.throughput.tokens_per_s, dtype=float), fitted)
     res = layouts.rank(res, pool)
-    if res.ranked:
-        res = dataclasses.replace(res, wide_ep=wide_ep_side(res.ranked[0], plans, score, est, cluster, order))
+    wide_i = wide_ep_index(res.ranked[0], plans, score, cluster, order) if res.ranked else None
+    res = dataclasses.replace(res, wide_ep=est(wide_i) if sides and wide_i is not None else None,
+                              pending=pending_rows(res.pending, rows, plans, wide_i))
     return dataclasses.replace(shown(res, top), seconds=time.perf_counter() - t0)
+
+
+def pending_rows(pending: SidePlans | None, rows: dict[int, Any], plans: PlanArrays,
+                 wide_i: int | None) -> SidePlans | None:
+    """The pending side outputs with the wide-EP row set, and the plans they price copied out of the plan arrays
+    into `rows` (their pricer's), so that the result holds those few plans, not the arrays."""
+    if pending is None:
+        return None
+    p = dataclasses.replace(pending, wide_ep=wide_i)
+    rows.update({i: plans.plan(i) for i in (*p.front, p.without_cp, p.with_ep, p.wide_ep) if i is not None})
+    return p
 
 
 DISPATCH_FIELDS = ("moe_dispatcher", "moe_flex_backend")
@@ -538,29 +607,29 @@ def screen_key(w: Workload, cluster: ClusterSpec, space: Space, allowance: Memor
     return fields, repr(cluster), repr(space), repr(allowance), float(min_headroom), len(plans), hash(cols)
 
 
-def wide_ep_side(first: TrainingEstimate, plans: PlanArrays, score: np.ndarray, est: Any, cluster: ClusterSpec,
-                 order: tuple[str, ...]) -> TrainingEstimate | None:
-    """The scalar estimate of the best-scoring plan with a smaller tp and a larger ep than `first`, where `first`
-    runs tp > 1 beside an EP group that stays inside one NVLink domain: the layout the published MoE runs avoid
-    (DeepSeek-V3 report, arXiv:2412.19437, sec. 3.2: no TP, EP 64 over 8 nodes; Megatron-Bridge's DeepSeek-V3
-    recipes: TP 1-2, EP 32-64), set beside it so the report can say what the wider EP costs. None otherwise."""
+def wide_ep_index(first: TrainingEstimate, plans: PlanArrays, score: np.ndarray, cluster: ClusterSpec,
+                  order: tuple[str, ...]) -> int | None:
+    """The index of the best-scoring plan with a smaller tp and a larger ep than `first` (the wide-EP side row,
+    SearchResult.wide_ep), where `first` runs tp > 1 beside an EP group that stays inside one NVLink domain: the
+    layout the published MoE runs avoid (DeepSeek-V3 report, arXiv:2412.19437, sec. 3.2: no TP, EP 64 over 8
+    nodes; Megatron-Bridge's DeepSeek-V3 recipes: TP 1-2, EP 32-64), set beside it so the report can say what the
+    wider EP costs. None otherwise."""
     p = first.plan
     if p.ep == 1 or p.tp == 1 or place(p.degrees, cluster, order)["ep"].uses_nic:
         return None
     idx = np.flatnonzero((np.asarray(plans.tp) < p.tp) & (np.asarray(plans.ep) > p.ep))
     if not len(idx):
         return None
-    return est(idx[int(np.argmax(np.asarray(score, dtype=float)[idx]))])
+    return int(idx[int(np.argmax(np.asarray(score, dtype=float)[idx]))])
 
 
-def best_without(keep: np.ndarray, other: np.ndarray, score: np.ndarray,
-                 est: Any) -> TrainingEstimate | None:
-    """The scalar estimate of the best-scoring plan among `keep` (e.g. cp 1), when the plans that fit hold both
-    `keep` and `other` ones (e.g. cp > 1); else None."""
+def best_index(keep: np.ndarray, other: np.ndarray, score: np.ndarray) -> int | None:
+    """The index of the best-scoring plan among `keep` (e.g. cp 1), when the plans that fit hold both `keep` and
+    `other` ones (e.g. cp > 1); else None (SearchResult.without_cp, with_ep)."""
     idx = np.flatnonzero(np.asarray(keep, dtype=bool))
     if not len(idx) or not np.any(other):
         return None
-    return est(idx[int(np.argmax(np.asarray(score, dtype=float)[idx]))])
+    return int(idx[int(np.argmax(np.asarray(score, dtype=float)[idx]))])
 
 
 def rule_cuts(m: ModelSpec, plans: PlanArrays, cluster: ClusterSpec) -> Iterator[tuple[Rule, np.ndarray]]:
