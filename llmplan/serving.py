@@ -127,7 +127,9 @@ def job_for_plan(m: ModelSpec, job: ServeJob, plan: ServePlan, system: SystemSpe
     if job.engine == "sglang" and job.max_num_batched_tokens_default:  # SGLang's default chunk for this GPU
         update["max_num_batched_tokens"] = batched_tokens_for_plan(job, plan, system.gpu.hbm_gib * GIB)
     if job.engine == "sglang" and job.memory_fraction_default:  # SGLang's default fraction for this server
-        update["gpu_memory_utilization"] = sglang_mem_fraction_static(sglang_server_of(m, plan, job, system.gpu))
+        # read with the list derived for it: an empty default list turns decode graphs off (their reserve too)
+        listed = job.model_copy(update={"cuda_graph_batch_sizes": update["cuda_graph_batch_sizes"]})
+        update["gpu_memory_utilization"] = sglang_mem_fraction_static(sglang_server_of(m, plan, listed, system.gpu))
     return job.model_copy(update=update)
 
 

@@ -27,7 +27,7 @@ from llmplan.specs.check import check_plan
 from llmplan.specs.check_switches import named_switch_violations
 from llmplan.specs.defaults import default_seq_len
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions,
+from llmplan.specs.options import (SERVE_PLAN_OPTIONS, CheckpointOptions, ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions,
                                    PipelineSplitOptions, PlanOptions, ServingOptions, SwitchOptions)
 from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan, trained_model
 from llmplan.specs.registry import build, resolve_model
@@ -95,7 +95,7 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
     cluster = cluster_of(c)
     plan = build(ServePlan, {"tp": p.tp, "pp": p.pp, "dp": p.dp or max(1, cluster.num_gpus // (p.tp * p.pp)),
                              "ep": p.ep, "weight_dtype": dtype, "kv_dtype": s.kv_dtype, **moe},
-                 "serving plan options", OPTION_FLAGS)
+                 SERVE_PLAN_OPTIONS, OPTION_FLAGS)
     # A prefill pool holds only the prompts of the batch it is prefilling (their KV then leaves for decode):
     # by default, as many as one batch of --max-num-batched-tokens tokens takes.
     tokens = s.max_num_batched_tokens or default_batched_tokens(s.engine, plan, cluster.system.gpu.hbm_gib * GIB)

@@ -16,7 +16,8 @@ from llmplan.cost.serve_step import GraphHost, default_graph_sizes
 from llmplan.fileio import excerpt, read_text
 from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
-from llmplan.specs.options import CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions, SwitchOptions
+from llmplan.specs.options import (SERVE_PLAN_FLAGS, CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions,
+                                   SwitchOptions)
 from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
                                 MOE_FLEX_BACKENDS,
                                 MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZERS, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
@@ -223,7 +224,7 @@ OPTION_FLAGS = {"num_nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "fix
                 "block_size": "--block-size", "max_num_batched_tokens": "--max-num-batched-tokens",
                 "engine": "--engine", "request_rate": "--request-rate", "weight_dtype": "--dtype",
                 "kv_dtype": "--kv-dtype", "phase": "--phase", "zero": "--zero", "recompute": "--recompute",
-                "dtype": "--dtype"}
+                "dtype": "--dtype", **SERVE_PLAN_FLAGS}
 """The flag that sets each spec field the options build, where one flag alone sets it: a bad value is one
 line naming the flag and the value to give (registry.validation_message), not the field."""
 

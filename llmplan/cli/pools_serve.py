@@ -36,10 +36,12 @@ from llmplan.specs.serve import ServePlan
 
 def search_pools_serving(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: str, s: ServingOptions,
                          max_batch: int, request_rate: float | None, memory: MemoryOptions, output: OutputOptions,
-                         disaggregated: bool) -> None:
+                         disaggregated: bool, moe: dict[str, object] | None = None) -> None:
     """Serving over a cluster file of several pools: each pool's replicas (or each phase's instances) on its own
-    GPU, sized to the SLOs and --request-rate."""
+    GPU, sized to the SLOs and --request-rate. `moe`: the MoE serving options given (cli.search.given_moe),
+    which the search over pools does not apply: refused (refuse_pool_moe_options)."""
     refuse_single_system_flags(c, goal)
+    refuse_pool_moe_options(c, moe or {})
     if output.save is not None:
         raise LlmplanError(f"--save with {c.hardware}'s pools in --mode infer: a serving plan file holds one "
                            "system; save each pool's plan with `estimate --mode infer --hardware SYSTEM ... --save`")
@@ -69,3 +71,13 @@ def search_pools_serving(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, 
                 if co.capacity_requests_per_s > 0 and job.request_rate is not None else "")
         stderr_line("error", f"no serving plan for {m.name} on the pools of {pc.name} fits and meets the SLOs{more}")
         raise typer.Exit(EXIT_NO_FIT)
+
+
+def refuse_pool_moe_options(c: ClusterOptions, moe: dict[str, object]) -> None:
+    """The search over pools prices each pool's layouts with the default MoE deployment (search.hetero_serve
+    passes no MoE options): a MoE serving option given there is refused, one line, rather than ignored."""
+    if moe:
+        flags = ", ".join("--" + k.replace("_", "-") for k in moe)
+        raise LlmplanError(f"{flags} with {c.hardware}'s pools: the serving search over several pools does not "
+                           f"apply the MoE serving options; drop {flags}, or search one pool's system "
+                           "(--hardware SYSTEM --nodes N) with them")

@@ -96,7 +96,8 @@ def search(
         one = single_pool_options(cluster, goal)
         if one is None:
             return search_pools_serving(cluster, pins, goal, training.dtype, serving, max_batch, request_rate,
-                                        memory, output, disaggregated)
+                                        memory, output, disaggregated,
+                                        given_moe(ctx, moe_serving, training.moe_dispatcher))
         cluster = one
     if mode == "infer" and disaggregated:
         search_disagg(cluster, goal, training.dtype, serving, max_batch, request_rate, memory, output,

@@ -248,18 +248,20 @@ def sglang_server_of(m: ModelSpec, plan: ServePlan, job: ServeJob, gpu: Any) -> 
     on CUDA (cuda_graph_config.py, default_prefill_backend) but off with pipeline parallelism, two-batch
     overlap or DeepSeek-V4 (cuda_graph_hook.py, apply_cuda_graph_compatibility). Derived:
     docs/formulas.md#infer.capacity"""
-    from llmplan.cost.serve_step import sglang_graph_max_bs  # builds on this module
+    from llmplan.cost.serve_step import sglang_decode_max_bs, sglang_default_list_empty  # builds on this module
     dp = plan.dp if plan.dp_attention else 1
     tp, chunk = plan.tp * dp, sglang_chunk_total(job, plan, gpu.hbm_gib * GIB)
     user = job.cuda_graph_batch_sizes if not job.cuda_graph_sizes_default else None
     # A default max_bs above --max-running-requests (the export writes the batch x dp) is cut to it; SGLang
     # resolves it with decode graphs off too (its DP-attention reserve reads it).
-    decode = max(user) if user and job.cuda_graphs else min(sglang_graph_max_bs(gpu.hbm_bytes, tp), job.batch * dp)
+    decode = max(user) if user and job.cuda_graphs else sglang_decode_max_bs(gpu.hbm_bytes, tp, job.batch * dp)
     prefill = job.cuda_graphs and gpu.vendor == "nvidia" and plan.pp == 1 and not plan.two_batch_overlap \
         and not m.compressed_layers
     return SglangServer(
         gpu_mem_bytes=gpu.hbm_gib * GIB, tp_size=tp, pp_size=plan.pp, chunked_prefill_size=chunk,
-        decode_graph_max_bs=decode, decode_graphs=job.cuda_graphs, max_running_requests=job.batch * dp,
+        # an empty default list: the export writes --disable-decode-cuda-graph (sglang_default_list_empty)
+        decode_graph_max_bs=decode, decode_graphs=job.cuda_graphs and not sglang_default_list_empty(job),
+        max_running_requests=job.batch * dp,
         prefill_graph_max_tokens=chunk if prefill else None, mla=m.mla is not None,
         attn_dp_size=plan.dp if plan.dp_attention else 0, deepep=plan.moe_dispatcher == "deepep",
         phase=plan.phase, draft_tokens=job.speculative.num_speculative_tokens + 1 if job.speculative else 1)

@@ -160,16 +160,32 @@ def graph_ceiling(job: ServeJob, plan: ServePlan, host: GraphHost | None = None)
     describes: the largest captured size (the user's, or for the engine's default list,
     ServeJob.cuda_graph_sizes_default, the default's own ceiling, which a server configured for the batch
     reaches: vLLM min(its platform or model ceiling, max_num_batched_tokens), SGLang's max_bs at its
-    server's --tp-size as its runner keeps it (SglangRanks; a user's list too, captured_graph_sizes),
+    server's --tp-size as its runner keeps it (SglangRanks; a user's list too, captured_graph_sizes) unless
+    its server for the job's batch leaves that batch eager (sglang_batch_left_eager: then that list's top),
     TensorRT-LLM its list up to max_num_tokens), over decode_query_len (vLLM counts tokens: a speculative
     verification of b requests is b x (1 + k) of them, against the sizes fitted to it, effective_graph_sizes);
-    None without graphs. Derived: docs/formulas.md#infer.graph_padding"""
+    None without graphs; 0 for SGLang's empty default list (sglang_default_list_empty: every step eager). Derived: docs/formulas.md#infer.graph_padding"""
+    if sglang_default_list_empty(job):
+        return 0  # decode graphs off in the export: every decode step runs eager (uncaptured_launch_seconds)
     sizes = captured_graph_sizes(job, plan)
-    if sizes and job.cuda_graph_sizes_default:
+    if sizes and job.cuda_graph_sizes_default and not sglang_batch_left_eager(job, plan, sizes):
         sizes = default_graph_sizes(job.engine, 1 << 24, job.max_num_batched_tokens, plan.tp, host,
                                     draft_tokens_of(job), SglangRanks.of(plan) if job.engine == "sglang" else None)
     sizes = effective_graph_sizes(job, sizes) if sizes else None
     return max(sizes) // decode_query_len(job) if sizes else None
+
+
+def sglang_batch_left_eager(job: ServeJob, plan: ServePlan, sizes: tuple[int, ...]) -> bool:
+    """Whether an SGLang server configured for the job's batch (its default list, `sizes` as derived for it,
+    serving.job_for_plan) leaves the batch's decode step (decode_group) above every size it captured. That
+    happens only where its default max_bs is cut to --max-running-requests (sglang_decode_max_bs) and the batch
+    is off the runner's alignment: the list ends at the batch, which the runner drops, and the pool, rounded up
+    to the alignment, is not added since the list does not reach above it. The step runs eager there, and
+    graph_ceiling takes the captured list's top, not the default's own. Source: sgl-project/sglang v0.5.23 (PyPI
+    wheel), python/sglang/srt/model_executor/runner/base_cuda_graph_runner.py, get_batch_sizes_to_capture
+    (`if max(capture_bs) > num_max_requests: capture_bs += [num_max_requests]`).
+    Derived: docs/formulas.md#infer.graph_padding"""
+    return job.engine == "sglang" and float(decode_group(job.batch, plan.pp)) > max(sizes)
 
 
 def draft_tokens_of(job: ServeJob) -> int | None:
@@ -384,6 +400,19 @@ def sglang_graph_max_bs(hbm_bytes: float | None, tp: int) -> int:
     return 512
 
 
+def sglang_decode_max_bs(hbm_bytes: float | None, tp_size: int, max_running_requests: int | None = None) -> int:
+    """The decode max_bs SGLang resolves when the user gives no list: its default for the GPU's memory and
+    --tp-size (sglang_graph_max_bs), cut to --max-running-requests where that is lower (the export writes the
+    batch x the attention ranks). The one rule for the default list (default_graph_sizes), its ceiling
+    (graph_ceiling) and the CUDA-graph memory reserve (cost.serve_memory.sglang_server_of). Source:
+    sgl-project/sglang v0.5.23 (PyPI wheel), python/sglang/srt/arg_groups/memory_hook.py,
+    handle_gpu_memory_settings (`decode_max_bs_is_default and cfg.max_running_requests is not None and
+    max_bs > cfg.max_running_requests`: max_bs = max_running_requests, before generate_decode_cuda_graph_
+    batch_sizes lists the sizes up to it)."""
+    max_bs = sglang_graph_max_bs(hbm_bytes, tp_size)
+    return max_bs if max_running_requests is None else min(max_bs, max_running_requests)
+
+
 SGLANG_SPEC_GRAPH_BS = (*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8))
 """SGLang's decode capture sizes under speculative decoding up to 256 (every 16 from 272 to max_bs above it):
 less padding at small batches. Source: sgl-project/sglang v0.5.23 (PyPI wheel), python/sglang/srt/arg_groups/
@@ -480,7 +509,8 @@ def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 
     (vllm_graph_sizes). SGLang: its default list for the GPU's memory and --tp-size (sglang_graph_max_bs at
     `ranks`' tp_size: the instance's GPUs under DP attention; without `ranks` a plain server of `tp`), as
     its runner keeps it for a pool of max_bs requests per attention rank (sglang_graph_sizes: its speculative
-    list with draft_tokens). Derived: docs/formulas.md#infer.graph_padding"""
+    list with draft_tokens), the default max_bs cut to the server's --max-running-requests, max_bs x the
+    attention ranks (sglang_decode_max_bs). Derived: docs/formulas.md#infer.graph_padding"""
     host = host or GraphHost()
     if engine == "trtllm":
         return trtllm_graph_sizes(TRTLLM_GRAPH_BATCH_SIZES, max_bs, max_tokens)
@@ -490,8 +520,9 @@ def default_graph_sizes(engine: Engine, max_bs: int, max_tokens: int, tp: int = 
     if engine == "sglang":
         ranks = ranks or SglangRanks(tp_size=tp)
         # None where the runner keeps no size (SGLang would refuse to start; e.g. tp 7 under DeepEP on a small GPU)
-        return sglang_graph_sizes(sglang_graph_max_bs(host.hbm_bytes, ranks.tp_size), max_bs, ranks,
-                                  draft_tokens) or None
+        # max_bs cut to --max-running-requests (max_bs x the attention ranks): sglang_decode_max_bs
+        return sglang_graph_sizes(sglang_decode_max_bs(host.hbm_bytes, ranks.tp_size, max_bs * ranks.attn_dp),
+                                  max_bs, ranks, draft_tokens) or None
     return None
 
 

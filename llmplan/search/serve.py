@@ -13,6 +13,7 @@ from llmplan.search.run import Pruned
 from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans
 from llmplan.specs.check import check_serve_plan, divisors, serve_moe_violations, speculative_violations, valid_tp
 from llmplan.specs.model import ModelSpec
+from llmplan.specs.options import SERVE_PLAN_FLAGS, SERVE_PLAN_OPTIONS
 from llmplan.specs.registry import build
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
 from llmplan.specs.serve import KvDtype, ServeJob, ServePlan, WeightDtype
@@ -141,8 +142,7 @@ def check_search_moe(m: ModelSpec, weight_dtype: str, kv_dtype: str, moe: dict) 
         flags = ", ".join("--" + k.replace("_", "-") for k, v in given.items() if v not in unset)
         raise LlmplanError(f"{flags}: MoE serving options, but {m.name} is dense; drop them")
     build(ServePlan, {"weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
-                      **{k: v for k, v in given.items() if k != "dp_attention"}}, "MoE serving options",
-          {"weight_dtype": "--dtype", "kv_dtype": "--kv-dtype"})
+                      **{k: v for k, v in given.items() if k != "dp_attention"}}, SERVE_PLAN_OPTIONS, SERVE_PLAN_FLAGS)
     return given
 
 

@@ -347,6 +347,16 @@ class ServingOptions(BaseModel):
     """ServeJob.output_len_dist, as written on the command line."""
 
 
+SERVE_PLAN_OPTIONS = "serving plan options"
+"""The origin a bad serving plan value is reported under (registry.build), by `estimate --mode infer` and the
+serving searches alike."""
+SERVE_PLAN_FLAGS = {"weight_dtype": "--dtype", "kv_dtype": "--kv-dtype", "phase": "--phase",
+                    "moe_dispatcher": "--moe-dispatcher", "redundant_experts": "--redundant-experts",
+                    "ep_imbalance": "--ep-imbalance", "expert_dtype": "--expert-dtype"}
+"""The flag that sets each ServePlan field a serving command builds from its options (a bad value names the
+flag, registry.validation_message)."""
+
+
 class MoeServingOptions(BaseModel):
     """One phase on its own and the MoE deployment of serving (estimate --mode infer): become ServePlan fields."""
 
