@@ -56,3 +56,29 @@ def test_alltoall_on_a_dense_model_is_accepted_by_both(cli):
     est = cli("estimate", "--mode", "infer", *DENSE, "--tp", "8", "--batch", "8", "--moe-dispatcher", "alltoall")
     co = cli("search", "--mode", "infer", *DENSE, "--moe-dispatcher", "alltoall")
     assert (est.code, co.code) == (0, 0), est.err + co.err
+
+
+def test_the_dense_refusal_names_no_ep_to_raise(cli):
+    """A dense model has no experts: the refusal says drop them, not raise --ep (stop 61 review)."""
+    r = cli("search", "--mode", "infer", *DENSE, "--moe-dispatcher", "deepep")
+    line = one_line(r.err)
+    assert r.code == 2 and "llama-3.1-8b is dense" in line and "raise --ep" not in line, line
+
+
+def test_ep_pinned_to_one_is_refused_as_estimate_refuses_it(cli):
+    """--ep 1 pinned leaves every layout without EP, as on a dense model: the search refuses deepep with
+    estimate's line (before, it priced every plan alltoall and exited 0)."""
+    est = cli("estimate", "--mode", "infer", *MOE, "--tp", "8", "--ep", "1", "--batch", "8", "--moe-dispatcher", "deepep")
+    co = cli("search", "--mode", "infer", *MOE, "--ep", "1", "--moe-dispatcher", "deepep")
+    assert (est.code, co.code) == (2, 2), est.err + co.err
+    assert one_line(est.err) == one_line(co.err) and RULE in one_line(co.err) and "raise --ep" in one_line(co.err)
+
+
+def test_a_training_only_dispatcher_is_one_line_not_an_internal_error(cli):
+    """allgather and flex are training dispatchers; a serving search on a dense model once met pydantic with
+    them (internal error, exit 1): now the value is checked first, in the serving plan options' wording."""
+    for extra in ((), ("--disaggregated",)):
+        for value in ("allgather", "flex"):
+            r = cli("search", "--mode", "infer", *extra, *DENSE, "--moe-dispatcher", value)
+            line = one_line(r.err)
+            assert r.code == 2 and "internal error" not in line and f"--moe-dispatcher {value}" in line, line

@@ -137,7 +137,7 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     job = make_job(s, max_batch, request_rate, host=GraphHost.of(cluster.system, m))
-    moe = check_search_moe(m, dtype, s.kv_dtype, moe or {})
+    moe = check_search_moe(m, dtype, s.kv_dtype, moe or {}, pins.ep)
     dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options", OPTION_FLAGS)
     allowance = make_allowance(memory)
     refs = save_refs(c.model, c.hardware, output.save)

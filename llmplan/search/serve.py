@@ -125,24 +125,27 @@ def with_moe_options(m: ModelSpec, plan: ServePlan, moe: dict | None) -> ServePl
     return plan.model_copy(update=update) if update else plan
 
 
-def check_search_moe(m: ModelSpec, weight_dtype: str, kv_dtype: str, moe: dict) -> dict:
+def check_search_moe(m: ModelSpec, weight_dtype: str, kv_dtype: str, moe: dict, ep: int | None = None) -> dict:
     """The MoE serving options given to a serving search, checked: --phase is estimate's (the search chooses
-    the phases), the MoE options need a MoE model, and each value must be one a ServePlan takes. Returns the
-    MoE options (MOE_SEARCH_FIELDS) given."""
+    the phases), each value must be one a ServePlan takes, and an option that acts on the expert-parallel
+    all-to-all needs a layout with ep > 1 (none has it on a dense model or with --ep 1 pinned: check_serve_plan's
+    SERVE_MOE_RULES, as `estimate --mode infer` refuses it). Returns the MoE options (MOE_SEARCH_FIELDS) given."""
     if moe.get("phase", "both") != "both":
         raise LlmplanError(f"--phase {moe['phase']} with search --mode infer: the search chooses the phases "
                            "(co-located, or prefill and decode pools with --disaggregated); price one pool with "
                            f"`estimate --mode infer --phase {moe['phase']}`")
     given = {k: v for k, v in moe.items() if k in MOE_SEARCH_FIELDS}
-    if not m.is_moe and given.get("moe_dispatcher", "alltoall") != "alltoall":  # every layout of a dense model has
-        # ep 1: the rule `estimate --mode infer` refuses the dispatcher by (check_serve_plan's moe_serving_needs_ep)
-        raise PlanViolationError(serve_moe_violations(m, ServePlan(moe_dispatcher=given["moe_dispatcher"])))
+    plan = build(ServePlan, {"weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
+                             **{k: v for k, v in given.items() if k != "dp_attention"}},
+                 SERVE_PLAN_OPTIONS, SERVE_PLAN_FLAGS)
+    if not m.is_moe or ep == 1:  # every layout the search tries has ep 1
+        bad = serve_moe_violations(m, plan)
+        if bad:
+            raise PlanViolationError(bad)
     unset = (None, False, "alltoall")  # a value that asks for nothing (alltoall: ServePlan's default dispatcher)
     if not m.is_moe and any(v not in unset for v in given.values()):
         flags = ", ".join("--" + k.replace("_", "-") for k, v in given.items() if v not in unset)
         raise LlmplanError(f"{flags}: MoE serving options, but {m.name} is dense; drop them")
-    build(ServePlan, {"weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
-                      **{k: v for k, v in given.items() if k != "dp_attention"}}, SERVE_PLAN_OPTIONS, SERVE_PLAN_FLAGS)
     return given
 
 

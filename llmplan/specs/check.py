@@ -267,7 +267,8 @@ SERVE_MOE_RULES: tuple[Rule, ...] = (
          lambda m, p, c: (p.ep > 1) | ((p.moe_dispatcher == "alltoall") & (not p.two_batch_overlap)
                                        & (p.redundant_experts == 0)),
          lambda m, p, c: "--moe-dispatcher deepep, --two-batch-overlap and --redundant-experts act on the expert-"
-                         f"parallel all-to-all and its ranks, but ep is {p.ep}; raise --ep or drop them"),
+                         f"parallel all-to-all and its ranks, but ep is {p.ep}"
+                         + ("; raise --ep or drop them" if m.is_moe else f" ({m.name} is dense: no experts); drop them")),
     Rule("expert_dtype_moe", lambda m, p, c: (p.expert_dtype is None) | m.is_moe,
          lambda m, p, c: f"--expert-dtype {p.expert_dtype} applies to routed experts; {m.name} is dense: drop it "
                          "(the weights take --dtype)"),
