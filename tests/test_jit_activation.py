@@ -115,3 +115,20 @@ def test_moe_recompute_reruns_the_activation_in_the_jit_kernel():
     assert jit_activation_bytes(qwen, plan.model_copy(update={"jit_activation": False}), True) == (0.0, 0.0)
     both = plan.model_copy(update={"recompute_modules": ("moe", "moe_act")})
     assert jit_activation_bytes(qwen, both, True)[1] == pytest.approx((routed + shared) / 3 + routed / 3)
+
+
+def test_check_plan_refuses_the_switch_where_it_does_nothing():
+    """jit_activation prices Megatron-Core's gated (SwiGLU / GeGLU) jit_fuser kernel, which runs only with fused
+    kernels: on a model whose MLP is not gated (GPT-3's GELU) or with fused_kernels off the switch changes nothing
+    (jit_activation_bytes is 0), so check_plan refuses it there (rules jit_activation, jit_activation_fused),
+    as swiglu_fp8_input on a GELU MLP, and takes it on a gated MLP with fused kernels."""
+    from llmplan.specs.check import check_plan
+    plan = ParallelPlan(tp=1, dp=8, global_batch=8, jit_activation=True)
+    gpt3, llama = M["gpt3-175b"], M["llama-3.1-8b"]
+    assert jit_activation_bytes(gpt3, plan, False) == (0.0, 0.0)
+    assert "jit_activation" in [v.rule for v in check_plan(gpt3, plan)]
+    assert not [v for v in check_plan(llama, plan) if v.rule.startswith("jit_activation")]
+    eager = plan.model_copy(update={"fused_kernels": False})
+    assert jit_activation_bytes(llama, eager, False) == (0.0, 0.0)
+    why = [v for v in check_plan(llama, eager) if v.rule == "jit_activation_fused"]
+    assert len(why) == 1 and "fused_kernels off" in why[0].message

@@ -245,6 +245,11 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"norm_kernel {p.norm_kernel} with fused_kernels off: it says which fused kernel runs the "
                         "norms' backward, so it acts only with fused kernels (unfused norms are priced as their "
                         "eager ops); set fused_kernels true in the plan, or drop --norm-kernel"),
+    SwitchUse("jit_activation_fused", ("jit_activation",), lambda p: p.fused_kernels,
+              lambda p: "jit_activation with fused_kernels off: it prices the gated activation as Megatron-Core's "
+                        "jit_fuser kernel (bias_activation_fusion), which runs only with fused kernels (unfused, the "
+                        "activation is priced as its eager ops); set fused_kernels true, or jit_activation false, in "
+                        "the plan"),
     SwitchUse("softmax_kernel_unfused", ("softmax_kernel",), lambda p: ~as_bool(p.flash_attention),
               lambda p: f"softmax_kernel {p.softmax_kernel} with flash_attention on: it says how an unfused attention "
                         "runs its softmax over the scores, which a fused attention kernel never writes; set "
@@ -516,6 +521,11 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"swiglu_fp8_input with {m.name}, whose MLP is not gated: Megatron stores the activation "
                          "input in fp8 for SwiGLU only (TransformerConfig, activation_func_fp8_input_store); drop "
                          "--swiglu-fp8-input"),
+    Rule("jit_activation", lambda m, p, c: (not p.jit_activation) | m.gated_mlp,
+         lambda m, p, c: f"jit_activation with {m.name}, whose MLP is not gated: the jit_fuser rate priced is "
+                         "Megatron-Core's SwiGLU / GeGLU kernel (bias_swiglu_impl, fusions/fused_bias_swiglu.py), "
+                         "and a plain GELU MLP's activation is priced as the fused pass already; set jit_activation "
+                         "false in the plan"),
     # Megatron-Core optimizer/__init__.py (d98e8a6): "--use-precision-aware-optimizer only supported with
     # distributed optimizer"; Megatron-FSDP keeps its own main-weight buffer (--megatron-fsdp-main-params-dtype);
     # fp8 primary weights leave no bf16 weight for the remainder to complete (TE FusedAdam: "Works only when
