@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from llmplan.specs.allowance import MemoryAllowance
+
 DATA = Path(__file__).resolve().parent / "data" / "allocator_logs.yaml"
 STACKS = ("megatron-core", "megatron-legacy", "megatron-deepspeed", "deepspeed")
 UNIT_BYTES = {"MiB": 2**20, "GiB": 2**30, "GB": 1e9, "B": 1.0}
@@ -90,7 +92,8 @@ def thresholds() -> dict[str, float]:
 
     out = {}
     for r in R.rows(frozenset(BINDING)):
-        base = r.frag / 0.05  # the shipped allowance is 5% of this (docs/formulas.md#mem.other)
+        # r.frag is the shipped allowance's bytes, its default fraction of this (docs/formulas.md#mem.other)
+        base = r.frag / MemoryAllowance().fragmentation
         out[r.id] = (r.capacity - (r.total - r.frag)) / base
     return out
 

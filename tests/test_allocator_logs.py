@@ -93,3 +93,19 @@ def test_no_flat_fraction_fits_both_binding_records() -> None:
     assert set(t) == set(L.BINDING)
     assert t["nemo2407-pretrain-gpt3-20b-64gpu-gbs256"] < \
         t["bloom-prequel-gbs-and-tp-variations-L72h14336a64-dp32tp2pp6mbs1gbs2048z1"]
+
+
+def test_thresholds_divide_by_the_shipped_fraction_not_a_literal(monkeypatch) -> None:
+    """thresholds() turns each record's allowance bytes (allocator_reserve.Row.frag, priced with the default
+    MemoryAllowance) back into the tensors they are a fraction of: with the default fraction at 10% the bytes
+    are 10% of the base, and the threshold is (capacity - (total - frag)) / (frag / 0.10). Before, 0.05 was
+    written out, so a changed default gave thresholds off by the ratio."""
+    import types
+
+    import allocator_reserve as R
+
+    row = R.Row(id="x", fam="f", kind="ran", total=100.0, capacity=95.0, frag=8.0, held=0.0, churned=0.0,
+                smi=None, measured_gib=None)
+    monkeypatch.setattr(R, "rows", lambda ids=None: [row])
+    monkeypatch.setattr(L, "MemoryAllowance", lambda: types.SimpleNamespace(fragmentation=0.10))
+    assert L.thresholds() == {"x": pytest.approx((95.0 - (100.0 - 8.0)) / 80.0)}

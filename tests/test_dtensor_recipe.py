@@ -18,13 +18,25 @@ B200 = ["--model", "llama-3.1-8b", "--hardware", "dgx-b200", "--nodes", "1", "--
 
 
 @pytest.mark.parametrize(("precision", "words"), [("mxfp8", "recipe mxfp8 (fp8) with tp_impl dtensor"),
-                                                  ("nvfp4", "recipe nvfp4 (fp4) with tp_impl dtensor"),
-                                                  ("fp8-blockwise", "recipe blockwise (fp8) with tp_impl dtensor")])
+                                                  ("nvfp4", "recipe nvfp4 (fp4) with tp_impl dtensor")])
 def test_an_unmodelled_recipe_on_the_pytorch_native_stack_is_refused(cli, precision, words):
     r = cli("estimate", *B200, "--precision", precision, "--tp-impl", "dtensor")
     assert r.code == 2 and "Traceback" not in r.err, r.err
     line = one_line(r.err)
     assert words in line and "quantize.linear.mx" in line, line
+    assert "use --tp-impl megatron" in line and "--precision fp8-rowwise / fp8-tensorwise" in line, line
+
+
+def test_blockwise_is_refused_for_its_own_reason_not_as_an_mx_recipe(cli):
+    """Block scaling (1x128 / 128x128 tiles) is no MX recipe: on the PyTorch-native stack it is torchao's prototype
+    Float8BlockwiseLinear (pytorch/ao@db46a188 torchao/prototype/blockwise_fp8_training/linear.py), which no
+    torchtitan converter runs (components/quantization: float8, mx, nvfp4). The refusal names that, not the MX
+    converters."""
+    r = cli("estimate", *B200, "--precision", "fp8-blockwise", "--tp-impl", "dtensor")
+    assert r.code == 2 and "Traceback" not in r.err, r.err
+    line = one_line(r.err)
+    assert "recipe blockwise (fp8) with tp_impl dtensor" in line and "Float8BlockwiseLinear" in line, line
+    assert "mx" not in line.lower().replace("max", ""), line
     assert "use --tp-impl megatron" in line and "--precision fp8-rowwise / fp8-tensorwise" in line, line
 
 

@@ -97,3 +97,38 @@ def test_the_layer_slows_by_the_jit_bytes_only_where_published():
     assert extra == pytest.approx(one / (PEAK * 0.7) - one / (PEAK * 0.8), rel=1e-6) and extra > 0
     gb200 = G["gb200"]
     assert layer_seconds(m, jit, gb200, False)[2] == pytest.approx(layer_seconds(m, plan, gb200, False)[2], rel=1e-12)
+
+
+def test_moe_recompute_reruns_the_activation_in_the_jit_kernel():
+    """Under `moe` recompute Megatron-Core checkpoints MoELayer.forward whole, so the shared and routed experts'
+    activation reruns in the same jit_fuser kernels (bias_swiglu_impl, weighted_bias_swiglu_impl): the rerun's
+    bytes, a third of each pass (one forward of three forward-equivalents), go to the jit rerun, the part of
+    moe_recompute_bytes that is the activation's (with EP 1 no alltoall sort, and Qwen3 has no clamp: all of it)."""
+    from llmplan.cost.elementwise import moe_recompute_bytes
+    qwen = M["qwen3-30b-a3b"]
+    plan = ParallelPlan(dp=8, seq_len=4096, jit_activation=True, recompute="selective", recompute_modules=("moe",))
+    routed = activation_pass_bytes(qwen) * 4096 * qwen.expert_ffn * qwen.num_experts_per_tok
+    shared = activation_pass_bytes(qwen) * 4096 * (qwen.shared_ffn or 0)
+    one, rerun = jit_activation_bytes(qwen, plan, True)
+    assert one == pytest.approx(routed + shared) and rerun == pytest.approx((routed + shared) / 3) and rerun > 0
+    assert rerun == pytest.approx(moe_recompute_bytes(qwen, plan), rel=1e-12)
+    assert jit_activation_bytes(qwen, plan.model_copy(update={"jit_activation": False}), True) == (0.0, 0.0)
+    both = plan.model_copy(update={"recompute_modules": ("moe", "moe_act")})
+    assert jit_activation_bytes(qwen, both, True)[1] == pytest.approx((routed + shared) / 3 + routed / 3)
+
+
+def test_check_plan_refuses_the_switch_where_it_does_nothing():
+    """jit_activation prices Megatron-Core's gated (SwiGLU / GeGLU) jit_fuser kernel, which runs only with fused
+    kernels: on a model whose MLP is not gated (GPT-3's GELU) or with fused_kernels off the switch changes nothing
+    (jit_activation_bytes is 0), so check_plan refuses it there (rules jit_activation, jit_activation_fused),
+    as swiglu_fp8_input on a GELU MLP, and takes it on a gated MLP with fused kernels."""
+    from llmplan.specs.check import check_plan
+    plan = ParallelPlan(tp=1, dp=8, global_batch=8, jit_activation=True)
+    gpt3, llama = M["gpt3-175b"], M["llama-3.1-8b"]
+    assert jit_activation_bytes(gpt3, plan, False) == (0.0, 0.0)
+    assert "jit_activation" in [v.rule for v in check_plan(gpt3, plan)]
+    assert not [v for v in check_plan(llama, plan) if v.rule.startswith("jit_activation")]
+    eager = plan.model_copy(update={"fused_kernels": False})
+    assert jit_activation_bytes(llama, eager, False) == (0.0, 0.0)
+    why = [v for v in check_plan(llama, eager) if v.rule == "jit_activation_fused"]
+    assert len(why) == 1 and "fused_kernels off" in why[0].message

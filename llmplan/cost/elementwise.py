@@ -377,11 +377,16 @@ def jit_routed_bytes(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any]:
 def jit_activation_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> tuple[Any, Any]:
     """(pass, rerun) HBM bytes of one layer's gated activation that Megatron-Core's jit_fuser kernel runs, in
     elementwise_bytes' forward-equivalent units (a part of them): the dense MLP's or shared experts' one fused
-    pass (bias_swiglu_impl) and the routed experts' (jit_routed_bytes). Derived: docs/formulas.md#compute.jit_activation"""
+    pass (bias_swiglu_impl) and the routed experts' (jit_routed_bytes); the rerun is the routed experts' moe_act
+    forward (jit_routed_bytes) and, with `moe` recomputed, the shared and routed passes' forward once more (a
+    third each: the same kernels rerun inside the checkpointed MoELayer.forward, the part of moe_recompute_bytes
+    that is theirs). Derived: docs/formulas.md#compute.jit_activation"""
     f = (m.shared_ffn or 0) if moe else m.intermediate_size * dense_mlp_share(m)
     on = where(plan.jit_activation & plan.fused_kernels, 1.0, 0.0) if m.gated_mlp else 0.0
     one = on * activation_pass_bytes(m) * plan.seq_len / plan.cp * plan.micro_batch * f / plan.tp
     routed, rerun = jit_routed_bytes(m, plan) if moe else (0.0, 0.0)
+    if moe and m.is_moe and plan.recompute_modules:  # workload switches: one value for all plans of a search
+        rerun = rerun + where(plan.recomputes("moe"), (one + routed) / 3, 0.0)
     return one + routed, rerun
 
 

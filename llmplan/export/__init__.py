@@ -13,8 +13,8 @@ import numpy as np
 
 from llmplan.errors import LlmplanError
 from llmplan.export import bridge, deepspeed, launch, megatron, pools, torchtitan
-from llmplan.export.common import (CannotExpress, delayed_bf16_layers_refusal, fit_comments, refuse,
-                                   swiglu_fp8_refusal)
+from llmplan.export.common import (CannotExpress, delayed_bf16_layers_refusal, fit_comments,
+                                   jit_activation_refusal, refuse, swiglu_fp8_refusal)
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
 from llmplan.export.serve import check_sglang, check_vllm, render_sglang, render_vllm
 from llmplan.export.shell_lines import fit_shell
@@ -117,7 +117,8 @@ TORCHTITAN_COMMON: dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]] = 
     "optimizer": torchtitan.muon_refusal, "dtype": torchtitan.dtype_refusal,
     "grad_checks": torchtitan.grad_checks_refusal, "optimizer_dtypes": torchtitan.optimizer_dtype_refusal,
     "param_remainders": torchtitan.param_remainders_refusal, "swiglu_fp8_input": swiglu_fp8_refusal,
-    "fp8_attention": torchtitan.fp8_attention_refusal, "grad_dtype": torchtitan.grad_reduce_refusal,
+    "jit_activation": jit_activation_refusal, "fp8_attention": torchtitan.fp8_attention_refusal,
+    "grad_dtype": torchtitan.grad_reduce_refusal,
     "dp_outer_optimizer": torchtitan.dp_outer_optimizer_refusal, "offload_moe_act": torchtitan.offload_moe_act_refusal,
     "offload_modules": torchtitan.offload_modules_refusal,
     "offload_layers": torchtitan.offload_layers_refusal, "recompute_layers": torchtitan.recompute_layers_refusal}
@@ -136,7 +137,7 @@ EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]
                   "sp": deepspeed.sequence_parallel_refusal, "dtype": deepspeed.low_precision_refusal,
                   "optimizer_dtypes": deepspeed.optimizer_dtype_refusal,
                   "param_remainders": deepspeed.param_remainders_refusal,
-                  "swiglu_fp8_input": swiglu_fp8_refusal,
+                  "swiglu_fp8_input": swiglu_fp8_refusal, "jit_activation": jit_activation_refusal,
                   "offload_layers": deepspeed.offload_layers_refusal, "dp_replicate": deepspeed.dp_replicate_refusal,
                   "offload_moe_act": deepspeed.offload_moe_act_refusal,
                   "offload_modules": deepspeed.offload_modules_refusal,
@@ -145,18 +146,18 @@ EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]
     "torchtitan-0.2": {**TORCHTITAN_COMMON, "fp8_scaling": torchtitan.delayed_scaling_refusal},
 }
 """Target -> the plan field a rule reads (a name for the fields, where it reads several) -> a rule of the target's
-check (the same function, called there) whose only condition is on that field: a plan axis (the target refuses
-every plan with it, whatever else the plan sets: DeepSpeed's CP, EP and SP), or a workload switch (it refuses every
-plan of a search holding it: torchtitan's Muon, fp16 / fp32 training, Megatron's gradient NaN check / pre-scaling,
-Adam states below fp32, remainders, the SwiGLU input in fp8, FP8 attention, bf16 gradient reduction, outer
-optimizer sharding, activation / expert fc1 offload, recompute of the first layers, and 0.3.0's fp8 tensorwise
-scaling; DeepSpeed's Muon, gradient NaN check / pre-scaling, fp8 / fp4 training, Adam states below fp32,
-remainders, the SwiGLU input in fp8, activation and expert fc1 offload, hybrid sharding, FP8 attention; Megatron's
-FP8 attention, bf16 layers under fp8 delayed scaling and a bf16 / no master; Megatron-Bridge's attention kernel
-other than native flash, bf16 / no master, fp8 moments, CUDA graphs, a precision it has no preset for, or fp8
-layers kept in bf16 other than its preset keeps). Each target's rules in the order its check meets them, so that the
-first rule that refuses a plan is the one its check names (where no other rule of the check comes first).
-search --target passes over the plans these rules refuse (every_plan_mask)."""
+check (the same function, called there) whose only condition is on that field: a plan axis (the target refuses every
+plan with it, whatever else the plan sets: DeepSpeed's CP, EP and SP), or a workload switch (it refuses every plan
+of a search holding it: torchtitan's Muon, fp16 / fp32 training, Megatron's gradient NaN check / pre-scaling, Adam
+states below fp32, remainders, the SwiGLU input in fp8, the jit_fuser activation, FP8 attention, bf16 gradient
+reduction, outer optimizer sharding, activation / expert fc1 offload, recompute of the first layers, and 0.3.0's fp8
+tensorwise scaling; DeepSpeed's Muon, gradient NaN check / pre-scaling, fp8 / fp4 training, Adam states below fp32,
+remainders, the SwiGLU input in fp8, the jit_fuser activation, activation and expert fc1 offload, hybrid sharding,
+FP8 attention; Megatron's FP8 attention, bf16 layers under fp8 delayed scaling and a bf16 / no master; Megatron-
+Bridge's attention kernel other than native flash, bf16 / no master, fp8 moments, CUDA graphs, a precision it has no
+preset for, or fp8 layers kept in bf16 other than its preset keeps). Each target's rules in the order its check
+meets them, so that the first rule that refuses a plan is the one its check names (where no other rule of the check
+comes first). search --target passes over the plans these rules refuse (every_plan_mask)."""
 
 
 def every_plan_refusal(plan: ParallelPlan, target: str, axis: str, degree: int) -> str | None:

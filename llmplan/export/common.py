@@ -160,6 +160,17 @@ def swiglu_fp8_refusal(p: Any) -> tuple[str, bool, str]:
             bool(p.swiglu_fp8_input), "re-plan with --no-swiglu-fp8-input, or export to megatron-bridge")
 
 
+def jit_activation_refusal(p: Any) -> tuple[str, bool, str]:
+    """The gated activation priced as Megatron-Core's jit_fuser kernel (ParallelPlan.jit_activation:
+    bias_swiglu_impl, torch.compile'd; docs/formulas.md#compute.jit_activation), which torchtitan and DeepSpeed
+    refuse whatever else the plan sets (export.EVERY_PLAN): neither runs that kernel (torchtitan's FeedForward.forward
+    is F.silu(self.w1(x)) * self.w3(x), pytorch/torchtitan torchtitan/models/llama3/model/model.py at 6404b93,
+    compiled with the block, if at all; a ds_config.json carries no activation kernel)."""
+    return ("the activation priced as Megatron-Core's jit_fuser SwiGLU (jit_activation, bias_swiglu_impl), a "
+            "kernel this launcher does not run", bool(p.jit_activation),
+            "set jit_activation false in the plan, or export to megatron / megatron-bridge")
+
+
 def delayed_bf16_layers_refusal(p: Any) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for layers kept in bf16 under fp8 per-tensor delayed scaling, which
     Megatron-LM and Megatron-Bridge refuse whatever else the plan sets (export.EVERY_PLAN): Megatron-LM

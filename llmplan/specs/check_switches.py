@@ -245,6 +245,11 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"norm_kernel {p.norm_kernel} with fused_kernels off: it says which fused kernel runs the "
                         "norms' backward, so it acts only with fused kernels (unfused norms are priced as their "
                         "eager ops); set fused_kernels true in the plan, or drop --norm-kernel"),
+    SwitchUse("jit_activation_fused", ("jit_activation",), lambda p: p.fused_kernels,
+              lambda p: "jit_activation with fused_kernels off: it prices the gated activation as Megatron-Core's "
+                        "jit_fuser kernel (bias_activation_fusion), which runs only with fused kernels (unfused, the "
+                        "activation is priced as its eager ops); set fused_kernels true, or jit_activation false, in "
+                        "the plan"),
     SwitchUse("softmax_kernel_unfused", ("softmax_kernel",), lambda p: ~as_bool(p.flash_attention),
               lambda p: f"softmax_kernel {p.softmax_kernel} with flash_attention on: it says how an unfused attention "
                         "runs its softmax over the scores, which a fused attention kernel never writes; set "
@@ -411,6 +416,21 @@ def _dtensor_recipe_ok(p: Any) -> Any:
     return (not p.low_precision) | (p.tp_impl != "dtensor") | (p.recipe in ("tensorwise", "rowwise"))
 
 
+def _dtensor_recipe_message(p: Any) -> str:
+    """Rule dtensor_recipe's line: what runs the recipe on the PyTorch-native stack, and the fix."""
+    if p.recipe == "blockwise":
+        what = ("block scaling (1x128 activation / 128x128 weight tiles) is torchao's prototype "
+                "Float8BlockwiseLinear (torchao.prototype.blockwise_fp8_training), for which torchtitan has no "
+                "converter and whose casts and saved tensors llmplan does not model")
+    else:
+        what = ("torchao's converters run it (torchtitan's quantize.linear.mx / quantize.grouped_mm.mx, "
+                "MXFP8LinearConverter in 0.3.0), whose casts and saved tensors llmplan does not model and no "
+                "torchtitan export writes")
+    return (f"recipe {p.recipe} ({p.dtype}) with tp_impl {p.tp_impl}: on the PyTorch-native stack {what}; use "
+            "--tp-impl megatron (Transformer Engine's recipe, export to megatron), or --precision fp8-rowwise / "
+            "fp8-tensorwise")
+
+
 def _fp8_params_adam(p: Any) -> Any:
     """Rule muon_fp8_params: fp8_params not with Muon's layer-wise optimizer."""
     return (p.optimizer != "muon") | (not p.fp8_params)
@@ -516,6 +536,11 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"swiglu_fp8_input with {m.name}, whose MLP is not gated: Megatron stores the activation "
                          "input in fp8 for SwiGLU only (TransformerConfig, activation_func_fp8_input_store); drop "
                          "--swiglu-fp8-input"),
+    Rule("jit_activation", lambda m, p, c: (not p.jit_activation) | m.gated_mlp,
+         lambda m, p, c: f"jit_activation with {m.name}, whose MLP is not gated: the jit_fuser rate priced is "
+                         "Megatron-Core's SwiGLU / GeGLU kernel (bias_swiglu_impl, fusions/fused_bias_swiglu.py), "
+                         "and a plain GELU MLP's activation is priced as the fused pass already; set jit_activation "
+                         "false in the plan"),
     # Megatron-Core optimizer/__init__.py (d98e8a6): "--use-precision-aware-optimizer only supported with
     # distributed optimizer"; Megatron-FSDP keeps its own main-weight buffer (--megatron-fsdp-main-params-dtype);
     # fp8 primary weights leave no bf16 weight for the remainder to complete (TE FusedAdam: "Works only when
@@ -703,12 +728,11 @@ SWITCH_RULES: tuple[Rule, ...] = (
     # (PyPI wheel) mx.py MXFP8LinearConverter, MXFP8GroupedExpertsConverter, nvfp4.py NVFP4LinearConverter.
     # llmplan models their casts and saved tensors nowhere (cost.quantize.torchao_float8: Float8Linear alone), and
     # the torchtitan exports write the float8 converters only (export.torchtitan._check_common)
-    Rule("dtensor_recipe", lambda m, p, c: _dtensor_recipe_ok(p),
-         lambda m, p, c: f"recipe {p.recipe} ({p.dtype}) with tp_impl {p.tp_impl}: on the PyTorch-native stack "
-                         "torchao's converters run it (torchtitan's quantize.linear.mx / quantize.grouped_mm.mx, "
-                         "MXFP8LinearConverter in 0.3.0), whose casts and saved tensors llmplan does not model and no "
-                         "torchtitan export writes; use --tp-impl megatron (Transformer Engine's recipe, export to "
-                         "megatron), or --precision fp8-rowwise / fp8-tensorwise"),
+    # Block scaling (DeepSeek-V3's 1x128 activation / 128x128 weight tiles) is no MX recipe: torchao has it only as
+    # the prototype Float8BlockwiseLinear (pytorch/ao@db46a188 torchao/prototype/blockwise_fp8_training/linear.py:
+    # Float8BlockwiseLinearConfig, fp8_blockwise_mm, SM90 only), and torchtitan registers no converter for it
+    # (components/quantization: float8, mx, nvfp4 only, at 01472ad4)
+    Rule("dtensor_recipe", lambda m, p, c: _dtensor_recipe_ok(p), lambda m, p, c: _dtensor_recipe_message(p)),
     # torchao keeps fp8 weights only inside FSDP2's float8 all-gather. Source: pytorch/ao@36027d82d1
     # torchao/float8/fsdp_utils.py (WeightWithDynamicFloat8CastTensor holds the original-precision tensor and casts
     # it in fsdp_pre_all_gather), float8_linear.py (the weight cast every forward and backward unless

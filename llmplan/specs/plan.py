@@ -45,7 +45,7 @@ TUPLE_ITEMS = {f: "numbers, one per TP-overlap role (all-gathers, forward reduce
 """What the items of a fixed-length tuple field are, for the error that names its length (registry.
 validation_message)."""
 
-PLAN_FILE_ONLY = ("tp_overlap_sms", "tp_overlap_margin_sms", "torchao_saves_hp_input")
+PLAN_FILE_ONLY = ("tp_overlap_sms", "tp_overlap_margin_sms", "torchao_saves_hp_input", "jit_activation")
 """ParallelPlan fields with no command-line flag: set only by editing a plan file (or by a family's recipe)."""
 
 
@@ -378,7 +378,9 @@ class ParallelPlan(PlanQuantities, Spec):
     (bias_activation_fusion: bias_swiglu_impl, weighted_bias_swiglu_impl, weighted_bias_quick_geglu_impl, each
     torch.compile'd with torch >= 2.2), whose forward is priced at GpuSpec.jit_activation_hbm_efficiency where
     published. False: a fused activation at hbm_efficiency, as a Triton / TE / Inductor-fused kernel runs it
-    (docs/formulas.md#compute.jit_activation)."""
+    (docs/formulas.md#compute.jit_activation). check_plan refuses it on a model whose MLP is not gated and
+    without fused kernels (rules jit_activation, jit_activation_fused); export to torchtitan and DeepSpeed refuses
+    it (export.EVERY_PLAN: neither runs that kernel)."""
     expert_bias_fusion: bool = False
     """With biased experts (ModelSpec.mlp_bias: GPT-OSS), the fc2 bias is scaled and added inside the grouped
     GEMM (Transformer Engine's GroupedLinear op in Megatron-Core's op-fuser path, use_transformer_engine_op_fuser,
