@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from llmplan.cost.inference import (
-    ServeMemory, ServeTiming, Spans, kv_bytes_per_token, max_batch_under_slo, prefill_seconds, serve_compute_format,
+    ServeMemory, ServeTiming, Spans, batches_under_slo, kv_bytes_per_token, prefill_seconds, serve_compute_format,
     serve_memory, serve_timing, step_host_seconds,
 )
 from llmplan.cost.lengths import LengthStats, length_stats
@@ -133,6 +133,32 @@ def job_for_plan(m: ModelSpec, job: ServeJob, plan: ServePlan, system: SystemSpe
     return job.model_copy(update=update)
 
 
+def slo_candidates(job: ServeJob, ok: Any) -> Any:
+    """The SLO grid's passing concurrencies `ok` with the job's captured decode sizes up to the largest of them,
+    largest first: where a server set up for a grid point leaves it eager (slo_batch_of), a captured size
+    below it is the next candidate, not only the grid's next point."""
+    if not len(ok):
+        return ok
+    sizes = [float(x) for x in (job.cuda_graph_batch_sizes or ()) if x <= max(ok)]
+    return np.unique(np.concatenate([np.asarray(ok, dtype=float), np.asarray(sizes, dtype=float)]))[::-1]
+
+
+def slo_batch_of(m: ModelSpec, job: ServeJob, plan: ServePlan, runs: ServePlan, system: SystemSpec, spans: Spans,
+                 batches: Any, ttft: bool = True) -> int:
+    """The first of `batches` (in the order given) whose TPOT (and TTFT, unless `ttft` is False) meets the job's
+    SLOs as a server set up for that many sequences runs it (job_for_plan at the batch: SGLang cuts its capture
+    list to it, so a batch off its alignment runs eager, docs/validation.md#sglang-cut); 0 if none does. The SLO
+    grids price one job's list, so each pick is checked here before it is reported.
+    Derived: docs/formulas.md#infer.throughput"""
+    for b in batches:
+        at = job_for_plan(m, job, plan, system, int(b))
+        t = serve_timing(m, runs, system, spans, at, float(b))
+        if (job.tpot_slo_s is None or float(t.tpot) <= job.tpot_slo_s) and \
+                (not ttft or job.ttft_slo_s is None or float(t.ttft) <= job.ttft_slo_s):
+            return int(b)
+    return 0
+
+
 def sglang_fraction_warning(job: ServeJob) -> tuple[str, ...]:
     """A warning where SGLang's own default --mem-fraction-static (job_for_plan) is <= 0: its reserve for
     activations and CUDA graphs (with DP attention 4.5 MiB per decode-graph request per attention rank) exceeds
@@ -165,7 +191,8 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
         extra = (float(mem.total - ideal_mem.total), float(timing.tpot - ideal.tpot), float(timing.ttft - ideal.ttft))
     slo_batch = slo_tps = None
     if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
-        slo_batch = max_batch_under_slo(m, runs, system, spans, job, max(mem.max_concurrent_seqs, 0))
+        ok = batches_under_slo(m, runs, system, spans, job, max(mem.max_concurrent_seqs, 0))
+        slo_batch = slo_batch_of(m, job, plan, runs, system, spans, slo_candidates(job, ok))
         at_slo = job_for_plan(m, job, plan, system, slo_batch)
         slo_tps = float(serve_timing(m, runs, system, spans, at_slo, slo_batch).tokens_per_s_replica) * plan.dp \
             if slo_batch else 0.0

@@ -68,3 +68,19 @@ def test_a_batch_whose_list_keeps_none_exports_decode_graphs_off(cli, tmp_path: 
     diff = d["workload"]["gpu_memory_utilization"] - graphs["workload"]["gpu_memory_utilization"]
     assert diff == pytest.approx((2 * 8 + 2048) / gpu_mib, abs=1e-3)
     assert float(ns.mem_fraction_static) == d["workload"]["gpu_memory_utilization"]
+
+
+@pytest.mark.parametrize("slo", [0.006, 0.008])
+def test_the_slo_batch_meets_the_slo_as_its_own_server_runs_it(cli, slo):
+    """Under the cut, a batch off the alignment runs eager: the SLO concurrency is checked as a server set up
+    for it runs it (serving.slo_batch_of), so the search's row and estimate's slo.max_batch meet the TPOT SLO
+    (stop 61 review: the search reported batch 133 at 9.31 ms under a 6 ms SLO, the grid priced with the
+    --max-batch server's list)."""
+    s = cli("search", *PLAN, "--tpot-slo", str(slo), "--json")
+    assert s.code == 0, s.err
+    rows = s.json()["plans"]
+    assert rows and all(r["tpot_s"] <= slo for r in rows), [(r["workload"]["batch"], r["tpot_s"]) for r in rows]
+    top = rows[0]["slo"]["max_batch"]
+    e = cli("estimate", *PLAN, "--batch", str(top), "--json")
+    assert e.code == 0, e.err
+    assert e.json()["tpot_s"] <= slo, (top, e.json()["tpot_s"])

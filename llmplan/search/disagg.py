@@ -14,7 +14,7 @@ import numpy as np
 from llmplan.cost.inference import job_tpot, kv_bytes_per_token, serve_memory
 from llmplan.cost.queueing import prefill_queue_seconds
 from llmplan.search.serve import refuse_speculation, search_serving, sub_cluster, with_moe_options
-from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans
+from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans, slo_batch_of
 from llmplan.specs.check import check_serve_plan, valid_tp
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
@@ -158,7 +158,10 @@ def price_decode(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: Serve
     ok = np.ones(grid.shape, dtype=bool) if job.tpot_slo_s is None else tpot <= job.tpot_slo_s
     if not ok.any():
         return None
-    best = int(grid[ok][np.argmax((grid / tpot)[ok])])
+    order = grid[ok][np.argsort(-(grid / tpot)[ok], kind="stable")]  # the most sequences per TPOT first
+    best = slo_batch_of(lm, job, plan, plan, cluster.system, replica_spans(plan, sub), order, ttft=False)
+    if best < 1:
+        return None
     e = estimate_serving(m, sub, plan, job.model_copy(update={"batch": best}), allowance)
     return e if e.memory.fits else None
 

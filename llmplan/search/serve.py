@@ -7,10 +7,11 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from llmplan.cost.inference import max_batch_under_slo, serve_memory, serve_timing
+from llmplan.cost.inference import batches_under_slo, serve_memory, serve_timing
 from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.search.run import Pruned
-from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans
+from llmplan.serving import (ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans, slo_batch_of,
+                             slo_candidates)
 from llmplan.specs.check import check_serve_plan, divisors, serve_moe_violations, speculative_violations, valid_tp
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import SERVE_PLAN_FLAGS, SERVE_PLAN_OPTIONS
@@ -211,7 +212,9 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
         limit = min(job.batch, mem.max_concurrent_seqs)
         batch = limit
         if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
-            batch = max_batch_under_slo(lm, plan, cluster.system, replica_spans(plan, sub), pj, limit)
+            spans = replica_spans(plan, sub)
+            ok = batches_under_slo(lm, plan, cluster.system, spans, pj, limit)
+            batch = slo_batch_of(lm, pj, plan, plan, cluster.system, spans, slo_candidates(pj, ok))
         if batch < 1:
             one = serve_timing(lm, plan, cluster.system, replica_spans(plan, sub), pj, 1)
             misses.append(Miss(tp, pp, ep, "slo", float(one.ttft), float(one.tpot)))
