@@ -35,3 +35,31 @@ def test_a_bad_dispatcher_reads_the_same_in_estimate_and_search(cli, command):
     r = cli(command[0], *PLAN, *command[1:], "--moe-dispatcher", "foo")
     assert r.code == 2
     assert [ln for ln in r.err.strip().splitlines() if not ln.startswith("warning")] == [WANT]
+
+
+def test_over_pools_only_what_asks_for_something_is_refused_and_named_as_typed(cli, tmp_path: Path):
+    """Stop 61 review: the default dispatcher asks for nothing (accepted, as on one system), --no-dp-attention is
+    named as typed, and --phase gets estimate's own line (the search chooses the phases)."""
+    f = tmp_path / "c.yaml"
+    f.write_text(TWO)
+    ok = cli(*BASE, "--hardware", f, "--moe-dispatcher", "alltoall", "--top", "1")
+    assert ok.code in (0, 3) and "several pools" not in ok.err, ok.err
+    no = cli(*BASE, "--hardware", f, "--no-dp-attention")
+    assert no.code == 2 and "--no-dp-attention with" in no.err, no.err
+    ph = cli(*BASE, "--hardware", f, "--phase", "prefill")
+    assert ph.code == 2 and "the search chooses the phases" in ph.err and "MoE" not in ph.err, ph.err
+
+
+@pytest.mark.parametrize("bad", [("--dtype", "fp9"), ("--kv-dtype", "fp9")])
+def test_a_bad_dtype_reads_the_same_in_every_serving_search(cli, tmp_path: Path, bad):
+    f = tmp_path / "c.yaml"
+    f.write_text(TWO)
+    runs = [cli("search", *PLAN, *bad), cli("search", *PLAN, "--disaggregated", *bad),
+            cli(*BASE, "--hardware", f, *bad)]
+    assert [r.code for r in runs] == [2, 2, 2]
+    assert all(f"serving plan options: {bad[0]} fp9" in r.err for r in runs), [r.err for r in runs]
+
+
+def test_disaggregated_search_on_one_system_refuses_pins_as_over_pools(cli):
+    r = cli("search", *PLAN, "--disaggregated", "--tp", "2")
+    assert r.code == 2 and "drop the pins" in r.err, r.err

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from llmplan.cli.app import emit, out, stderr_line
-from llmplan.cli.inputs import OPTION_FLAGS, checked_pins, make_allowance, make_job
+from llmplan.cli.inputs import checked_pins, make_allowance, make_job
 from llmplan.cli.pools import refuse_single_system_flags
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
 from llmplan.report.pools_serve import (
@@ -22,7 +22,10 @@ from llmplan.search.hetero_serve import (
     search_colocated_pools,
     search_disaggregated_pools,
 )
+from llmplan.search.serve import refuse_disagg_pins, refuse_search_phase
 from llmplan.specs.options import (
+    SERVE_PLAN_FLAGS,
+    SERVE_PLAN_OPTIONS,
     ClusterOptions,
     MemoryOptions,
     OutputOptions,
@@ -45,13 +48,12 @@ def search_pools_serving(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, 
     if output.save is not None:
         raise LlmplanError(f"--save with {c.hardware}'s pools in --mode infer: a serving plan file holds one "
                            "system; save each pool's plan with `estimate --mode infer --hardware SYSTEM ... --save`")
-    if disaggregated and any(v is not None for v in (pins.tp, pins.pp, pins.ep)):
-        raise LlmplanError("--tp/--pp/--ep with --disaggregated: each phase's instance layouts are searched; drop "
-                           "the pins")
+    if disaggregated:
+        refuse_disagg_pins(pins.tp, pins.pp, pins.ep)
     pc = load_pool_file(Path(c.hardware))
     m = resolve_model(c.model)
     job = make_job(s, max_batch, request_rate)  # SGLang's graph sizes: estimate_serving, at each pool's GPU
-    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options", OPTION_FLAGS)
+    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, SERVE_PLAN_OPTIONS, SERVE_PLAN_FLAGS)
     allowance = make_allowance(memory)
     if disaggregated:
         res = search_disaggregated_pools(m, pc, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.top,
@@ -76,8 +78,10 @@ def search_pools_serving(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, 
 def refuse_pool_moe_options(c: ClusterOptions, moe: dict[str, object]) -> None:
     """The search over pools prices each pool's layouts with the default MoE deployment (search.hetero_serve
     passes no MoE options): a MoE serving option given there is refused, one line, rather than ignored."""
-    if moe:
-        flags = ", ".join("--" + k.replace("_", "-") for k in moe)
+    refuse_search_phase(moe)
+    asked = {k: v for k, v in moe.items() if k != "phase" and v is not None and v != "alltoall"}  # alltoall: the default
+    if asked:
+        flags = ", ".join(("--no-" if v is False else "--") + k.replace("_", "-") for k, v in asked.items())
         raise LlmplanError(f"{flags} with {c.hardware}'s pools: the serving search over several pools does not "
                            f"apply the MoE serving options; drop {flags}, or search one pool's system "
                            "(--hardware SYSTEM --nodes N) with them")

@@ -35,11 +35,12 @@ from llmplan.search.filtered import Walk
 from llmplan.search.variants import cp_comm_settings, cp_later_worth
 from llmplan.search.run import search as run_search
 from llmplan.search.disagg import search_disaggregated
-from llmplan.search.serve import SERVE_OBJECTIVES, check_search_moe, search_serving
+from llmplan.search.serve import SERVE_OBJECTIVES, check_search_moe, refuse_disagg_pins, search_serving
 from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens, min_headroom_bytes
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.options import (CheckpointOptions, ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions,
-                                   PipelineSplitOptions, SearchGoal, SearchPins, ServingOptions, SwitchOptions)
+from llmplan.specs.options import (SERVE_PLAN_FLAGS, SERVE_PLAN_OPTIONS, CheckpointOptions, ClusterOptions, MemoryOptions,
+                                   MoeServingOptions, OutputOptions, PipelineSplitOptions, SearchGoal, SearchPins,
+                                   ServingOptions, SwitchOptions)
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.registry import build, is_pool_file, resolve_model
@@ -100,7 +101,7 @@ def search(
                                         given_moe(ctx, moe_serving, training.moe_dispatcher))
         cluster = one
     if mode == "infer" and disaggregated:
-        search_disagg(cluster, goal, training.dtype, serving, max_batch, request_rate, memory, output,
+        search_disagg(cluster, pins, goal, training.dtype, serving, max_batch, request_rate, memory, output,
                       given_moe(ctx, moe_serving, training.moe_dispatcher))
     elif mode == "infer":
         search_infer(cluster, pins, goal, training.dtype, serving, max_batch, request_rate, memory, output,
@@ -138,7 +139,7 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     cluster = cluster_of(c)
     job = make_job(s, max_batch, request_rate, host=GraphHost.of(cluster.system, m))
     moe = check_search_moe(m, dtype, s.kv_dtype, moe or {}, pins.ep)
-    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options", OPTION_FLAGS)
+    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, SERVE_PLAN_OPTIONS, SERVE_PLAN_FLAGS)
     allowance = make_allowance(memory)
     refs = save_refs(c.model, c.hardware, output.save)
     doc_of = lambda e: {**serve_plan_document(e, allowance, report.serve_json(e), refs), **with_hardware_options(c)}
@@ -172,17 +173,19 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
         save_best(output.save, doc_of(res.ranked[0]), output.force, output.json_mode)
 
 
-def search_disagg(c: ClusterOptions, goal: SearchGoal, dtype: str, s: ServingOptions, max_batch: int,
-                  request_rate: float | None, memory: MemoryOptions, output: OutputOptions,
+def search_disagg(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: str, s: ServingOptions,
+                  max_batch: int, request_rate: float | None, memory: MemoryOptions, output: OutputOptions,
                   moe: dict[str, object] | None = None) -> None:
-    """`search --mode infer --disaggregated`: prefill and decode pools split over the GPUs (search.disagg)."""
+    """`search --mode infer --disaggregated`: prefill and decode pools split over the GPUs (search.disagg);
+    each phase's layouts are searched, so --tp / --pp / --ep pins are refused (as over pools)."""
+    refuse_disagg_pins(pins.tp, pins.pp, pins.ep)
     if output.save is not None:
         raise LlmplanError("--save with --disaggregated: a plan file holds one pool; save each pool with "
                            "`estimate --mode infer --phase prefill|decode ... --save`")
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     job = make_job(s, max_batch, request_rate, host=GraphHost.of(cluster.system, m))
-    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, "serving dtype options", OPTION_FLAGS)
+    dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, SERVE_PLAN_OPTIONS, SERVE_PLAN_FLAGS)
     res = search_disaggregated(m, cluster, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.top, job.request_rate,
                                make_allowance(memory), check_search_moe(m, dtype, s.kv_dtype, moe or {}))
     emit(report.disagg_json(res, m, cluster, job), output.json_mode,

@@ -126,15 +126,27 @@ def with_moe_options(m: ModelSpec, plan: ServePlan, moe: dict | None) -> ServePl
     return plan.model_copy(update=update) if update else plan
 
 
+def refuse_disagg_pins(tp: int | None, pp: int | None, ep: int | None) -> None:
+    """A disaggregated search (one system or pools) searches each phase's instance layouts: pins are refused."""
+    if any(v is not None for v in (tp, pp, ep)):
+        raise LlmplanError("--tp/--pp/--ep with --disaggregated: each phase's instance layouts are searched; drop "
+                           "the pins")
+
+
+def refuse_search_phase(moe: dict) -> None:
+    """--phase is estimate's: every serving search chooses the phases itself."""
+    if moe.get("phase", "both") != "both":
+        raise LlmplanError(f"--phase {moe['phase']} with search --mode infer: the search chooses the phases "
+                           "(co-located, or prefill and decode pools with --disaggregated); price one pool with "
+                           f"`estimate --mode infer --phase {moe['phase']}`")
+
+
 def check_search_moe(m: ModelSpec, weight_dtype: str, kv_dtype: str, moe: dict, ep: int | None = None) -> dict:
     """The MoE serving options given to a serving search, checked: --phase is estimate's (the search chooses
     the phases), each value must be one a ServePlan takes, and an option that acts on the expert-parallel
     all-to-all needs a layout with ep > 1 (none has it on a dense model or with --ep 1 pinned: check_serve_plan's
     SERVE_MOE_RULES, as `estimate --mode infer` refuses it). Returns the MoE options (MOE_SEARCH_FIELDS) given."""
-    if moe.get("phase", "both") != "both":
-        raise LlmplanError(f"--phase {moe['phase']} with search --mode infer: the search chooses the phases "
-                           "(co-located, or prefill and decode pools with --disaggregated); price one pool with "
-                           f"`estimate --mode infer --phase {moe['phase']}`")
+    refuse_search_phase(moe)
     given = {k: v for k, v in moe.items() if k in MOE_SEARCH_FIELDS}
     plan = build(ServePlan, {"weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
                              **{k: v for k, v in given.items() if k != "dp_attention"}},
