@@ -1017,6 +1017,22 @@ def mbridge_param_gather_off(rec: dict) -> bool:
             and "gbs1536" in rid and source_ref(rec) >= (26, 4, 1))
 
 
+def mbridge_param_gather_optstep(rec: dict, dp: int, pp: int, vpp: int, recipe: str) -> bool:
+    """Whether a Megatron-Bridge row's performance script turned on overlap_param_gather_with_optimizer_step
+    (optimizer and comm_overlap): with dp > 1, pp > 1 and vp > 1 (dp = GPUs / (tp pp cp), as the scripts compute
+    it) in 25.09 (v0.1.0rc4 scripts/performance/run_script.py lines 191-193) and 25.11 (v0.2.0
+    scripts/performance/utils/helpers.py lines 267-270, set_user_overrides); from 26.02 (v0.3.0
+    utils/overrides.py lines 430-434; v0.4.0 lines 471-477, v0.4.2 480-486, v0.5.0 526-532, v0.6.0 683-689)
+    also only where the compute dtype is not fp8_mx or nvfp4 ("causes NaN grad norm for fp8_mx") and, from
+    v0.4.0, the optimizer not dist_muon. Megatron-Core needs the parameter-gather overlap with it
+    (ParallelPlan.overlap_param_gather: off on the mbridge_param_gather_off and Muon rows, so not set there).
+    Source: NVIDIA-NeMo/Megatron-Bridge at v0.1.0rc4, v0.2.0, v0.3.0, v0.4.0, v0.4.2, v0.5.0, v0.6.0.
+    docs/validation.md#param-gather-optstep"""
+    if family(rec["id"]) not in BRIDGE_FAMILIES or not (dp > 1 and pp > 1 and vpp > 1):
+        return False
+    return bridge_release(rec) <= (25, 11) or recipe not in ("mxfp8", "nvfp4")
+
+
 def mbridge_muon_bf16_params(rec: dict) -> bool:
     """Whether a Megatron-Bridge Kimi-K2 row runs without MXFP8 primary weights: from v0.3.1 (26.02.01) to v0.5.0
     (26.06) its config functions turn fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag off under the Muon
@@ -1860,6 +1876,13 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # B200; 405B GB200 NVFP4 V2 from 26.04.01): mbridge_param_gather_off
         overlap_param_gather=par.get("overlap_param_gather", fam not in STEP_END_DP and not mbridge_muon(rec)
                                      and not mbridge_param_gather_off(rec)),
+        # the Megatron-Bridge performance scripts' dp > 1, pp > 1, vp > 1 rule (mbridge_param_gather_optstep),
+        # where the parameter-gather overlap it needs is on
+        overlap_param_gather_with_optimizer_step=par.get(
+            "overlap_param_gather_with_optimizer_step",
+            mbridge_param_gather_optstep(rec, dp, pp, vpp, recipe) and par.get(
+                "overlap_param_gather", fam not in STEP_END_DP and not mbridge_muon(rec)
+                and not mbridge_param_gather_off(rec))),
         # BigScience ran with CUDA_LAUNCH_BLOCKING=1 against NCCL hangs on Jean Zay (tr11-176B-ml.slurm exports it;
         # chronicles-prequel.md 'dealing with JZ hanging': without it, 320 GPUs always hung)
         launch_blocking=fam == "bloom",

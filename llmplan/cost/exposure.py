@@ -15,6 +15,7 @@ from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS, zero3_layer_tensors
 from llmplan.cost.stages import recomputed_share
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_ring_size
+from llmplan.specs.rule import as_bool
 
 BUCKET_PARAMS, BUCKET_PARAMS_PER_DP = 40e6, 1e6
 """Megatron-Core's default gradient bucket: max(40M, 1M x dp) parameters (DistributedDataParallelConfig
@@ -304,8 +305,21 @@ def bucket_share(plan: ParallelPlan, params_on_rank: Any, last_param: Any = 0.0)
     return minimum(1.0, maximum(bucket_params(plan), last_param) / maximum(params_on_rank, 1.0))
 
 
+def optstep_gather_exposed(plan: ParallelPlan, gather: Any, optimizer_s: Any, kappa: float) -> Any:
+    """Exposed seconds of the first model chunk's weight all-gather under
+    overlap_param_gather_with_optimizer_step, of a step's whole gather `gather` and optimizer step `optimizer_s`:
+    the chunk (1/v of the rank's weights, one bucket) is gathered whole right after its own optimizer step,
+    beside the other v - 1 chunks' steps, and must end before its first forward.
+    Source: NVIDIA/Megatron-LM core_v0.14.0 megatron/core/optimizer/__init__.py (get_megatron_optimizer: the
+    first chunk's optimizer apart), optimizer/optimizer.py (ChainedOptimizer.step_with_ready_grads:
+    start_param_sync(force_dispatch=True) after optimizer 0), training/training.py (get_model:
+    disable_bucketing). Derived: docs/formulas.md#step.dp_optstep_gather"""
+    v = plan.vpp
+    return overlap(gather / v, optimizer_s * (v - 1) / v, kappa)
+
+
 def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
-                        params_on_rank: Any, last_param: Any) -> Any:
+                        params_on_rank: Any, last_param: Any, optimizer_s: Any = 0.0) -> Any:
     """ZeRO 0-1 (distributed optimizer), and ZeRO 2-3 under a pipeline, per step: the gradient reduction
     hides behind the last micro-batch's backward (overlap-grad-reduce); the weights' all-gather behind the
     first forward (overlap-param-gather); interleaved, behind more (chunked_sync_window). The reduction of the
@@ -316,13 +330,18 @@ def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute,
     in reverse order; gathered in forward order). Derived: docs/formulas.md#step.dp"""
     backward = sc.total - sc.forward
     share = bucket_share(plan, params_on_rank, last_param)
-    last, first = comm.dp_reduce * share, comm.dp_gather * share
+    # overlap_param_gather_with_optimizer_step: the first chunk one bucket (step.dp_optstep_gather)
+    optstep = (as_bool(plan.overlap_param_gather_with_optimizer_step) & as_bool(plan.overlap_param_gather)
+               & (plan.zero == 1) & (plan.vpp > 1))
+    last = comm.dp_reduce * where(optstep, maximum(share, 1 / plan.vpp), share)
+    first = where(optstep, comm.dp_gather / plan.vpp, comm.dp_gather * share)
+    first_exposed = where(optstep, optstep_gather_exposed(plan, comm.dp_gather, optimizer_s, kappa), first)
     reduce = where(plan.overlap_grad_reduce,
                    last + overlap(comm.dp_reduce - last, chunked_sync_window(plan, comm.dp_reduce - last, backward),
                                   kappa),
                    comm.dp_reduce)
     gather = where(plan.overlap_param_gather & (plan.zero >= 1),
-                   first + overlap(comm.dp_gather - first,
-                                   chunked_sync_window(plan, comm.dp_gather - first, sc.forward), kappa),
+                   first_exposed + overlap(comm.dp_gather - first,
+                                           chunked_sync_window(plan, comm.dp_gather - first, sc.forward), kappa),
                    comm.dp_gather)
     return where(plan.sharded_per_microbatch, 0.0, reduce) + where(plan.gathered_per_microbatch, 0.0, gather)

@@ -468,11 +468,13 @@ MXFP8 unstaging),
             rp = stepped_rank_params(m, plan, stage)
             emb = word_embedding_on_rank(m, plan, stage)  # the last bucket's last parameter (step.dp_last_bucket)
             kept = bf16_kept_params(m, plan, stage)  # fp8_params' bf16 parts (mem.fp8_param_bf16_parts)
+            opt = (optimizer_step_seconds(rp.total, plan, gpu, rp.expert, kept, muon_params(m, plan, stage))
+                   + newton_schulz_seconds(m, plan, gpu, stage))  # Muon's step (optim.muon_ns)
             reduce = dp_exposed_per_step(plan, replace(c, dp_gather=0.0), sc, kappa, rp.total, emb)
-            gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total, emb)
+            # the first chunk's gather beside the other chunks' step (step.dp_optstep_gather)
+            gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total, emb, opt)
             tail = ((reduce, grad_buffer_seconds(plan, rp.total, gpu)),
-                    (gather, optimizer_step_seconds(rp.total, plan, gpu, rp.expert, kept, muon_params(m, plan, stage))
-                     + newton_schulz_seconds(m, plan, gpu, stage),  # Muon's step (optim.muon_ns)
+                    (gather, opt,
                      zero3_copy_out_seconds(plan, rp.total, gpu, bf16_gathered_params(m, plan, stage).total),
                      mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, stage), gpu)))
             if key is not None:

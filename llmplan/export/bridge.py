@@ -391,6 +391,9 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             *((f"optimizer.{k}", TORCH_DTYPES[p.optimizer_moment_dtype]) for k in ("exp_avg_dtype",
                                                                                    "exp_avg_sq_dtype")),
             ("comm_overlap", None), ("mixed_precision", preset(pf))]
+    if p.overlap_param_gather_with_optimizer_step:  # OptimizerConfig's flag, which get_model's disable_bucketing
+        # reads too (Megatron-Bridge v0.2.0 src/megatron/bridge/training/setup.py line 212)
+        out.insert(len(out) - 2, ("optimizer.overlap_param_gather_with_optimizer_step", True))
     if low_states:  # OptimizerConfig.store_param_remainders (default True): written out, as the plan prices it
         out.insert(len(out) - 2, ("optimizer.store_param_remainders", p.param_remainders))
     out += muon_overrides(pf)  # after the preset, whose low-precision weight gather it turns off

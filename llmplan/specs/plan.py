@@ -249,6 +249,12 @@ class ParallelPlan(PlanQuantities, Spec):
     """Reduce gradients in buckets during the last micro-batch's backward (Megatron --overlap-grad-reduce)."""
     overlap_param_gather: bool = True
     """All-gather updated weights during the next forward (Megatron --overlap-param-gather; needs zero >= 1)."""
+    overlap_param_gather_with_optimizer_step: bool = False
+    """Megatron-Core --overlap-param-gather-with-optimizer-step (interleaved pipeline, distributed optimizer,
+    overlap_param_gather): the first model chunk is one DP bucket with an optimizer of its own, stepped first;
+    its whole weight all-gather is launched right after, beside the other chunks' optimizer step, instead of
+    before the first forward; its gradients, unbucketed, are reduced after the last backward.
+    docs/formulas.md#step.dp_optstep_gather"""
     launch_blocking: bool = False
     """CUDA_LAUNCH_BLOCKING=1: every kernel launch returns only when the kernel is done, so the GPU idles while
     the host returns, runs the next op's Python and launches it (BigScience's tr11-176B-ml.slurm exports it
