@@ -77,7 +77,7 @@ def test_switch_with_what_it_acts_on_runs(cli, args):
 
 
 M, SYSTEMS = builtin_models(), builtin_systems()
-ON = {"zero3_unit": "tensor", "fp32_param_shards": True, "tp_impl": "dtensor", "tp_comm_overlap": True,
+ON = {"overlap_param_gather_with_optimizer_step": True, "zero3_unit": "tensor", "fp32_param_shards": True, "tp_impl": "dtensor", "tp_comm_overlap": True,
       "pp_scatter_gather": True,
       "pp_schedule": "zero-bubble", "ep_comm_overlap": True, "moe_routing": "contiguous",
       "cp_impl": "torch-allgather", "cp_comm_type": "a2a", "cp_a2a_size": 4, "cp_kv_repeated": True, "cp_comm_overlap": False, "rope_complex": True, "zero3_copy_out": True,

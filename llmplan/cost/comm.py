@@ -44,6 +44,7 @@ from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_a2a_group, cp_ring_size
 from llmplan.specs.plan_choices import MoeFlexBackend
+from llmplan.specs.quantities import param_gather_optstep
 from llmplan.specs.rule import as_bool
 from llmplan.specs.schedule import schedule_of
 from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs, group_links
@@ -846,7 +847,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
         reduced_b, gathered_b = sync_bytes(plan, params, bf16)
         copies = per_tensor & (ranks > 1)  # a group of one rank runs no collective, so copies nothing
         # overlap_param_gather_with_optimizer_step: the first chunk one bucket too (step.dp_optstep_gather)
-        unbucketed = as_bool(plan.overlap_param_gather_with_optimizer_step) & (plan.vpp > 1)
+        unbucketed = param_gather_optstep(plan)
         b_r = where(megatron, dp_step_calls(plan, params, as_bool(plan.overlap_grad_reduce) & ~unbucketed), 1)
         b_g = where(megatron, dp_step_calls(plan, params, as_bool(plan.overlap_param_gather) & ~unbucketed), 1)
         out += [Transfer("all-reduce", where(whole, b_r, 0), reduced_b / b_r, group),

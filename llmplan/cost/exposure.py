@@ -15,7 +15,7 @@ from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS, zero3_layer_tensors
 from llmplan.cost.stages import recomputed_share
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_ring_size
-from llmplan.specs.rule import as_bool
+from llmplan.specs.quantities import param_gather_optstep
 
 BUCKET_PARAMS, BUCKET_PARAMS_PER_DP = 40e6, 1e6
 """Megatron-Core's default gradient bucket: max(40M, 1M x dp) parameters (DistributedDataParallelConfig
@@ -331,8 +331,7 @@ def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute,
     backward = sc.total - sc.forward
     share = bucket_share(plan, params_on_rank, last_param)
     # overlap_param_gather_with_optimizer_step: the first chunk one bucket (step.dp_optstep_gather)
-    optstep = (as_bool(plan.overlap_param_gather_with_optimizer_step) & as_bool(plan.overlap_param_gather)
-               & (plan.zero == 1) & (plan.vpp > 1))
+    optstep = param_gather_optstep(plan)
     last = comm.dp_reduce * where(optstep, maximum(share, 1 / plan.vpp), share)
     first = where(optstep, comm.dp_gather / plan.vpp, comm.dp_gather * share)
     first_exposed = where(optstep, optstep_gather_exposed(plan, comm.dp_gather, optimizer_s, kappa), first)

@@ -20,6 +20,7 @@ from llmplan.cost.offload import fine_grained_host_bytes, host_offload_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.plan_choices import MOE_OFFLOAD_MODULES
+from llmplan.specs.quantities import param_gather_optstep_axes
 from llmplan.specs.rule import Rule, Violation, as_bool
 from llmplan.units import GIB
 
@@ -232,12 +233,12 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
     # NVIDIA/Megatron-LM core_v0.14.0 megatron/training/arguments.py validate_args (and megatron/core/optimizer
     # at d98e8a6): the flag asserts the distributed optimizer, --overlap-param-gather and interleaving
     SwitchUse("param_gather_optstep_interleaved", ("overlap_param_gather_with_optimizer_step",),
-              lambda p: (p.zero == 1) & as_bool(p.overlap_param_gather) & as_bool(p.overlap_grad_reduce)
-              & (p.pp > 1) & (p.vpp > 1),
+              param_gather_optstep_axes,
               lambda p: f"overlap_param_gather_with_optimizer_step with zero {p.zero}, overlap_param_gather "
                         f"{p.overlap_param_gather}, pp {p.pp}, vpp {p.vpp}: Megatron-LM asserts the distributed "
                         "optimizer, --overlap-param-gather and an interleaved pipeline for it; use --zero 1 "
-                        "--overlap-param-gather with pp > 1 and vpp > 1, or drop the flag"),
+                        "--overlap-param-gather with pp > 1 and vpp > 1, or set "
+                        "overlap_param_gather_with_optimizer_step false in the plan"),
     SwitchUse("zero3_unit_zero", ("zero3_unit",), lambda p: p.zero == 3,
               lambda p: f"zero3_unit {p.zero3_unit} with zero {p.zero}: the unit is what one ZeRO-3 collective "
                         "gathers, and only ZeRO-3 gathers the weights (stages 1 and 2 keep them whole); use "

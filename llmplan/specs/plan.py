@@ -45,7 +45,8 @@ TUPLE_ITEMS = {f: "numbers, one per TP-overlap role (all-gathers, forward reduce
 """What the items of a fixed-length tuple field are, for the error that names its length (registry.
 validation_message)."""
 
-PLAN_FILE_ONLY = ("tp_overlap_sms", "tp_overlap_margin_sms", "torchao_saves_hp_input", "jit_activation")
+PLAN_FILE_ONLY = ("tp_overlap_sms", "tp_overlap_margin_sms", "torchao_saves_hp_input", "jit_activation",
+                  "overlap_param_gather_with_optimizer_step")
 """ParallelPlan fields with no command-line flag: set only by editing a plan file (or by a family's recipe)."""
 
 
