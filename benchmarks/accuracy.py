@@ -186,7 +186,9 @@ ASSUMPTIONS = {
               "TP, native fused attention, "
               "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation (MCORE_1F1B_SYNC), "
               "the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's defaults (te_default_margin), "
-              "the param-gather overlap off where the preset turns it off (mbridge_param_gather_off); "
+              "the param-gather overlap off where the preset turns it off (mbridge_param_gather_off), "
+              "the param gather overlapped with the optimizer step where the script turns it on "
+              "(mbridge_param_gather_optstep); "
               "predicts tokens/s per GPU (unambiguous: no FLOP "
               "convention); only the H100 rows enter the constant fit (Blackwell profiles are not fitted)",
     "torchtitan": "torchtitan's December 2024 Llama 3.1 benchmarks on H100 96 GB HBM2e at 500 W (hgx-h100-96gb "
