@@ -108,7 +108,7 @@ def _plan_new(spec: Path, plans: Path, predictions: Predictions, new: NewPlans, 
     cluster = new.cluster()
     seq = new.seq_len or default_seq_len(m)
     w = Workload(global_batch=new.global_batch or global_batch_from_tokens(DEFAULT_BATCH_TOKENS, seq), seq_len=seq)
-    res = run_search(m, cluster, default_space(m, cluster, w), w, top=1)
+    res = run_search(m, cluster, default_space(m, cluster, w), w, top=1, sides=False)  # reads the ranked rows only
     if not res.ranked:
         result.failed.append(f"{spec}: no plan fits on {new.nodes} x {cluster.system.name}")
         return

@@ -98,7 +98,7 @@ def search_pools_cli(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: S
                     res = run_search(m, cc, space, wv, "throughput", max(goal.top, 8), allowance, order,
                                      progress=say, min_headroom=min_headroom_bytes(goal.min_headroom,
                                                                                    cc.system.gpu.hbm_bytes),
-                                     checkpoint=checkpoint, vpp_pin=pins.vpp)
+                                     checkpoint=checkpoint, vpp_pin=pins.vpp, sides=False)  # ranked only
                 except LlmplanError as e:
                     refused.append(e)
                     return

@@ -291,7 +291,8 @@ class SettingSearch:
             beat: float | None = None) -> SearchResult | None:
         """One search of workload `wv` on `cc` (`full`: only the plans that straddle a domain of that many GPUs;
         `beat`: search.run.search's); with a target, its plans kept for it (None: an empty straddling space).
-        Without a target its side outputs are left pending, priced for the result shown (shown)."""
+        Its side outputs are left pending, priced for the result shown (shown): no other setting's reach the
+        output (the cross-setting rule and a target's walk read the ranked rows and the plans only)."""
         pins, goal = self.pins, self.goal
         whole = default_space(self.m, cc, wv, self.pinned, pins.max_tp, pins.max_pp, pins.max_cp)
         space = straddling_space(whole, full) if full else whole
@@ -301,7 +302,7 @@ class SettingSearch:
                          progress=self.say, min_headroom=min_headroom_bytes(goal.min_headroom, cc.system.gpu.hbm_bytes),
                          checkpoint=self.checkpoint, vpp_pin=pins.vpp, named=self.named,
                          keep_plans=self.target is not None, screens=self.screens,
-                         beat=beat if self.target is None else None, sides=self.target is not None)
+                         beat=beat if self.target is None else None, sides=False)
         if self.target is None:
             return res
         kept = keep_training(res, self.target, self.doc_of, goal.top)
@@ -432,7 +433,7 @@ class SettingSearch:
         if self.target is not None:  # none kept a plan: what refused them, over every setting tried
             refuse_every_setting(self.target, [(t[0], t[1]) for t in self.tried])
         v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]
-        res = complete_sides(res)  # priced for the result shown only (run: sides=False without a target)
+        res = complete_sides(res)  # priced for the result shown only (run: sides=False)
         if self.target is not None:  # the side outputs of the result shown only
             res = training_sides(res, self.target, self.doc_of)
             res = dataclasses.replace(res, walks=tuple(self.walks))

@@ -6,7 +6,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Sequence
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from llmplan.specs.rule import Rule
 from llmplan.specs.schedule import schedule_of
 from llmplan.topology.placement import DEFAULT_ORDER, on_cluster, place
 from llmplan.units import GIB
+
+if TYPE_CHECKING:
+    from llmplan.search.layouts import LayoutPins
 
 OBJECTIVES = ("throughput", "time-to-train", "gpu-hours", "headroom")
 LAYOUT_RULES = frozenset({"pp_layers", "vpp_layers"})
@@ -454,7 +457,50 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     and nothing ranked (a setting tried beside earlier ones: `beat` is the fastest plan so far less the model's
     resolution, win_floor, below which no plan of this setting can tie with it; cli.search.train_search).
     `sides` False: the side outputs (Pareto rows, conventional plan, best without CP / with EP, wide-EP row) are
-    left unpriced in `pending` (complete_sides prices them: a command that shows one of many searches)."""
+    left unpriced in `pending` (complete_sides prices them: a command that shows one of many searches).
+    Its phases, in order: _prepared, _pruned, _screened, _fitting, _evaluated, then _scored_rows, _rows_result
+    and _finished."""
+    m, space, pins, min_headroom = _prepared(m, cluster, space, w, vpp_pin, min_headroom)
+    t0 = time.perf_counter()
+    say = progress or (lambda _: None)
+    _check_size(space)
+    say("enumerating")
+    w = runs_on(m, cluster, w)
+    plans = enumerate_plans(space, cluster, w, screens)  # the searches of one command share their spaces' axes
+    considered = len(plans)
+    say("pruning")
+    plans, pruned = _pruned(m, plans, cluster, named)
+    say("evaluating memory")
+    key = screen_key(w, cluster, space, allowance, min_headroom, plans) if screens is not None else None
+    screen = _screened(m, cluster, plans, allowance, min_headroom, screens, key)
+    if screen.memory is None or not screen.fits.any():  # none screened in, or every one screened in is still too big
+        return _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowance, order, t0, objective,
+                             min_headroom)
+    plans = _fitting(plans, screen, pruned, cluster, min_headroom)
+    say("evaluating step time")
+    ev = _evaluated(m, cluster, plans, allowance, order, screen, screens, key)
+    survives = None
+    if objective in ("time-to-train", "gpu-hours"):  # the tokens/s that survive failures (cost.goodput)
+        survives = plan_goodput(m, cluster, plans.as_plan, ev.step.total, checkpoint).useful
+    score = objective_score(ev, objective, survives)
+    top_score = float(score.max())
+    if beat is not None and top_score <= beat:
+        return SearchResult(considered=considered, feasible=len(plans), pruned=pruned, ranked=[], pareto=[],
+                            seconds=time.perf_counter() - t0, objective=objective, top_score=top_score, outrun=True)
+    ranking = _order(score, np.asarray(ev.memory.headroom, dtype=float), plans)
+    say("ranking")
+    job = _Job(m, cluster, w, allowance, order, checkpoint, min_headroom)
+    rows = _scored_rows(job, plans, ev, score, ranking, objective, max(top, TIE_POOL))
+    res = _rows_result(job, rows, considered, pruned, objective, top_score, sides)
+    res = _finished(job, rows, res, pins, keep_plans, sides)
+    return dataclasses.replace(shown(res, top), seconds=time.perf_counter() - t0)
+
+
+def _prepared(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, vpp_pin: int | None,
+              min_headroom: float | None) -> tuple[ModelSpec, Space, LayoutPins, float]:
+    """search's first phase: the model as the workload trains it (its MTP modules, refused where a switch breaks
+    MTP_RULE), the space with a pinned --vpp's stand-ins (search.layouts.stand_in_space) and their pins, and the
+    headroom asked for (None: the default share of the GPU's memory)."""
     from llmplan.search import layouts
 
     if not MTP_RULE.ok(m, w.base, cluster):  # a workload switch: no pin or axis mends it
@@ -463,19 +509,23 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     space, pins = layouts.stand_in_space(m, space, vpp_pin)
     if min_headroom is None:
         min_headroom = min_headroom_bytes(None, cluster.system.gpu.hbm_bytes)
-    t0 = time.perf_counter()
-    say = progress or (lambda _: None)
+    return m, space, pins, min_headroom
+
+
+def _check_size(space: Space) -> None:
+    """Refuse a space of more plans than one search holds in memory (MAX_PLANS)."""
     if space.size > MAX_PLANS:
         raise LlmplanError(f"the search space has {space.size:,} plans, more than the {MAX_PLANS:,} one search "
                            f"evaluates at once (about {MAX_PLANS * PLAN_BYTES / GIB:.0f} GiB); pin an axis "
                            "(--tp, --pp, --cp, --ep, --micro-batch) or bound one (--max-tp, --max-pp, --max-cp)")
-    say("enumerating")
-    w = runs_on(m, cluster, w)
-    plans = enumerate_plans(space, cluster, w, screens)  # the searches of one command share their spaces' axes
-    considered = len(plans)
-    keep = np.ones(considered, dtype=bool)
+
+
+def _pruned(m: ModelSpec, plans: PlanArrays, cluster: ClusterSpec,
+            named: Collection[str] | None) -> tuple[PlanArrays, list[Pruned]]:
+    """The plans check_plan's rules pass (rule_cuts), with each rule's count and first example; refused where
+    the workload's switches alone break a rule, or none passes, or a switch named is used by no plan."""
+    keep = np.ones(len(plans), dtype=bool)
     pruned: list[Pruned] = []
-    say("pruning")
     for rule, ok in rule_cuts(m, plans, cluster):
         if ok.ndim == 0 and rule in SWITCH_RULES:  # the workload's switches alone break it: no pin or axis mends it
             raise switches_break(rule.name, rule.message(m, plans.plan(0, settled=False), cluster))
@@ -493,45 +543,106 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
                                                                    for p in worst)
                            + ". Change the pinned options, --global-batch, --seq-len or --nodes")
     refuse_unused_switches(m, plans, named)
-    say("evaluating memory")
-    key = screen_key(w, cluster, space, allowance, min_headroom, plans) if screens is not None else None
+    return plans, pruned
+
+
+def _screened(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allowance: MemoryAllowance | None,
+              min_headroom: float, screens: dict[Any, Any] | None, key: Any) -> Any:
+    """The memory screen of `plans` (evaluate.screened_memory), an earlier search's under the same `key`
+    (screen_key) where `screens` holds one, and kept there for the next."""
     screen = screens.get(key) if screens is not None else None
     if screen is None:
         screen = screened_memory(m, cluster, plans, allowance, min_headroom)
         if screens is not None:
             screens[key] = screen
-    fits, capacity = screen.fits, float(cluster.system.gpu.hbm_bytes)
-    if screen.memory is None or not fits.any():  # none screened in, or every one screened in is still too big
-        return _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowance, order, t0, objective,
-                             min_headroom)
+    return screen
+
+
+def _fitting(plans: PlanArrays, screen: Any, pruned: list[Pruned], cluster: ClusterSpec,
+             min_headroom: float) -> PlanArrays:
+    """The plans the memory screen lets through; those it cuts counted in `pruned` (with the plan that needs the
+    least memory as the example)."""
+    capacity = float(cluster.system.gpu.hbm_bytes)
     if screen.least is not None:
-        pruned.append(Pruned("memory", int((~fits).sum()), f"{plans.plan(screen.least).describe()} needs "
+        pruned.append(Pruned("memory", int((~screen.fits).sum()), f"{plans.plan(screen.least).describe()} needs "
                              f"{screen.least_total / GIB:.1f} GiB of {capacity / GIB:.1f} GiB per GPU"
                              + (f" (with {min_headroom / GIB:g} GiB headroom required)" if min_headroom else "")))
-    plans = plans.take(np.flatnonzero(fits))
-    say("evaluating step time")
+    return plans.take(np.flatnonzero(screen.fits))
+
+
+def _evaluated(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allowance: MemoryAllowance | None,
+               order: tuple[str, ...], screen: Any, screens: dict[Any, Any] | None, key: Any) -> Evaluation:
+    """The vectorised evaluation of the plans that fit, with the communication seconds of every axis but EP
+    shared with an earlier search of the same plans (`screens`) and kept there for the next."""
     comm_key = ("comm", key, order) if screens is not None else None  # the same plans: their comm but EP alike
     ev = evaluate(m, cluster, plans, allowance, order, memory=screen.memory,
                   comm=screens.get(comm_key) if screens is not None else None)
     if screens is not None:
         screens.setdefault(comm_key, ev.comm)
-    survives = None
-    if objective in ("time-to-train", "gpu-hours"):  # the tokens/s that survive failures (cost.goodput)
-        survives = plan_goodput(m, cluster, plans.as_plan, ev.step.total, checkpoint).useful
-    score = objective_score(ev, objective, survives)
-    top_score = float(score.max())
-    if beat is not None and top_score <= beat:
-        return SearchResult(considered=considered, feasible=len(plans), pruned=pruned, ranked=[], pareto=[],
-                            seconds=time.perf_counter() - t0, objective=objective, top_score=top_score, outrun=True)
-    ranking = _order(score, np.asarray(ev.memory.headroom, dtype=float), plans)
-    say("ranking")
+    return ev
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What one search prices its rows with: the model as trained, the cluster, the workload as it runs there,
+    and the search's memory and placement options."""
+
+    m: ModelSpec
+    cluster: ClusterSpec
+    w: Workload
+    allowance: MemoryAllowance | None
+    order: tuple[str, ...]
+    checkpoint: CheckpointPolicy | None
+    min_headroom: float
+
+    def conventional(self) -> TrainingEstimate | None:
+        """The conventional plan of the job (conventional_plan)."""
+        return conventional_plan(self.m, self.cluster, self.w, self.allowance, self.order, self.min_headroom,
+                                 self.checkpoint)
+
+
+@dataclass
+class _Rows:
+    """The ranking phase's view of the plans that fit: their ranking, layouts and scores, the rows picked (one per
+    layout among the `pool` best), the side outputs' plan indices and the memoised scalar estimate."""
+
+    plans: PlanArrays
+    ranking: np.ndarray
+    score: np.ndarray
+    tokens: np.ndarray
+    headroom: np.ndarray
+    memory: np.ndarray
+    codes: np.ndarray
+    layout: np.ndarray
+    resolution: float | None
+    pool: int
+    picked: list[Any]
+    counted: list[Any]
+    front: np.ndarray
+    cp_i: int | None
+    ep_i: int | None
+    cloud: np.ndarray
+    est: Callable[[Any], TrainingEstimate]
+    estimates: dict[int, TrainingEstimate]
+    side_rows: dict[int, Any] = field(default_factory=dict)
+    """sides=False: the plans the pending side outputs price (pending_rows), their pricer's rows."""
+
+
+def _scored_rows(job: _Job, plans: PlanArrays, ev: Evaluation, score: np.ndarray, ranking: np.ndarray,
+                 objective: str, pool: int) -> _Rows:
+    """search's ranking phase: one row per layout (its best variant) among the `pool` best layouts, ties resolved
+    there whatever --top is, so the rows at any --top are the first rows of one ranking (search.variants,
+    search.ties); the vectorised Pareto front, the plans the CP / EP comparisons show and the scatter's cloud."""
+    m = job.m
     estimates: dict[int, TrainingEstimate] = {}
 
     def est(i: Any) -> TrainingEstimate:  # the scalar estimate of a shown plan (ranked and Pareto rows share)
         if int(i) not in estimates:
-            estimates[int(i)] = estimate_training(m, cluster, plans.plan(int(i)), allowance, order, checkpoint)
+            estimates[int(i)] = estimate_training(m, job.cluster, plans.plan(int(i)), job.allowance, job.order,
+                                                  job.checkpoint)
         return estimates[int(i)]
 
+    tokens = np.asarray(ev.throughput.tokens_per_s, dtype=float)
     front = pareto_front(np.asarray(ev.throughput.tokens_per_s), np.asarray(ev.memory.headroom))
     layout = np.stack([plans.tp, plans.pp, plans.dp, plans.cp, plans.ep, plans.etp_resolved, plans.vpp,
                        plans.pp_first, plans.pp_last, plans.sp, plans.recompute_code, plans.micro_batch], axis=1)
@@ -540,9 +651,6 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
         from llmplan.intervals import resolution as model_resolution
 
         resolution = model_resolution(moe=bool(m.num_experts))
-    # one row per layout (its best variant); ties are resolved among the TIE_POOL best layouts whatever --top
-    # is, so the rows at any --top are the first rows of one ranking (search.variants, search.ties)
-    pool = max(top, TIE_POOL)
     codes = layout_codes(plans)
     headroom = np.asarray(ev.memory.headroom, dtype=float)
     memory = np.asarray(ev.memory.total, dtype=float)
@@ -550,34 +658,50 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
               for i in best_layouts(ranking, codes, score, pool)]
     counted = [variants_of(i, codes, score, memory, layout, plans, resolution) for i in picked]
     sample = np.unique(np.linspace(0, len(plans) - 1, min(CLOUD_POINTS, len(plans))).round().astype(int))
-    cloud = np.stack([np.asarray(ev.throughput.tokens_per_s, dtype=float)[sample], headroom[sample]], axis=1)
+    cloud = np.stack([tokens[sample], headroom[sample]], axis=1)
     cp_i = best_index(plans.cp == 1, plans.cp > 1, score)
     ep_i = best_index(plans.ep > 1, plans.ep == 1, score) if m.is_moe else None
-    conventional = lambda: conventional_plan(m, cluster, w, allowance, order, min_headroom, checkpoint)  # noqa: E731
-    ranked = [est(i) for i in picked]
-    rows: dict[int, Any] = {}  # sides=False: the plans the pending side outputs price (pending_rows)
-    res = SearchResult(considered=considered, feasible=len(plans), pruned=pruned,
-                       ranked=ranked, pareto=[est(i) for i in front] if sides else [],
-                       seconds=time.perf_counter() - t0, objective=objective, equivalents=[n for n, _ in counted],
-                       conventional=conventional() if sides else None,
-                       without_cp=est(cp_i) if sides and cp_i is not None else None,
-                       with_ep=est(ep_i) if sides and ep_i is not None else None,
-                       cloud=cloud, resolution=resolution, variants=[v for _, v in counted], top_score=top_score,
-                       pending=None if sides else SidePlans(
-                           pricer(rows, estimates, m, cluster, allowance, order, checkpoint),
-                           tuple(int(i) for i in front), cp_i, ep_i, None, conventional))
+    return _Rows(plans, ranking, score, tokens, headroom, memory, codes, layout, resolution, pool, picked, counted,
+                 front, cp_i, ep_i, cloud, est, estimates)
+
+
+def _rows_result(job: _Job, r: _Rows, considered: int, pruned: list[Pruned], objective: str, top_score: float,
+                 sides: bool) -> SearchResult:
+    """The result of the ranked rows before the layout pass, with the side outputs priced (`sides`) or pending
+    (SidePlans: the rows they price are filled in by _finished's pending_rows)."""
+    est, cp_i, ep_i = r.est, r.cp_i, r.ep_i
+    return SearchResult(considered=considered, feasible=len(r.plans), pruned=pruned,
+                        ranked=[est(i) for i in r.picked], pareto=[est(i) for i in r.front] if sides else [],
+                        objective=objective, equivalents=[n for n, _ in r.counted],
+                        conventional=job.conventional() if sides else None,
+                        without_cp=est(cp_i) if sides and cp_i is not None else None,
+                        with_ep=est(ep_i) if sides and ep_i is not None else None,
+                        cloud=r.cloud, resolution=r.resolution, variants=[v for _, v in r.counted],
+                        top_score=top_score,
+                        pending=None if sides else SidePlans(
+                            pricer(r.side_rows, r.estimates, job.m, job.cluster, job.allowance, job.order,
+                                   job.checkpoint),
+                            tuple(int(i) for i in r.front), cp_i, ep_i, None, job.conventional))
+
+
+def _finished(job: _Job, r: _Rows, res: SearchResult, pins: LayoutPins, keep_plans: bool, sides: bool) -> SearchResult:
+    """search's last phase: the layout pass's balanced-layout plans merged into the rows (search.layouts), every
+    plan that fits kept where asked (`keep_plans`), the rows ranked with their ties, and the wide-EP row priced
+    (`sides`) or left pending with the few plans the pending side outputs price."""
+    from llmplan.search import layouts
+
     fitted: list[TrainingEstimate] = []
-    res = layouts.layout_pass(res, pins, m, cluster, plans, ranking, allowance, order, checkpoint, min_headroom, pool,
-                              fitted)
+    res = layouts.layout_pass(res, pins, job.m, job.cluster, r.plans, r.ranking, job.allowance, job.order,
+                              job.checkpoint, job.min_headroom, r.pool, fitted)
     if keep_plans:
-        res.layout_plans = LayoutPlans(plans, ranking, codes, score, headroom, memory, layout, resolution, est,
-                                       np.isin(plans.pp, list(pins.stand_ins)) if pins.stand_ins else None,
-                                       np.asarray(ev.throughput.tokens_per_s, dtype=float), fitted)
-    res = layouts.rank(res, pool)
-    wide_i = wide_ep_index(res.ranked[0], plans, score, cluster, order) if res.ranked else None
-    res = dataclasses.replace(res, wide_ep=est(wide_i) if sides and wide_i is not None else None,
-                              pending=pending_rows(res.pending, rows, plans, wide_i))
-    return dataclasses.replace(shown(res, top), seconds=time.perf_counter() - t0)
+        res.layout_plans = LayoutPlans(r.plans, r.ranking, r.codes, r.score, r.headroom, r.memory, r.layout,
+                                       r.resolution, r.est,
+                                       np.isin(r.plans.pp, list(pins.stand_ins)) if pins.stand_ins else None,
+                                       r.tokens, fitted)
+    res = layouts.rank(res, r.pool)
+    wide_i = wide_ep_index(res.ranked[0], r.plans, r.score, job.cluster, job.order) if res.ranked else None
+    return dataclasses.replace(res, wide_ep=r.est(wide_i) if sides and wide_i is not None else None,
+                               pending=pending_rows(res.pending, r.side_rows, r.plans, wide_i))
 
 
 def pending_rows(pending: SidePlans | None, rows: dict[int, Any], plans: PlanArrays,
