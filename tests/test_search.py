@@ -70,12 +70,12 @@ def valid_plan(draw, case, cp_comm_type, dtype):
 
 
 @pytest.mark.parametrize("case,cp_comm_type,dtype", AGREE, ids=[f"{c[0]}-{t}-{d}" for c, t, d in AGREE])
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
           derandomize=True, database=None)
 @given(data=st.data())
 def test_vectorised_agrees_with_scalar(case, cp_comm_type, dtype, data):
-    """The vectorised evaluation of one plan equals the scalar estimate, on 3 seeded draws of each
-    (case, CP type, dtype) of AGREE (63 in all)."""
+    """The vectorised evaluation of one plan equals the scalar estimate, on 2 seeded draws of each
+    (case, CP type, dtype) of AGREE (42 in all)."""
     drawn = data.draw(valid_plan(case, cp_comm_type, dtype))
     assume(drawn is not None)
     m, cluster, plan = drawn
