@@ -267,22 +267,33 @@ LOAD_POINTS = 96
 def load_curve(e: ServeEstimate) -> list[LoadPoint]:
     """Throughput per GPU, TTFT and TPOT of the plan from 1 concurrent sequence per replica up to what its KV
     cache admits, the job's batch and the SLOs' largest concurrency among them: the curve of throughput per
-    GPU against concurrency and against TPOT. Empty when not one sequence fits. The same timing as
-    estimate_serving at each concurrency. Derived: docs/formulas.md#infer.throughput"""
+    GPU against concurrency and against TPOT. Empty when not one sequence fits. Each point is priced as a
+    server set up for that concurrency runs it (job_for_plan at the point: SGLang cuts its capture list to its
+    --max-running-requests, so a point off the list's alignment runs eager, docs/validation.md#sglang-cut), as
+    slo_batch_of checks an SLO batch: the same timing as estimate_serving of the job at that batch, the points
+    that share a server's captured sizes priced together. Derived: docs/formulas.md#infer.throughput"""
     limit = e.memory.max_concurrent_seqs
     if limit < 1:
         return []
     extra = [b for b in (e.job.batch, e.slo_batch) if b and b <= limit]
     grid = np.unique(np.concatenate([np.round(np.geomspace(1, limit, LOAD_POINTS)), extra])).astype(float)
-    runs = running_plan(e.plan, list(e.operators))
-    t = serve_timing(loaded_model(e.model, e.job), runs, e.cluster.system, replica_spans(e.plan, e.cluster), e.job, grid)
-    ttft, tpot = np.broadcast_to(t.ttft, grid.shape), np.broadcast_to(t.tpot, grid.shape)
+    runs, lm, system = running_plan(e.plan, list(e.operators)), loaded_model(e.model, e.job), e.cluster.system
+    spans = replica_spans(e.plan, e.cluster)
+    ttft, tpot, rate = (np.empty(grid.shape) for _ in range(3))
+    servers: dict[str, tuple[ServeJob, list[int]]] = {}
+    for i, b in enumerate(grid):
+        at = job_for_plan(lm, e.job, e.plan, system, int(b))
+        servers.setdefault(at.model_dump_json(), (at, []))[1].append(i)
+    for at, idx in servers.values():
+        t = serve_timing(lm, runs, system, spans, at, grid[idx])
+        for out, v in ((ttft, t.ttft), (tpot, t.tpot), (rate, t.tokens_per_s_replica)):
+            out[idx] = np.broadcast_to(v, (len(idx),))
     ok = np.ones(grid.shape, dtype=bool)
     if e.job.ttft_slo_s is not None:
         ok &= ttft <= e.job.ttft_slo_s
     if e.job.tpot_slo_s is not None:
         ok &= tpot <= e.job.tpot_slo_s
-    per_gpu = np.asarray(t.tokens_per_s_replica) * e.plan.dp / e.plan.num_gpus
+    per_gpu = rate * e.plan.dp / e.plan.num_gpus
     return [LoadPoint(int(b), float(f), float(d), float(r), bool(k))
             for b, f, d, r, k in zip(grid, ttft, tpot, per_gpu, ok, strict=True)]
 

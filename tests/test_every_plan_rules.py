@@ -63,9 +63,9 @@ RULES = {  # (target, EVERY_PLAN key): the plan change that meets the rule, and 
     ("deepspeed", "optimizer"): ({"optimizer": "muon"}, "DeepSpeed's applies it in its ZeRO optimizer"),
     ("deepspeed", "grad_checks"): ({"grad_prescale": True}, "gradient NaN check or 1/dp pre-scaling"),
     ("deepspeed", "swiglu_fp8_input"): ({"swiglu_fp8_input": True}, "the SwiGLU input kept in fp8"),
-    ("torchtitan", "jit_activation"): ({"jit_activation": True}, "Megatron-Core's jit_fuser SwiGLU"),
-    ("torchtitan-0.2", "jit_activation"): ({"jit_activation": True}, "Megatron-Core's jit_fuser SwiGLU"),
-    ("deepspeed", "jit_activation"): ({"jit_activation": True}, "Megatron-Core's jit_fuser SwiGLU"),
+    ("torchtitan", "jit_activation"): ({"jit_activation": True}, "Megatron-Core's jit_fuser kernel"),
+    ("torchtitan-0.2", "jit_activation"): ({"jit_activation": True}, "Megatron-Core's jit_fuser kernel"),
+    ("deepspeed", "jit_activation"): ({"jit_activation": True}, "Megatron-Core's jit_fuser kernel"),
     ("megatron", "fp8_attention"): ({"fp8_attention": True}, "FP8 dot-product attention (Megatron-Core's"),
     ("megatron", "master_dtype"): ({"optimizer_master_dtype": "bf16"}, "optimizer master weights bf16 (Megatron-LM's"),
     ("megatron-bridge", "attention_kernel"): ({"attention_kernel": "flash2"}, "the flash2 attention kernel"),
@@ -238,3 +238,14 @@ def test_blocks_are_every_rule_that_refuses_all_the_plans(accepted):
     both = a.take(np.flatnonzero(cp > 1))
     words = [w for w, _ in every_plan_blocks(both, "deepspeed", both.plan)]
     assert words == [f"context parallelism (cp {both.plan(0).cp})"]
+
+
+def test_jit_activation_refusal_names_both_gated_kernels():
+    """jit_activation is allowed any gated MLP (check_plan rule jit_activation), GeGLU (GPT-OSS's quick GeGLU)
+    as well as SwiGLU: the refusal, worded on the plan alone, names both of Megatron-Core's jit_fuser kernels
+    (fusions/fused_bias_swiglu.py bias_swiglu_impl, fused_bias_geglu.py bias_geglu_impl), not SwiGLU's alone."""
+    from llmplan.export.common import jit_activation_refusal
+    from llmplan.specs.plan import ParallelPlan
+
+    what, bad, _ = jit_activation_refusal(ParallelPlan(jit_activation=True))
+    assert bad and "GeGLU" in what and "SwiGLU" in what and "bias_geglu_impl" in what

@@ -496,6 +496,7 @@ def test_torchtitan_refusals(cli, tmp_path):
     r = cli("export", edited(tmp_path, "fsdp_train", plan__dtype="fp8", plan__recipe="blockwise"), "--to",
             "torchtitan-0.2", "-o", tmp_path / "g")
     assert r.code == 2 and "blockwise recipe" in r.err and "export to megatron" in r.err
+    assert "torchtitan has no converter" in r.err and "MXFP8 and NVFP4" not in r.err
     r = cli("export", edited(tmp_path, "uneven_train", plan__zero=2), "--to", "torchtitan", "-o", tmp_path / "e")
     assert r.code == 2 and "bf16 training of llama-3.1-405b" in r.err and "--dtype fp8" in r.err
     r = cli("export", edited(tmp_path, "fsdp_train", plan__grad_dtype="bf16"), "--to", "torchtitan", "-o",

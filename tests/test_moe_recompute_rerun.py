@@ -55,6 +55,22 @@ def test_rerun_bytes_by_hand():
     assert moe_recompute_bytes(m, p) == pytest.approx(by_hand * T)
 
 
+def test_rerun_eager_bytes_without_fused_kernels():
+    """Without fused_kernels the forward runs a gated MLP's activation as eager silu and product
+    (EAGER_SWIGLU_BYTES: forward, read 2 write 2 for silu, read 4 write 2 for the product: 10 a column), and the
+    `moe` rerun runs the same forward kernels again: its routed and shared activation bytes are those 10, not the
+    fused pass's 6."""
+    from llmplan.cost.elementwise import EAGER_SWIGLU_BYTES
+
+    m = ModelSpec(**{**TINY, "n_shared_experts": 1})
+    p = plan(recompute_modules=("moe",), tp=2, sp=True, dp=4, fused_kernels=False)
+    T, k, w, fe = 4096, 2, 256, 128
+    eager = 10
+    assert EAGER_SWIGLU_BYTES[0] == eager
+    by_hand = (2 * 4 * k * w / 2 + eager * fe * k / 2 + eager * m.shared_ffn / 2) / 3
+    assert moe_recompute_bytes(m, p) == pytest.approx(by_hand * T)
+
+
 def test_nothing_without_moe_recomputed():
     m = ModelSpec(**TINY)
     for modules in ((), ("moe_act",), ("layernorm", "core_attn"), ("shared_experts",)):

@@ -105,6 +105,26 @@ def test_serving_search_honours_the_moe_serving_options(cli):
     assert r.code == 3 and all(not p["plan"]["dp_attention"] for p in r.json()["plans"])
 
 
+QWEN = ("--mode", "infer", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "1", "--dp-attention")
+
+
+@pytest.mark.parametrize("model,pins,rule", [
+    ("qwen3-30b-a3b", ("--ep", "1"), "ep (1) must equal the 8 GPUs"),  # dp_attention_ep
+    ("qwen3-30b-a3b", ("--ep", "4"), "ep (4) must equal the 8 GPUs"),
+    ("qwen3-30b-a3b", ("--tp", "2"), "runs attention whole on every GPU"),  # dp_attention_layout
+    ("llama-3.1-8b", (), "llama-3.1-8b is dense: drop --dp-attention"),  # dp_attention_moe
+])
+def test_search_refuses_dp_attention_no_layout_takes_as_estimate_does(cli, model, pins, rule):
+    """--dp-attention where no layout the search tries takes it (wide_ep_plans: tp 1, pp 1, ep over the group)
+    is refused up front with the rule line `estimate --mode infer` gives for the same pins (exit 2), not a
+    search that finds no plan (exit 3)."""
+    args = [*QWEN[:3], model, *QWEN[4:], *pins]
+    r, est = cli("search", *args), cli("estimate", *args)
+    assert est.code == 2 and rule in est.err
+    assert r.code == 2 and rule in r.err and "Traceback" not in r.err
+    assert r.err.strip().splitlines()[-1].split("rule: ", 1)[-1] in est.err
+
+
 @pytest.mark.parametrize("extra,needle", [
     (("--phase", "prefill"), "estimate --mode infer --phase prefill"),
     (("--expert-dtype", "fp9"), "serving plan options: --expert-dtype fp9"),  # names the flag (#sglang-cut)

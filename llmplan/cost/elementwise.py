@@ -349,6 +349,15 @@ def eager_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     return where(plan.fused_kernels, activation_pass_bytes(m), sum(EAGER_SWIGLU_BYTES) / 3)
 
 
+def activation_forward_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per token and MLP column of the activation's forward alone, as a recompute reruns it: the fused
+    kernel's one pass (activation_pass_bytes); without fused kernels a gated MLP's eager silu and product
+    (EAGER_SWIGLU_BYTES' forward). Derived: docs/formulas.md#moe.recompute_rerun"""
+    if not m.gated_mlp:
+        return activation_pass_bytes(m)
+    return where(plan.fused_kernels, activation_pass_bytes(m), EAGER_SWIGLU_BYTES[0])
+
+
 def activation_pass_bytes(m: ModelSpec) -> float:
     """HBM bytes per token and MLP column of the fused activation's one pass in bf16: gated, read the 2f-wide
     fc1 output and write f (6); GELU, read f and write f (4). Derived: docs/formulas.md#compute.memory_bound"""
@@ -666,7 +675,8 @@ def moe_recompute_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     in backward (Megatron-Core checkpoints MoELayer.forward whole), in the forward-equivalent units of
     elementwise_bytes (a third: the stage charges three times them): the alltoall dispatcher's two sorts by local
     expert (alltoall_sort_bytes' forward half), the routed experts' activation pass on their k rows of f_e
-    (activation_pass_bytes, none on the fused MXFP8 grouped MLP's share, whose GEMM epilogue runs it; a clamped
+    (activation_forward_bytes, the kernels the forward ran rerun: the fused pass, or the eager silu and product
+    without fused_kernels; none on the fused MXFP8 grouped MLP's share, whose GEMM epilogue runs it; a clamped
     GLU's eager clamp with it) and the shared experts' (f_s). The router and the permutes rerun in
     moe_routing_train_bytes (one place for their passes). 0 without `moe` in the recompute modules.
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/moe_layer.py (MoELayer.forward,
@@ -679,9 +689,10 @@ def moe_recompute_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     T, t = plan.seq_len / plan.cp * plan.micro_batch, plan.tp
     fused = where(fused_grouped_mlp(m, plan), plan.low_precision_layer_fraction(m.num_hidden_layers), 0.0)
     clamp = GLU_CLAMP_BYTES[0] if m.swiglu_limit is not None and m.gated_mlp else 0.0
-    routed_act = ((activation_pass_bytes(m) * (1.0 - fused) + where(plan.glu_clamp_fusion, 0.0, clamp))
+    one = activation_forward_bytes(m, plan)  # the forward's kernels: fused, or eager without fused_kernels
+    routed_act = ((one * (1.0 - fused) + where(plan.glu_clamp_fusion, 0.0, clamp))
                   * m.expert_ffn * m.num_experts_per_tok / t)
-    shared_act = activation_pass_bytes(m) * (m.shared_ffn or 0) / t
+    shared_act = one * (m.shared_ffn or 0) / t
     sorts = alltoall_sort_bytes(m, plan) * 3 / 2 / where(plan.sp, t, 1)  # forward's two of the four
     return where(plan.recomputes("moe"), (sorts + routed_act + shared_act) * T / 3, 0.0)
 

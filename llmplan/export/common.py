@@ -165,9 +165,13 @@ def jit_activation_refusal(p: Any) -> tuple[str, bool, str]:
     bias_swiglu_impl, torch.compile'd; docs/formulas.md#compute.jit_activation), which torchtitan and DeepSpeed
     refuse whatever else the plan sets (export.EVERY_PLAN): neither runs that kernel (torchtitan's FeedForward.forward
     is F.silu(self.w1(x)) * self.w3(x), pytorch/torchtitan torchtitan/models/llama3/model/model.py at 6404b93,
-    compiled with the block, if at all; a ds_config.json carries no activation kernel)."""
-    return ("the activation priced as Megatron-Core's jit_fuser SwiGLU (jit_activation, bias_swiglu_impl), a "
-            "kernel this launcher does not run", bool(p.jit_activation),
+    compiled with the block, if at all; a ds_config.json carries no activation kernel). The rule reads the plan
+    alone (search --target words it on plans without their model: export.every_plan_reason), so it names both gated
+    kernels the switch prices (check_plan rule jit_activation takes any gated MLP): SwiGLU's bias_swiglu_impl and
+    GeGLU's bias_geglu_impl (NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_swiglu.py, fused_bias_geglu.py,
+    both @jit_fuser)."""
+    return ("the gated activation priced as Megatron-Core's jit_fuser kernel (jit_activation: bias_swiglu_impl for "
+            "SwiGLU, bias_geglu_impl for GeGLU), a kernel this launcher does not run", bool(p.jit_activation),
             "set jit_activation false in the plan, or export to megatron / megatron-bridge")
 
 

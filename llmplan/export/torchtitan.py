@@ -208,6 +208,13 @@ def _check_common(pf: PlanFile, target: str) -> None:
     if launcher_schedule("torchtitan", p.pp_schedule) is None:
         raise refuse(target, f"the {p.pp_schedule} schedule (torchtitan's ZBVZeroBubble / DualPipeV run two "
                      "V-shaped stages per rank, a layout this export does not write)", "re-plan with --pp-schedule 1f1b")
+    if p.dtype == "fp8" and p.recipe == "blockwise":
+        # check_switches rule dtensor_recipe: torchao's prototype Float8BlockwiseLinear (pytorch/ao@db46a188
+        # torchao/prototype/blockwise_fp8_training/linear.py); torchtitan registers no converter for it
+        # (components/quantization: float8, mx, nvfp4 only, at 01472ad4)
+        raise refuse(target, "the blockwise recipe (1x128 / 128x128 block scaling runs in torchao's prototype "
+                     "Float8BlockwiseLinear, for which torchtitan has no converter)",
+                     "export to megatron, or re-plan with --precision fp8-rowwise")
     if p.dtype == "fp4" or (p.dtype == "fp8" and p.recipe not in ("tensorwise", "rowwise")):
         raise refuse(target, f"the {p.recipe} recipe (this export writes torchtitan's float8 converter only; "
                      "MXFP8 and NVFP4 live in config functions / quantize sections it does not write)",

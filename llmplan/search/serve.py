@@ -149,8 +149,8 @@ def check_search_moe(m: ModelSpec, weight_dtype: str, kv_dtype: str, moe: dict, 
     refuse_search_phase(moe)
     given = {k: v for k, v in moe.items() if k in MOE_SEARCH_FIELDS}
     plan = build(ServePlan, {"weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
-                             **{k: v for k, v in given.items() if k != "dp_attention"}},
-                 SERVE_PLAN_OPTIONS, SERVE_PLAN_FLAGS)
+                             **{k: v for k, v in given.items() if k != "dp_attention" or not m.is_moe}},
+                 SERVE_PLAN_OPTIONS, SERVE_PLAN_FLAGS)  # a MoE model's --dp-attention: refuse_dp_attention
     if not m.is_moe or ep == 1:  # every layout the search tries has ep 1
         bad = serve_moe_violations(m, plan)
         if bad:
@@ -160,6 +160,26 @@ def check_search_moe(m: ModelSpec, weight_dtype: str, kv_dtype: str, moe: dict, 
         flags = ", ".join("--" + k.replace("_", "-") for k, v in given.items() if v not in unset)
         raise LlmplanError(f"{flags}: MoE serving options, but {m.name} is dense; drop them")
     return given
+
+
+def refuse_dp_attention(m: ModelSpec, cluster: ClusterSpec, pins: dict, moe: dict) -> None:
+    """The serving search's up-front refusal of --dp-attention on a MoE model when no DP-attention layout it
+    tries fits the pins (wide_ep_plans: tp 1, pp 1, ep over every GPU of the group): the SERVE_MOE_RULES that
+    `estimate --mode infer` meets with the same pins on the budget (tp and pp pinned or 1, dp filling the GPUs,
+    ep pinned or over them all), as check_serve_plan words them, rather than a search that finds no plan. A dense
+    model's --dp-attention is check_search_moe's (rule dp_attention_moe)."""
+    if not (m.is_moe and moe.get("dp_attention")):
+        return
+    base = ServePlan()
+    if wide_ep_plans(m, cluster, pins, base, moe):
+        return
+    tp, pp = pins.get("tp") or 1, pins.get("pp") or 1
+    dp = pins.get("dp") or max(1, cluster.num_gpus // (tp * pp))
+    plan = base.model_copy(update={"tp": tp, "pp": pp, "dp": dp, "ep": pins.get("ep") or tp * pp * dp,
+                                   "dp_attention": True})
+    bad = serve_moe_violations(m, plan)
+    if bad:
+        raise PlanViolationError(bad)
 
 
 def serve_candidates(m: ModelSpec, cluster: ClusterSpec, pins: dict, weight_dtype: WeightDtype, kv_dtype: KvDtype,
@@ -199,6 +219,7 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
     refuse_speculation(m, job)
     t0 = time.perf_counter()
     pins = pins or {}
+    refuse_dp_attention(m, cluster, pins, moe or {})
     pruned: dict[str, list] = {}
     found: list[ServeEstimate] = []
     misses: list[Miss] = []
