@@ -1674,6 +1674,21 @@ multiple of PP (megatron/training.py train_step), which every such row meets (56
 to interleave (section 5.2) and are read without it. docs/validation.md#narayanan-interleaved"""
 
 
+MBRIDGE_BUCKET_PARAMS = 128 * 1024 * 1024
+"""The DDP bucket Megatron-Bridge's CommOverlapConfig sets with the distributed optimizer and dp > 1
+(src/megatron/bridge/training/comm_overlap.py, _get_optimizer_overlap_cfgs: bucket_size = 128 * 1024 * 1024,
+line 543 at v0.1.0rc4, 540 at v0.2.0 / v0.3.0, 577 at v0.4.0, 564 at v0.5.0, 577 at v0.6.0; applied by
+setup only under ddp_config.use_distributed_optimizer, and setup runs whenever cfg.comm_overlap is set, which
+the performance scripts ensure: scripts/performance/utils/overrides.py)."""
+
+
+def bridge_bucket_params(fam: str, zero: int, reduce_ranks: int) -> int | None:
+    """The record's DDP bucket (plan.dp_bucket_params): Megatron-Bridge's 128 x 2^20 for its performance
+    recipes' rows (BRIDGE_FAMILIES) under the distributed optimizer over more than one data-parallel rank;
+    else None, Megatron-Core's default."""
+    return MBRIDGE_BUCKET_PARAMS if fam in BRIDGE_FAMILIES and zero == 1 and reduce_ranks > 1 else None
+
+
 def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     par = {**rec["parallel"], **MBRIDGE_ERRATA.get(rec["id"], {}), **RECIPE_SETTINGS.get(rec["id"], {})}
     tp, pp = par.get("tp", 1), par.get("pp", 1)
@@ -1773,6 +1788,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # norm for the NaN check and its 1/dp pre-scaling before the DP reduction; neither the r0.8 README's
         # flags nor the examples/llama scripts turn them off (docs/formulas.md#step.grad_buffer)
         grad_nan_check=fam == "megatron", grad_prescale=fam == "megatron",
+        dp_bucket_params=bridge_bucket_params(fam, zero, dp * cp),
         # torchtitan without torch.compile runs its norms, rotary and SwiGLU as separate eager kernels
         fused_kernels=not (fam == "torchtitan" and par.get("compile") is False),
         # and its complex rotary (model.py apply_rotary_emb at 9dec370) stays eager under torch.compile too: Inductor

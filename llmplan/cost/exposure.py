@@ -290,7 +290,10 @@ def chunked_sync_window(plan: ParallelPlan, sync: Any, per_mb: Any) -> Any:
 def bucket_params(plan: ParallelPlan) -> Any:
     """Parameters in one Megatron-Core DDP bucket: max(40M, 1M x dp) (BUCKET_PARAMS; dp is the gradient's
     reduction group, dp x cp ranks, as Megatron-Core's DDP reduces over the data-parallel group with context
-    parallel). Derived: docs/formulas.md#step.dp"""
+    parallel), or the plan's own dp_bucket_params where it sets one (Megatron-Bridge's 128 x 2^20).
+    Derived: docs/formulas.md#step.dp"""
+    if plan.dp_bucket_params is not None:
+        return plan.dp_bucket_params * 1.0
     return maximum(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
 
 

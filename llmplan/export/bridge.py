@@ -382,6 +382,9 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             ("ddp.use_megatron_fsdp", False), ("ddp.overlap_grad_reduce", p.overlap_grad_reduce),
             # DistributedDataParallelConfig: the NaN check's bucket norms and the 1/dp pre-scaling the plan prices
             ("ddp.check_for_nan_in_grad", p.grad_nan_check), ("ddp.average_in_collective", not p.grad_prescale),
+            # the DDP bucket the plan priced (exposure.bucket_params): comm_overlap is null, so nothing sets
+            # CommOverlapConfig's 128 x 2^20; None leaves Megatron-Core's max(40M, 1M x dp)
+            *([("ddp.bucket_size", p.dp_bucket_params)] if p.dp_bucket_params is not None else []),
             ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
             # the plan's master weights and Adam moments (DeepSeek-V3's recipe keeps bf16 moments), through
             # Transformer Engine's precision-aware FusedAdam when either is below fp32

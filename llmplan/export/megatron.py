@@ -287,6 +287,8 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               # off; the NaN check, a safety check, stays on (grad_nan_notes says what that costs; a
               # full-iteration graph writes the NaN flag itself: cuda_graph_pairs)
               ("--ddp-average-in-collective", not p.grad_prescale),
+              # the DDP bucket the plan priced (exposure.bucket_params); unset: Megatron-Core's max(40M, 1M x dp)
+              ("--ddp-bucket-size", p.dp_bucket_params),
               # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM
               ("--no-gradient-accumulation-fusion", p.grad_accumulation == "add"),
               ("--no-rope-fusion", not p.rope_fusion),  # Megatron-Core's eager rotary (apply_rope_fusion off)

@@ -256,6 +256,11 @@ class ParallelPlan(PlanQuantities, Spec):
     its whole weight all-gather is launched right after, beside the other chunks' optimizer step, instead of
     before the first forward; its gradients, unbucketed, are reduced after the last backward.
     docs/formulas.md#step.dp_optstep_gather"""
+    dp_bucket_params: Optional[Annotated[int, Field(gt=0)]] = None
+    """Parameters in one data-parallel gradient bucket of Megatron-Core's DDP (DistributedDataParallelConfig
+    bucket_size; Megatron-LM --ddp-bucket-size). None: Megatron-Core's default, max(40M, 1M x dp x cp).
+    Megatron-Bridge's CommOverlapConfig sets 128 x 1024 x 1024 with the distributed optimizer and dp > 1
+    (docs/formulas.md#step.dp; docs/validation.md#bridge-bucket). Held fixed by the search."""
     launch_blocking: bool = False
     """CUDA_LAUNCH_BLOCKING=1: every kernel launch returns only when the kernel is done, so the GPU idles while
     the host returns, runs the next op's Python and launches it (BigScience's tr11-176B-ml.slurm exports it
