@@ -42,10 +42,12 @@ def test_the_pairs_are_the_records_that_differ_only_in_precision(found, publishe
 
 def test_the_predicted_saving_is_the_gemm_part(published_runs):
     hi, lo = (P.parts(rid, published_runs) for rid in P.LIGHTNING)
-    # the arms share attention and exposed communication to the digit: the precision moves only the GEMMs and
-    # the memory-bound part (the MXFP8 casts), and the GEMMs' saving is what makes the arm fast
+    # the arms share attention to the digit and exposed communication to 0.1%: the precision moves only the GEMMs
+    # and the memory-bound part (the MXFP8 casts), and the GEMMs' saving is what makes the arm fast. (The MXFP8 row,
+    # a performance-script run, reads Megatron-Bridge's 128M-parameter DP buckets, docs/validation.md#bridge-bucket;
+    # the card's recipe is not known to go through CommOverlapConfig: 5e-5 of the exposed communication apart.)
     assert lo["attention"] == pytest.approx(hi["attention"], rel=1e-9)
-    assert lo["comm"] == pytest.approx(hi["comm"], rel=1e-9)
+    assert lo["comm"] == pytest.approx(hi["comm"], rel=1e-3)
     saved = hi["gemm"] - lo["gemm"]
     assert saved > 0.3 * hi["gemm"] and lo["memory_bound"] > hi["memory_bound"]
     assert saved > 0.1 * hi["total"]  # the GEMMs alone save over 10% of the bf16 step ...
