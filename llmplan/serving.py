@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from llmplan.cost.inference import (
-    ServeMemory, ServeTiming, Spans, batches_under_slo, kv_bytes_per_token, prefill_seconds, serve_compute_format,
+    ServeMemory, ServeTiming, Spans, batches_under_slo, kv_bytes_per_token, prefill_seconds, slo_met, serve_compute_format,
     serve_memory, serve_timing, step_host_seconds,
 )
 from llmplan.cost.lengths import LengthStats, length_stats
@@ -153,8 +153,7 @@ def slo_batch_of(m: ModelSpec, job: ServeJob, plan: ServePlan, runs: ServePlan, 
     for b in batches:
         at = job_for_plan(m, job, plan, system, int(b))
         t = serve_timing(m, runs, system, spans, at, float(b))
-        if (job.tpot_slo_s is None or float(t.tpot) <= job.tpot_slo_s) and \
-                (not ttft or job.ttft_slo_s is None or float(t.ttft) <= job.ttft_slo_s):
+        if slo_met(job, t.ttft if ttft else None, t.tpot):
             return int(b)
     return 0
 
@@ -261,7 +260,7 @@ class LoadPoint:
 
 
 LOAD_POINTS = 96
-"""Concurrencies of a load curve, geometrically spaced (as max_batch_under_slo's search)."""
+"""Concurrencies of a load curve, geometrically spaced (as batches_under_slo's grid)."""
 
 
 def load_curve(e: ServeEstimate) -> list[LoadPoint]:
@@ -288,11 +287,7 @@ def load_curve(e: ServeEstimate) -> list[LoadPoint]:
         t = serve_timing(lm, runs, system, spans, at, grid[idx])
         for out, v in ((ttft, t.ttft), (tpot, t.tpot), (rate, t.tokens_per_s_replica)):
             out[idx] = np.broadcast_to(v, (len(idx),))
-    ok = np.ones(grid.shape, dtype=bool)
-    if e.job.ttft_slo_s is not None:
-        ok &= ttft <= e.job.ttft_slo_s
-    if e.job.tpot_slo_s is not None:
-        ok &= tpot <= e.job.tpot_slo_s
+    ok = slo_met(e.job, ttft, tpot)
     per_gpu = rate * e.plan.dp / e.plan.num_gpus
     return [LoadPoint(int(b), float(f), float(d), float(r), bool(k))
             for b, f, d, r, k in zip(grid, ttft, tpot, per_gpu, ok, strict=True)]

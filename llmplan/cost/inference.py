@@ -180,25 +180,24 @@ def serve_timing(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans
                        tokens_per_s_replica=b * job.output_len / period)
 
 
+def slo_met(job: ServeJob, ttft: Any, tpot: Any) -> np.ndarray:
+    """Where the TTFT (None: not checked, as a decode pool's) and TPOT meet the job's SLOs (no SLO: met)."""
+    ok = np.ones(np.shape(tpot), dtype=bool)
+    if ttft is not None and job.ttft_slo_s is not None:
+        ok &= np.asarray(ttft) <= job.ttft_slo_s
+    if job.tpot_slo_s is not None:
+        ok &= np.asarray(tpot) <= job.tpot_slo_s
+    return ok
+
+
 def batches_under_slo(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
                       limit: int) -> np.ndarray:
     """The concurrencies of a geometric grid up to `limit` whose TTFT and TPOT meet the job's SLOs, ascending
-    (empty if none does), each priced with the one job given (its capture list among them)."""
+    (empty if none does), each priced with the one job given (its capture list among them; serving.slo_batch_of
+    checks a pick as a server set up for that concurrency runs it)."""
     if limit < 1:
         return np.zeros(0)
     grid = np.unique(np.round(np.geomspace(1, limit, 96))).astype(float)
     timing = serve_timing(m, plan, system, spans, job, grid)
-    ok = np.ones(grid.shape, dtype=bool)
-    if job.ttft_slo_s is not None:
-        ok &= np.asarray(timing.ttft) <= job.ttft_slo_s
-    if job.tpot_slo_s is not None:
-        ok &= np.asarray(timing.tpot) <= job.tpot_slo_s
+    ok = slo_met(job, np.broadcast_to(timing.ttft, grid.shape), np.broadcast_to(timing.tpot, grid.shape))
     return grid[ok]
-
-
-def max_batch_under_slo(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
-                        limit: int) -> int:
-    """Largest concurrency (up to `limit`) whose TTFT and TPOT meet the job's SLOs (0 if none does), priced
-    with the one job given (serving.slo_batch checks it as a server set up for that concurrency runs it)."""
-    ok = batches_under_slo(m, plan, system, spans, job, limit)
-    return int(ok.max()) if ok.size else 0

@@ -167,7 +167,7 @@ def tpot_percentiles(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: S
 def slo_batch(m: ModelSpec, plan: ServePlan, system: SystemSpec, spans: Spans, job: ServeJob,
               limit: int) -> int:
     """Largest concurrency (up to `limit`) whose TTFT at the p99 prompt and TPOT at the length-weighted mean
-    context meet the job's SLOs (0 if none does), on max_batch_under_slo's grid.
+    context meet the job's SLOs (0 if none does), on batches_under_slo's grid.
     Derived: docs/formulas.md#infer.lengths"""
     if limit < 1:
         return 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmplan.cost.inference import job_tpot, kv_bytes_per_token, serve_memory
+from llmplan.cost.inference import job_tpot, kv_bytes_per_token, serve_memory, slo_met
 from llmplan.cost.queueing import prefill_queue_seconds
 from llmplan.search.serve import refuse_speculation, search_serving, sub_cluster, with_moe_options
 from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans, slo_batch_of
@@ -152,14 +152,13 @@ def price_decode(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: Serve
     limit = min(job.batch, serve_memory(lm, plan, job, cluster.system.gpu.hbm_bytes, allowance).max_concurrent_seqs)
     if limit < 1:
         return None
-    grid = np.unique(np.round(np.geomspace(1, limit, 48))).astype(float)
-    tpot = np.asarray(job_tpot(lm, plan, cluster.system, replica_spans(plan, sub), job, grid,
-                               job.input_len + job.output_len / 2))
-    ok = np.ones(grid.shape, dtype=bool) if job.tpot_slo_s is None else tpot <= job.tpot_slo_s
+    grid, spans = np.unique(np.round(np.geomspace(1, limit, 48))).astype(float), replica_spans(plan, sub)
+    tpot = np.asarray(job_tpot(lm, plan, cluster.system, spans, job, grid, job.input_len + job.output_len / 2))
+    ok = slo_met(job, None, tpot)
     if not ok.any():
         return None
     order = grid[ok][np.argsort(-(grid / tpot)[ok], kind="stable")]  # the most sequences per TPOT first
-    best = slo_batch_of(lm, job, plan, plan, cluster.system, replica_spans(plan, sub), order, ttft=False)
+    best = slo_batch_of(lm, job, plan, plan, cluster.system, spans, order, ttft=False)
     if best < 1:
         return None
     e = estimate_serving(m, sub, plan, job.model_copy(update={"batch": best}), allowance)

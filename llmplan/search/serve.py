@@ -242,14 +242,13 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
             _count(pruned, "memory", f"tp {tp} pp {pp}: weights and runtime leave {mem.kv_available / GIB:.1f} GiB "
                    f"for the KV cache, not one sequence of {job.context:,} tokens")
             continue
-        limit = min(job.batch, mem.max_concurrent_seqs)
+        limit, spans = min(job.batch, mem.max_concurrent_seqs), replica_spans(plan, sub)
         batch = limit
         if job.ttft_slo_s is not None or job.tpot_slo_s is not None:
-            spans = replica_spans(plan, sub)
             ok = batches_under_slo(lm, plan, cluster.system, spans, pj, limit)
             batch = slo_batch_of(lm, pj, plan, plan, cluster.system, spans, slo_candidates(pj, ok))
         if batch < 1:
-            one = serve_timing(lm, plan, cluster.system, replica_spans(plan, sub), pj, 1)
+            one = serve_timing(lm, plan, cluster.system, spans, pj, 1)
             misses.append(Miss(tp, pp, ep, "slo", float(one.ttft), float(one.tpot)))
             _count(pruned, "slo", f"tp {tp} pp {pp}: at one sequence TTFT {float(one.ttft):.3g} s / TPOT "
                    f"{float(one.tpot):.3g} s, asked {slo_text(job)}")
