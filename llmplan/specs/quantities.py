@@ -95,17 +95,12 @@ def param_gather_optstep_axes(p: Any) -> Any:
     distributed optimizer, both DP overlaps, an interleaved pipeline: core_v0.14.0 megatron/training/arguments.py
     validate_args). The flag acts only there: its check_plan rule and its pricing read this one predicate.
     Derived: docs/formulas.md#step.dp_optstep_gather"""
-    import numpy as np
-
-    on = np.asarray(p.overlap_param_gather, dtype=bool) & np.asarray(p.overlap_grad_reduce, dtype=bool)
-    return on & (p.zero == 1) & (p.pp > 1) & (p.vpp > 1)
+    return p.overlap_param_gather & p.overlap_grad_reduce & (p.zero == 1) & (p.pp > 1) & (p.vpp > 1)
 
 
 def param_gather_optstep(p: Any) -> Any:
     """Elementwise: overlap_param_gather_with_optimizer_step set and acting (param_gather_optstep_axes)."""
-    import numpy as np
-
-    return np.asarray(p.overlap_param_gather_with_optimizer_step, dtype=bool) & param_gather_optstep_axes(p)
+    return p.overlap_param_gather_with_optimizer_step & param_gather_optstep_axes(p)
 
 
 class PlanLike(Protocol):
