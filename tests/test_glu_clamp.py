@@ -75,6 +75,32 @@ def test_moe_act_recompute_reruns_the_activation_forward():
     assert elementwise_bytes(plain, rec, False) == elementwise_bytes(plain, plan, False)
 
 
+def test_moe_act_rerun_runs_the_eager_activation_without_fused_kernels():
+    # Megatron-Core (experts.py TEGroupedMLP.forward, core_v0.15.0 - core_v0.19.0) wraps bias_act_func in
+    # CheckpointWithoutOutput, and _recompute calls the same function again: without the fused activation
+    # (bias_activation_fusion off, fused_kernels False here) the rerun is the eager ops the forward ran, not the
+    # fused kernel's pass. Per (row, FFN column) in bf16, forward: silu reads the gate half and writes its
+    # output (2 + 2), the product reads both factors and writes the result (2 + 2 + 2): 10 bytes, against the
+    # fused kernel's read 2f, write f (2 + 2 + 2 = 6). The stage charges three times the forward-equivalent bytes.
+    silu, product, fused_pass = 2 + 2, 2 + 2 + 2, 2 + 2 + 2
+    plain, clamped = ModelSpec(**TINY), ModelSpec(**TINY, swiglu_limit=7.0)
+    eager = ParallelPlan(seq_len=1024, micro_batch=2, fused_kernels=False)
+    eager_rec = ParallelPlan(seq_len=1024, micro_batch=2, fused_kernels=False, **MOE_ACT)
+    assert expert_activation_extra_bytes(plain, eager) == 0.0
+    assert expert_activation_extra_bytes(plain, eager_rec) == pytest.approx((silu + product) / 3)  # 10/3
+    fused_rec = ParallelPlan(seq_len=1024, micro_batch=2, **MOE_ACT)
+    assert expert_activation_extra_bytes(plain, fused_rec) == pytest.approx(fused_pass / 3)  # 6/3, unchanged
+    rows_cols = 1024 * 2 * TINY["num_experts_per_tok"] * TINY["moe_intermediate_size"]
+    extra = elementwise_bytes(plain, eager_rec, True) - elementwise_bytes(plain, eager, True)
+    assert extra == pytest.approx(10 / 3 * rows_cols)
+    # a clamped GLU: the clamp as priced (16 forward twice, 30 backward) beside the eager rerun's 10: 72 / 3
+    assert expert_activation_extra_bytes(clamped, eager_rec) == pytest.approx((16 * 2 + 30 + 10) / 3)
+    # an ungated MLP's activation is one kernel either way: read f, write f (4)
+    gelu = ModelSpec(**TINY, gated_mlp=False)
+    assert expert_activation_extra_bytes(gelu, eager_rec) == pytest.approx(4 / 3)
+    assert expert_activation_extra_bytes(gelu, fused_rec) == pytest.approx(4 / 3)
+
+
 def test_clamps_keep_a_second_copy_of_the_fc1_output_unless_moe_act_recomputes_it():
     clamped, plain = ModelSpec(**TINY, swiglu_limit=7.0), ModelSpec(**TINY)
     plan, rec = ParallelPlan(seq_len=1024, micro_batch=2), ParallelPlan(seq_len=1024, micro_batch=2, **MOE_ACT)

@@ -760,28 +760,33 @@ def expert_fc1_bias_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 def expert_activation_extra_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """HBM bytes per (token, expert) row and expert-FFN column that the routed experts' activation costs beyond
-    the fused kernel's one pass (read 2f, write f: the `act` term of elementwise_bytes), in its
-    forward-equivalent units (the stage charges three times them): the eager clamp of a clamped GLU
+    the pass expert_node_bytes charges (eager_activation_bytes: the fused kernel's read 2f, write f, or the eager
+    ops without fused_kernels), in elementwise_bytes' forward-equivalent units (the stage charges three times
+    them): the eager clamp of a clamped GLU
     (ModelSpec.swiglu_limit without ParallelPlan.glu_clamp_fusion: GLU_CLAMP_BYTES), and with moe_act in the
     recompute modules the activation's forward once more in backward, the clamp's forward with it (Megatron-Core
-    checkpoints bias_act_func with CheckpointWithoutOutput and reruns it before fc2's backward).
-    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py TEGroupedMLP.forward (activation_recompute,
-    core_v0.15.0 - core_v0.19.0). Derived: docs/formulas.md#moe.glu_clamp"""
+    checkpoints bias_act_func with CheckpointWithoutOutput and reruns it before fc2's backward). The rerun runs
+    the kernels the forward ran (activation_forward_bytes): the fused pass with fused_kernels, a gated MLP's
+    eager silu and product without (bias_act_func's eager branch when bias_activation_fusion is off).
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py TEGroupedMLP.forward (bias_act_func,
+    activation_recompute, core_v0.15.0 - core_v0.19.0). Derived: docs/formulas.md#moe.glu_clamp"""
     if not m.is_moe:
         return 0.0
     rerun = where(plan.recomputes("moe_act"), 1.0, 0.0)
     clamp_fwd, clamp_bwd = GLU_CLAMP_BYTES if m.swiglu_limit is not None and m.gated_mlp else (0.0, 0.0)
     clamp = where(plan.glu_clamp_fusion, 0.0, clamp_fwd * (1 + rerun) + clamp_bwd)
-    return (clamp + rerun * activation_pass_bytes(m)) / 3
+    return (clamp + rerun * activation_forward_bytes(m, plan)) / 3
 
 
 def fused_expert_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """HBM bytes per (token, expert) row and expert-FFN column of the routed experts' activation that Transformer
     Engine's fused MXFP8 grouped MLP (cost.gemm.fused_grouped_mlp) does not spend, in elementwise_bytes'
-    forward-equivalent units, on the share of layers in MXFP8: the activation's one pass (activation_pass_bytes,
-    forward and, as the stage counts it, backward), which fc1's grouped GEMM applies in its epilogue with the
-    router's probabilities (the dGLU / dSReLU in fc2's dgrad GEMM's), and with moe_act recomputed its rerun
-    (the fused path checkpoints nothing; the dSReLU kernel rebuilds fc2's input in its epilogue). The clamp of a
+    forward-equivalent units, on the share of layers in MXFP8: the activation's pass as expert_node_bytes
+    charges it (eager_activation_bytes, forward and, as the stage counts it, backward), which fc1's grouped GEMM
+    applies in its epilogue with the router's probabilities (the dGLU / dSReLU in fc2's dgrad GEMM's), and with
+    moe_act recomputed its rerun as expert_activation_extra_bytes charges it (activation_forward_bytes; the fused
+    path checkpoints nothing; the dSReLU kernel rebuilds fc2's input in its epilogue): the fused path needs
+    fused_kernels (fused_mlp_path), where both are the fused pass (activation_pass_bytes). The clamp of a
     clamped GLU stays with glu_clamp_fusion. 0 off the fused path. Source: NVIDIA/TransformerEngine
     transformer_engine/pytorch/ops/fused/forward_grouped_mlp.py (grouped_gemm_glu_wrapper_sm100, act_func and
     prob_tensor) and backward_grouped_mlp.py (grouped_gemm_dglu_wrapper_sm100) at v2.16; ops/fused/grouped_mlp.py
@@ -791,7 +796,8 @@ def fused_expert_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
         return 0.0
     rerun = where(plan.recomputes("moe_act"), 1.0, 0.0)
     share = plan.low_precision_layer_fraction(m.num_hidden_layers)
-    return where(fused_grouped_mlp(m, plan), activation_pass_bytes(m) * (1.0 + rerun / 3) * share, 0.0)
+    dropped = eager_activation_bytes(m, plan) + rerun * activation_forward_bytes(m, plan) / 3
+    return where(fused_grouped_mlp(m, plan), dropped * share, 0.0)
 
 
 FUSED_LOSS_BYTES = 16.0
