@@ -199,3 +199,24 @@ def test_bridge_gb_mxfp8_presets_run_the_op_fuser(published_runs):
     for rid in on + off:
         plan = accuracy.plan_for(published_runs[rid], "mbridge-moe", 64)
         assert (plan.glu_clamp_fusion, plan.expert_bias_fusion) == ((True, True) if rid in on else (False, False))
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "qwen3-30b-a3b"])
+def test_the_search_prices_the_eager_moe_act_rerun_as_the_one_plan_estimate(name):
+    # The vectorised search (plan arrays) against estimate_training plan by plan, with moe_act recomputed and
+    # the eager activation (fused_kernels off), where the rerun takes activation_forward_bytes' eager branch.
+    from itertools import islice
+
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    from llmplan.specs.check import check_plan
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_models, builtin_systems
+    from tests.agreement import assert_arrays_agree
+    m = builtin_models()[name]
+    cluster = ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=2)
+    w = Workload(global_batch=64, seq_len=4096, fused_kernels=False, recompute_modules=("moe_act",))
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    ok = (i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster))
+    idx = list(islice(ok, 24))
+    assert any(plans.plan(i).recomputes("moe_act") and not plans.plan(i).fused_kernels for i in idx)
+    assert_arrays_agree(m, cluster, plans, idx)
