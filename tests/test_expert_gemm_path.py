@@ -34,8 +34,11 @@ def test_two_calls_per_local_expert_on_the_per_expert_path_only():
     m = M["qwen3-30b-a3b"]  # 128 experts: 16 per rank at EP 8
     assert float(expert_gemm_seconds(m, _plan(expert_gemm="per-expert"))) == pytest.approx(2 * 16 * EXPERT_GEMM_S)
     assert float(expert_gemm_seconds(m, _plan())) == 0.0  # one grouped kernel
-    # without fused kernels every expert matmul is an eager launch, whatever the path
+    # without fused kernels a grouped path's expert matmuls are eager launches ...
     assert float(expert_gemm_seconds(m, _plan(fused_kernels=False))) == pytest.approx(2 * 16 * KERNEL_LAUNCH_S)
+    # ... and the per-expert path keeps its per-call cost: turning fusions off never makes the experts cheaper
+    off = float(expert_gemm_seconds(m, _plan(expert_gemm="per-expert", fused_kernels=False)))
+    assert off == pytest.approx(2 * 16 * EXPERT_GEMM_S)
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)

@@ -243,11 +243,12 @@ Derived: docs/formulas.md#compute.expert_gemms"""
 def expert_gemm_seconds(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Forward time one MoE layer's expert GEMMs cost per micro-batch beyond the grouped GEMM the FLOPs are priced
     as (layer_gemm_seconds), per call: its two expert matmuls once per local expert (E / ep), as launches
-    (KERNEL_LAUNCH_S) without fused kernels, EXPERT_GEMM_S each on Transformer Engine's per-expert path, nothing in
+    EXPERT_GEMM_S each on Transformer Engine's per-expert path (with or without fused kernels: GroupedLinear's
+    per-call cost is not a fusion's), else as eager launches (KERNEL_LAUNCH_S) without fused kernels, nothing in
     one grouped kernel. Charged with the memory-bound time, so the stage counts it once per pass (3 + r: the
     backward's input- and weight-gradient GEMMs per forward GEMM). Derived: docs/formulas.md#compute.expert_gemms"""
     calls = 2 * m.num_experts / plan.ep
-    per_call = where(plan.fused_kernels, where(runs_per_expert(plan), EXPERT_GEMM_S, 0.0), KERNEL_LAUNCH_S)
+    per_call = where(runs_per_expert(plan), EXPERT_GEMM_S, where(plan.fused_kernels, 0.0, KERNEL_LAUNCH_S))
     return calls * per_call
 
 
