@@ -188,7 +188,10 @@ ASSUMPTIONS = {
               "the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's defaults (te_default_margin), "
               "the param-gather overlap off where the preset turns it off (mbridge_param_gather_off), "
               "the param gather overlapped with the optimizer step where the script turns it on "
-              "(mbridge_param_gather_optstep); "
+              "(mbridge_param_gather_optstep), 128 x 2^20-parameter DP buckets where the recipe sets a "
+              "CommOverlapConfig and the gradient-reduce overlap is on (bridge_bucket_params; Megatron-Core's "
+              "max(40M, 1M x dp) elsewhere: the Nemotron-3 Super presets and GPT-OSS 120B's but GB200 from "
+              "26.02.01 and GB300 MXFP8 from 26.06, docs/validation.md#bucket-paths); "
               "predicts tokens/s per GPU (unambiguous: no FLOP "
               "convention); only the H100 rows enter the constant fit (Blackwell profiles are not fitted)",
     "torchtitan": "torchtitan's December 2024 Llama 3.1 benchmarks on H100 96 GB HBM2e at 500 W (hgx-h100-96gb "
@@ -244,7 +247,11 @@ ASSUMPTIONS = {
                   "(MCORE_1F1B_SYNC), the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's "
                   "defaults (te_default_margin); the settings each record names from its recipe at the card's "
                   "commit (recompute modules, pipeline layout, dispatcher SMs, capacity factor, CUDA graphs, DP "
-                  "overlap, optimizer dtypes: docs/validation.md#card-rows-2026-12-06); predicts tokens/s per GPU; "
+                  "overlap, optimizer dtypes: docs/validation.md#card-rows-2026-12-06); 128 x 2^20-parameter DP "
+                  "buckets where the card's recipe sets a CommOverlapConfig and the gradient-reduce overlap is on "
+                  "(BRIDGECARD_COMM_OVERLAP, bridge_bucket_params: the Qwen3-30B-A3B, Qwen3-235B-A22B, Lightning and "
+                  "GPT-OSS rows), Megatron-Core's max(40M, 1M x dp) elsewhere (docs/validation.md#bucket-paths); "
+                  "predicts tokens/s per GPU; "
                   "scored, not fitted",
     "dgxc": "NVIDIA DGX Cloud Benchmarking's Nemotron-H 56B recipe (NeMo 2.0 pretrain_nemotronh_56b.py): the "
             "nemotron-h-56b built-in, fp8 (delayed or current per-tensor scaling) with fp8 parameter gathers, the "
@@ -1677,16 +1684,77 @@ to interleave (section 5.2) and are read without it. docs/validation.md#narayana
 MBRIDGE_BUCKET_PARAMS = 128 * 1024 * 1024
 """The DDP bucket Megatron-Bridge's CommOverlapConfig sets with the distributed optimizer and dp > 1
 (src/megatron/bridge/training/comm_overlap.py, _get_optimizer_overlap_cfgs: bucket_size = 128 * 1024 * 1024,
-line 543 at v0.1.0rc4, 540 at v0.2.0 / v0.3.0, 577 at v0.4.0, 564 at v0.5.0, 577 at v0.6.0; applied by
-setup only under ddp_config.use_distributed_optimizer, and setup runs whenever cfg.comm_overlap is set, which
-the performance scripts ensure: scripts/performance/utils/overrides.py)."""
+line 543 at v0.1.0rc4, 540 at v0.2.0 / v0.3.0, 577 at v0.4.0, 564 at v0.5.0, 577 at v0.6.0 and at every
+verification card's commit); applied by setup only under ddp_config.use_distributed_optimizer, and setup runs only
+where the recipe set cfg.comm_overlap (config.py runtime_config_update: `if cfg.comm_overlap is not None`; the
+recipes' _pretrain_common leaves it None). GPT-OSS 20B's presets set ddp.bucket_size = 768000000
+(scripts/performance/configs/gpt_oss/gpt_oss_llm_pretrain.py set_gpt_oss_20b_common_configs line 92 at v0.5.0;
+perf_recipes/gpt_oss/common.py _apply_gpt_oss_20b_common_configs line 116 at v0.6.0) with no CommOverlapConfig and
+use_megatron_fsdp False, so it is Megatron-Core DDP's bucket there (their data_parallel_sharding_strategy and
+fsdp_double_buffer are read only by Megatron-FSDP); no record runs them (GPT-OSS 120B's presets set no bucket_size).
+docs/validation.md#bucket-paths"""
+
+BRIDGECARD_COMM_OVERLAP = (
+    # recipes/qwen/h100/qwen3_moe.py qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config line 218,
+    # CommOverlapConfig(tp_comm_overlap=True), at 3a9559f01 (the card) and 8198fd9cd (PR 5094's two arms)
+    "bridgecard-h100-bf16-qwen3-30b-a3b-16gpu-gbs1024",
+    "bridgecard-h100-bf16-qwen3-30b-a3b-16gpu-gbs1024-ep-overlap-off-pr5094",
+    "bridgecard-h100-bf16-qwen3-30b-a3b-16gpu-gbs1024-ep-overlap-on-pr5094",
+    # scripts/performance/configs/qwen/qwen3_llm_pretrain.py qwen3_235b_a22b_pretrain_config_b200 line 191,
+    # comm_overlap_config=CommOverlapConfig(tp_comm_overlap=True), at a6e92de5f (PR 1760)
+    "bridgecard-b200-bf16-qwen3-235b-a22b-64gpu-gbs1024-ep-overlap-off-pr1760",
+    "bridgecard-b200-bf16-qwen3-235b-a22b-64gpu-gbs1024-ep-overlap-on-pr1760",
+    # recipes/nemotronh/h100/nemotron_3_nano.py nemotron_3_nano_pretrain_8gpu_h100_bf16_config line 206, the base
+    # of both Lightning perf recipes, at cba5742e3 (H100) and 9b0c2dff4 (GB200)
+    "bridgecard-h100-bf16-nemotron-3.5-lightning-16gpu-gbs512",
+    "bridgecard-gb200-bf16-nemotron-3.5-lightning-8gpu-gbs512",
+    # perf_recipes/gpt_oss/gb200/gpt_oss.py gpt_oss_120b_pretrain_64gpu_gb200_bf16_config line 198 at a8038f6d9
+    "bridgecard-gb200-bf16-gpt-oss-120b-64gpu-gbs1280",
+    # set, but with overlap_grad_reduce False, so Megatron-Core drops the bucket (bridge_bucket_params):
+    # recipes/qwen/gb200/qwen35.py line 190 (perf_recipes/qwen/h100/qwen35.py lines 117-118) at 7e4a6d11e;
+    # recipes/deepseek/h100/deepseek_v3.py line 228 (perf_recipes/deepseek/h100/deepseek_v3.py line 46) at 79308d0d9
+    "bridgecard-h100-bf16-qwen3.5-35b-a3b-16gpu-gbs1024",
+    "bridgecard-h100-bf16-deepseek-v3-1024gpu-gbs16384",
+)
+"""The verification-card rows whose recipe, at the card's commit, sets cfg.comm_overlap (Megatron-Bridge at those
+commits; the cards run scripts/training/train.sh --recipe, which sets none). Not set: Qwen3-8B (recipes/qwen/h100/
+qwen3.py at 619cc20bd, from _pretrain_common's comm_overlap=None), Nemotron-3 Super on H100 (ffeb5a7ae) and on
+GB200 (ae2c24890: perf_recipes/nemotronh/gb200/nemotronh.py from nemotron_3_super_pretrain_8gpu_h100_bf16_config,
+_pretrain_common). docs/validation.md#bucket-paths"""
 
 
-def bridge_bucket_params(fam: str, zero: int, reduce_ranks: int) -> int | None:
-    """The record's DDP bucket (plan.dp_bucket_params): Megatron-Bridge's 128 x 2^20 for its performance
-    recipes' rows (BRIDGE_FAMILIES) under the distributed optimizer over more than one data-parallel rank;
-    else None, Megatron-Core's default."""
-    return MBRIDGE_BUCKET_PARAMS if fam in BRIDGE_FAMILIES and zero == 1 and reduce_ranks > 1 else None
+def bridge_comm_overlap(rec: dict, fam: str) -> bool:
+    """Whether a Megatron-Bridge row's recipe set cfg.comm_overlap (a CommOverlapConfig, whose setup writes the
+    128 x 2^20 bucket). Verification cards: BRIDGECARD_COMM_OVERLAP. Performance tables: every preset but
+    (1) Nemotron-3 Super's (26.04-26.08): scripts/performance/configs/nemotronh/nemotron_3_llm_pretrain.py at
+    v0.4.0 - v0.5.1 and perf_recipes/nemotronh/{gb300,gb200,b300,b200,h100}/nemotronh.py at v0.6.0 neither set nor
+    touch it, and recipes/nemotronh nemotron_3_super_pretrain_config starts from _pretrain_common (None);
+    (2) GPT-OSS 120B's, except GB200 from 26.02.01 (gpt_oss_120b_pretrain_config_gb200 line 81 at PR 2906's
+    7260d6214, v0.4.0, v0.4.2; line 449 at v0.5.0; perf_recipes/gpt_oss/gb200/gpt_oss.py at v0.6.0) and GB300's
+    MXFP8 V2 presets (v0.5.0: moe_a2a_overlap=True, which utils/overrides.py _set_moe_a2a_overlap_overrides turns
+    into a CommOverlapConfig, lines 168-170; v0.6.0 perf_recipes/gpt_oss/common.py
+    _apply_gpt_oss_120b_full_iter_fp8mx_configs line 47): recipes/gpt_oss/gpt_oss.py leaves it None at v0.2.0 -
+    v0.5.0 and the v0.2.0 - v0.3.1 config functions pass none. The scripts create one only for moe_a2a_overlap
+    (overrides.py: v0.5.0 lines 168-170, v0.6.0 192-194). docs/validation.md#bucket-paths"""
+    rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
+    if fam == "bridgecard":
+        return rid in BRIDGECARD_COMM_OVERLAP
+    if fam not in BRIDGE_FAMILIES or "nemotron-3-super" in rid:
+        return False
+    if "gpt-oss" in rid:
+        return (gpu.startswith("gb200") and source_ref(rec) >= (26, 2, 1)) or (
+            gpu.startswith("gb300") and mbridge_mx_v2(rec))
+    return True
+
+
+def bridge_bucket_params(rec: dict, fam: str, zero: int, reduce_ranks: int, overlap_grad_reduce: bool) -> int | None:
+    """The record's DDP bucket (plan.dp_bucket_params): Megatron-Bridge's 128 x 2^20 where its recipe set
+    cfg.comm_overlap (bridge_comm_overlap), under the distributed optimizer, over more than one data-parallel rank
+    and with overlap_grad_reduce on (Megatron-Core's DistributedDataParallel sets bucket_size None without it:
+    megatron/core/distributed/distributed_data_parallel.py lines 70-72 at 14346b65a and d12f6c8c9, 66-68 at
+    5455f0a01, the cards' Megatron-LM pins); else None, Megatron-Core's default max(40M, 1M x dp)."""
+    on = zero == 1 and reduce_ranks > 1 and overlap_grad_reduce and bridge_comm_overlap(rec, fam)
+    return MBRIDGE_BUCKET_PARAMS if on else None
 
 
 def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
@@ -1752,6 +1820,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     if layout is not None:
         first = last = 0
     flash2 = fam in FLASH2_FAMILIES or "flash" in str(par.get("attention", ""))
+    overlap_grad = par.get("overlap_grad_reduce", fam not in STEP_END_DP and not (fam == "torchtitan" and pp > 1))
     # the stack-wide switches (tp_impl dtensor for torchtitan, fp32_param_shards for the FSDP stacks, ...) at
     # their defaults on the rows without the axis they act on: the same plan and price (check_switches.settle)
     return settle(ParallelPlan(
@@ -1788,7 +1857,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # norm for the NaN check and its 1/dp pre-scaling before the DP reduction; neither the r0.8 README's
         # flags nor the examples/llama scripts turn them off (docs/formulas.md#step.grad_buffer)
         grad_nan_check=fam == "megatron", grad_prescale=fam == "megatron",
-        dp_bucket_params=bridge_bucket_params(fam, zero, dp * cp),
+        dp_bucket_params=bridge_bucket_params(rec, fam, zero, dp * cp, bool(overlap_grad)),
         # torchtitan without torch.compile runs its norms, rotary and SwiGLU as separate eager kernels
         fused_kernels=not (fam == "torchtitan" and par.get("compile") is False),
         # and its complex rotary (model.py apply_rotary_emb at 9dec370) stays eager under torch.compile too: Inductor
@@ -1889,7 +1958,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # #165106, 2025-10, moves these reduce-scatters to the step's end because their compute-stream sync
         # blocked the other stages' backwards): the stage's reduction beside no compute
         # a recipe that turns the DP overlap off says so in the record (the Qwen3.5 card's recipe: both False)
-        overlap_grad_reduce=par.get("overlap_grad_reduce", fam not in STEP_END_DP and not (fam == "torchtitan" and pp > 1)),
+        overlap_grad_reduce=overlap_grad,
         # Megatron-Bridge presets that turn it off (25.11 MXFP8 Llama 70B / 405B, DeepSeek-V3 NVL72, Qwen3-235B
         # B200; 405B GB200 NVFP4 V2 from 26.04.01): mbridge_param_gather_off
         overlap_param_gather=par.get("overlap_param_gather", fam not in STEP_END_DP and not mbridge_muon(rec)
