@@ -1000,6 +1000,19 @@ def mbridge_muon(rec: dict) -> bool:
     return "kimi-k2" in rec["id"] and source_ref(rec) >= (26, 2, 1)
 
 
+def mbridge_grad_reduce_off(rec: dict) -> bool:
+    """Whether a Megatron-Bridge row's preset turned the DP gradient reduce-scatter's overlap off
+    (ParallelPlan.overlap_grad_reduce False: the distributed optimizer's reduce-scatter after the last backward,
+    beside no compute). The 25.09 DeepSeek-V3 H100 preset: scripts/performance/run_script.py at v0.1.0rc4
+    (6725f7049) sets `recipe.comm_overlap.overlap_grad_reduce = False` for h100 (True for gb200 / b200), which
+    CommOverlapConfig._override_user_cfgs applies over the computed default and setup() copies into the
+    DistributedDataParallelConfig (src/megatron/bridge/training/comm_overlap.py at 6725f7049); the parameter gather
+    keeps its overlap. docs/validation.md#dsv3-h100-shares"""
+    rid = rec["id"]
+    return (family(rid) == "mbridge-moe" and rid.startswith("mbridge-25.09-") and "deepseekv3" in rid
+            and "h100" in str(rec["hardware"]["gpu"]).lower())
+
+
 def mbridge_param_gather_off(rec: dict) -> bool:
     """Whether a Megatron-Bridge row's preset turned the distributed optimizer's parameter all-gather overlap off
     (ParallelPlan.overlap_param_gather False: the updated weights gathered after the step, beside no compute).
@@ -1820,7 +1833,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
     if layout is not None:
         first = last = 0
     flash2 = fam in FLASH2_FAMILIES or "flash" in str(par.get("attention", ""))
-    overlap_grad = par.get("overlap_grad_reduce", fam not in STEP_END_DP and not (fam == "torchtitan" and pp > 1))
+    overlap_grad = par.get("overlap_grad_reduce", fam not in STEP_END_DP and not (fam == "torchtitan" and pp > 1)
+                           and not mbridge_grad_reduce_off(rec))
     # the stack-wide switches (tp_impl dtensor for torchtitan, fp32_param_shards for the FSDP stacks, ...) at
     # their defaults on the rows without the axis they act on: the same plan and price (check_switches.settle)
     return settle(ParallelPlan(
@@ -1958,6 +1972,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # #165106, 2025-10, moves these reduce-scatters to the step's end because their compute-stream sync
         # blocked the other stages' backwards): the stage's reduction beside no compute
         # a recipe that turns the DP overlap off says so in the record (the Qwen3.5 card's recipe: both False)
+        # the 25.09 DeepSeek-V3 H100 preset turns it off (mbridge_grad_reduce_off)
         overlap_grad_reduce=overlap_grad,
         # Megatron-Bridge presets that turn it off (25.11 MXFP8 Llama 70B / 405B, DeepSeek-V3 NVL72, Qwen3-235B
         # B200; 405B GB200 NVFP4 V2 from 26.04.01): mbridge_param_gather_off
