@@ -29,7 +29,9 @@ from llmplan.search.disagg import (
     queued_split,
     refuse_speculation,
 )
-from llmplan.search.serve import ServeSearchResult, search_serving, sub_cluster
+from llmplan.errors import LlmplanError
+from llmplan.search.serve import (ServeSearchResult, pinned_ep_refusal, refuse_no_layout, search_serving,
+                                 sub_cluster)
 from llmplan.serving import ServeEstimate, estimate_serving
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance
@@ -121,9 +123,13 @@ def search_colocated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_
     pool running the fewest replicas of its layout that carry its share. Without a rate every replica of every
     pool serves. A rate above the pools' total capacity gives no shares."""
     t0 = time.perf_counter()
-    per_pool = [search_serving(m, p.cluster, job, weight_dtype, kv_dtype, "throughput", 5, None, allowance, pins, moe)
-                for p in pc.pools]
+    per_pool = [search_serving(m, p.cluster, job, weight_dtype, kv_dtype, "throughput", 5, None, allowance, pins, moe,
+                               refuse_pins=False) for p in pc.pools]
     best = [(g, r.ranked[0]) for g, r in enumerate(per_pool) if r.ranked]
+    if not any(r.considered for r in per_pool):  # the pins leave no pool a layout: as on one system, refused
+        refuse_no_layout(m, max((p.cluster for p in pc.pools), key=lambda c: c.num_gpus), pins or {},
+                         "the largest pool")
+    refuse_pinned_ep(m, pc, job, weight_dtype, kv_dtype, pins or {}, moe, bool(best))
     caps = [e.tokens_per_s / e.job.output_len for _, e in best]
     total = sum(caps)
     shares: list[PoolShare] = []
@@ -136,6 +142,19 @@ def search_colocated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_
             est = e if replicas == e.plan.dp else resized(e, replicas, allowance)
             shares.append(PoolShare(g, est, cap, r))
     return PoolServeResult(shares, per_pool, request_rate, total, time.perf_counter() - t0)
+
+
+def refuse_pinned_ep(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_dtype: WeightDtype, kv_dtype: KvDtype,
+                     pins: dict, moe: dict | None, served: bool) -> None:
+    """A pinned --ep that no layout of any pool takes is refused (search.serve.pinned_ep_refusal, each pool's
+    reason named); where one pool takes it the others only serve nothing."""
+    if served or not pins.get("ep"):
+        return
+    why = [pinned_ep_refusal(m, p.cluster, job, pins, weight_dtype, kv_dtype, moe) for p in pc.pools]
+    if all(w is not None for w in why):
+        if len(set(why)) == 1:
+            raise LlmplanError(f"pools {', '.join(p.name for p in pc.pools)}: {why[0]}")
+        raise LlmplanError(" | ".join(f"pool {p.name}: {w}" for p, w in zip(pc.pools, why, strict=True)))
 
 
 def resized(e: ServeEstimate, replicas: int, allowance: MemoryAllowance | None) -> ServeEstimate:
