@@ -22,7 +22,7 @@ from llmplan.search.hetero_serve import (
     search_colocated_pools,
     search_disaggregated_pools,
 )
-from llmplan.search.serve import refuse_disagg_pins, refuse_search_phase
+from llmplan.search.serve import check_search_moe, refuse_disagg_pins, refuse_search_phase
 from llmplan.specs.options import (
     SERVE_PLAN_FLAGS,
     SERVE_PLAN_OPTIONS,
@@ -42,9 +42,10 @@ def search_pools_serving(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, 
                          disaggregated: bool, moe: dict[str, object] | None = None) -> None:
     """Serving over a cluster file of several pools: each pool's replicas (or each phase's instances) on its own
     GPU, sized to the SLOs and --request-rate. `moe`: the MoE serving options given (cli.search.given_moe),
-    which the search over pools does not apply: refused (refuse_pool_moe_options)."""
+    checked as the one-system search checks them (search.serve.check_search_moe) and applied to every pool's
+    layouts as that search applies them (search.serve.with_moe_options)."""
     refuse_single_system_flags(c, goal)
-    refuse_pool_moe_options(c, moe or {})
+    refuse_search_phase(moe or {})
     if output.save is not None:
         raise LlmplanError(f"--save with {c.hardware}'s pools in --mode infer: a serving plan file holds one "
                            "system; save each pool's plan with `estimate --mode infer --hardware SYSTEM ... --save`")
@@ -52,12 +53,13 @@ def search_pools_serving(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, 
         refuse_disagg_pins(pins.tp, pins.pp, pins.ep)
     pc = load_pool_file(Path(c.hardware))
     m = resolve_model(c.model)
+    moe = check_search_moe(m, dtype, s.kv_dtype, moe or {}, None if disaggregated else pins.ep)
     job = make_job(s, max_batch, request_rate)  # SGLang's graph sizes: estimate_serving, at each pool's GPU
     dtypes = build(ServePlan, {"weight_dtype": dtype, "kv_dtype": s.kv_dtype}, SERVE_PLAN_OPTIONS, SERVE_PLAN_FLAGS)
     allowance = make_allowance(memory)
     if disaggregated:
         res = search_disaggregated_pools(m, pc, job, dtypes.weight_dtype, dtypes.kv_dtype, goal.top,
-                                         job.request_rate, allowance)
+                                         job.request_rate, allowance, moe)
         emit(pools_disagg_json(res, m, pc, job), output.json_mode, lambda: pools_disagg_view(out, res, m, pc, job))
         if not res.plans:
             stderr_line("error", f"no prefill / decode assignment to the pools of {pc.name} fits and meets the "
@@ -66,7 +68,7 @@ def search_pools_serving(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, 
         return
     pinned = checked_pins(ServePlan, {"tp": pins.tp, "pp": pins.pp, "ep": pins.ep})
     co = search_colocated_pools(m, pc, job, dtypes.weight_dtype, dtypes.kv_dtype, job.request_rate, allowance,
-                                pinned)
+                                pinned, moe)
     emit(pools_serve_json(co, m, pc, job), output.json_mode, lambda: pools_serve_view(out, co, m, pc, job))
     if not co.shares:
         more = (f"; the pools sustain {co.capacity_requests_per_s:.3g} requests/s, asked {job.request_rate:g}"
@@ -74,14 +76,3 @@ def search_pools_serving(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, 
         stderr_line("error", f"no serving plan for {m.name} on the pools of {pc.name} fits and meets the SLOs{more}")
         raise typer.Exit(EXIT_NO_FIT)
 
-
-def refuse_pool_moe_options(c: ClusterOptions, moe: dict[str, object]) -> None:
-    """The search over pools prices each pool's layouts with the default MoE deployment (search.hetero_serve
-    passes no MoE options): a MoE serving option given there is refused, one line, rather than ignored."""
-    refuse_search_phase(moe)
-    asked = {k: v for k, v in moe.items() if k != "phase" and v is not None and v != "alltoall"}  # alltoall: the default
-    if asked:
-        flags = ", ".join(("--no-" if v is False else "--") + k.replace("_", "-") for k, v in asked.items())
-        raise LlmplanError(f"{flags} with {c.hardware}'s pools: the serving search over several pools does not "
-                           f"apply the MoE serving options; drop {flags}, or search one pool's system "
-                           "(--hardware SYSTEM --nodes N) with them")

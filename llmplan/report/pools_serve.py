@@ -120,7 +120,8 @@ def pools_serve_view(console: Console, res: PoolServeResult, model: ModelSpec, p
     for g, r in enumerate(res.per_pool):
         if not r.ranked:
             console.print(f"{pc.pools[g].name}: no layout fits and meets the SLOs ("
-                          + ", ".join(f"{p.count} {p.rule}" for p in r.pruned) + " pruned)")
+                          + (", ".join(f"{p.count} {p.rule}" for p in r.pruned) + " pruned)" if r.considered else
+                             "none tried: tp x pp above the pool's GPUs)"))
     if not res.shares:
         return
     t = ReportTable(title=f"Replicas per pool{rate}")

@@ -23,12 +23,15 @@ from llmplan.search.disagg import (
     instance_plans,
     kv_shards,
     kv_transfer,
+    moe_plans,
     price_decode,
     price_prefill,
     queued_split,
     refuse_speculation,
 )
-from llmplan.search.serve import ServeSearchResult, search_serving, sub_cluster
+from llmplan.errors import LlmplanError
+from llmplan.search.serve import (ServeSearchResult, pinned_ep_refusal, refuse_no_layout, search_serving,
+                                 sub_cluster)
 from llmplan.serving import ServeEstimate, estimate_serving
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance
@@ -112,15 +115,21 @@ def rate_shares(rate: float, capacities: list[float]) -> list[float]:
 
 def search_colocated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_dtype: WeightDtype,
                            kv_dtype: KvDtype, request_rate: float | None = None,
-                           allowance: MemoryAllowance | None = None, pins: dict | None = None) -> PoolServeResult:
+                           allowance: MemoryAllowance | None = None, pins: dict | None = None,
+                           moe: dict | None = None) -> PoolServeResult:
     """Each pool's best layout by output tokens/s per GPU (search.serve on the pool alone: its own TP / PP / EP
-    shape on its own GPU), the rate split over the pools in proportion to their capacity (rate_shares), each
+    shape on its own GPU, under the MoE serving options given, `moe`, as the one-system search applies them), the
+    rate split over the pools in proportion to their capacity (rate_shares), each
     pool running the fewest replicas of its layout that carry its share. Without a rate every replica of every
     pool serves. A rate above the pools' total capacity gives no shares."""
     t0 = time.perf_counter()
-    per_pool = [search_serving(m, p.cluster, job, weight_dtype, kv_dtype, "throughput", 5, None, allowance, pins)
-                for p in pc.pools]
+    per_pool = [search_serving(m, p.cluster, job, weight_dtype, kv_dtype, "throughput", 5, None, allowance, pins, moe,
+                               refuse_pins=False) for p in pc.pools]
     best = [(g, r.ranked[0]) for g, r in enumerate(per_pool) if r.ranked]
+    if not any(r.considered for r in per_pool):  # the pins leave no pool a layout: as on one system, refused
+        refuse_no_layout(m, max((p.cluster for p in pc.pools), key=lambda c: c.num_gpus), pins or {},
+                         "the largest pool")
+    refuse_pinned_ep(m, pc, job, weight_dtype, kv_dtype, pins or {}, moe, bool(best))
     caps = [e.tokens_per_s / e.job.output_len for _, e in best]
     total = sum(caps)
     shares: list[PoolShare] = []
@@ -133,6 +142,19 @@ def search_colocated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_
             est = e if replicas == e.plan.dp else resized(e, replicas, allowance)
             shares.append(PoolShare(g, est, cap, r))
     return PoolServeResult(shares, per_pool, request_rate, total, time.perf_counter() - t0)
+
+
+def refuse_pinned_ep(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_dtype: WeightDtype, kv_dtype: KvDtype,
+                     pins: dict, moe: dict | None, served: bool) -> None:
+    """A pinned --ep that no layout of any pool takes is refused (search.serve.pinned_ep_refusal, each pool's
+    reason named); where one pool takes it the others only serve nothing."""
+    if served or not pins.get("ep"):
+        return
+    why = [pinned_ep_refusal(m, p.cluster, job, pins, weight_dtype, kv_dtype, moe) for p in pc.pools]
+    if all(w is not None for w in why):
+        if len(set(why)) == 1:
+            raise LlmplanError(f"pools {', '.join(p.name for p in pc.pools)}: {why[0]}")
+        raise LlmplanError(" | ".join(f"pool {p.name}: {w}" for p, w in zip(pc.pools, why, strict=True)))
 
 
 def resized(e: ServeEstimate, replicas: int, allowance: MemoryAllowance | None) -> ServeEstimate:
@@ -181,21 +203,25 @@ def split_across(p: Pool, d: Pool, gpus_p: int, gpus_d: int, new_input: float, o
 
 def search_disaggregated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_dtype: WeightDtype,
                                kv_dtype: KvDtype, top: int = 5, request_rate: float | None = None,
-                               allowance: MemoryAllowance | None = None) -> PoolDisaggResult:
+                               allowance: MemoryAllowance | None = None, moe: dict | None = None) -> PoolDisaggResult:
     """Every assignment (prefill pool i, decode pool j) and every pair of instance layouts priced on those
     pools' GPUs: on one pool (i = j) exactly search.disagg's pairing, P:D split and KV transfer; on two, each
     phase within its own pool's GPUs (split_across) and the KV cache over the fabric (cross_pool_kv_seconds),
     TTFT (prefill + KV transfer) and TPOT within the SLOs. Ranked as search.disagg ranks: output tokens/s per
     GPU, or with a request rate the fewest GPUs; compared with the co-located search over the same pools. A
-    job whose speculation no layout can run is refused up front, as search.disagg refuses it (refuse_speculation)."""
+    job whose speculation no layout can run is refused up front, as search.disagg refuses it (refuse_speculation).
+    `moe`: the MoE serving options given, applied to every pool's instance layouts and to the co-located search
+    as search.disagg applies them (moe_plans)."""
     refuse_speculation(m, job)
     t0 = time.perf_counter()
     rated, job = job, job.model_copy(update={"request_rate": None})  # instances priced idle; the queue per split
     prefills = [[e for e in (price_prefill(m, p.cluster, x, job, allowance)
-                             for x in instance_plans(m, p.cluster, weight_dtype, kv_dtype, "prefill")) if e is not None]
+                             for x in moe_plans(m, instance_plans(m, p.cluster, weight_dtype, kv_dtype, "prefill"), moe))
+                  if e is not None]
                 for p in pc.pools]
     decodes = [[e for e in (price_decode(m, p.cluster, x, job, allowance)
-                            for x in instance_plans(m, p.cluster, weight_dtype, kv_dtype, "decode")) if e is not None]
+                            for x in moe_plans(m, instance_plans(m, p.cluster, weight_dtype, kv_dtype, "decode"), moe))
+                 if e is not None]
                for p in pc.pools]
     new_input = max(job.uncached_input, 1.0)
     plans: list[PoolDisaggPlan] = []
@@ -230,7 +256,7 @@ def search_disaggregated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, wei
         plans.sort(key=lambda x: (x.split.gpus, -x.split.tokens_per_s))
     else:
         plans.sort(key=lambda x: -x.split.tokens_per_s / x.split.gpus)
-    co = search_colocated_pools(m, pc, rated, weight_dtype, kv_dtype, request_rate, allowance)
+    co = search_colocated_pools(m, pc, rated, weight_dtype, kv_dtype, request_rate, allowance, moe=moe)
     winner, why = pools_verdict(plans[0] if plans else None, co)
     considered = sum(len(x) for x in prefills) + sum(len(x) for x in decodes)
     return PoolDisaggResult(plans[:top], co, considered, time.perf_counter() - t0, winner, why)

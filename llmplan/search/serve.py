@@ -12,7 +12,8 @@ from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.search.run import Pruned
 from llmplan.serving import (ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans, slo_batch_of,
                              slo_candidates)
-from llmplan.specs.check import check_serve_plan, divisors, serve_moe_violations, speculative_violations, valid_tp
+from llmplan.specs.check import (Violation, check_serve_plan, divisors, serve_moe_violations, speculative_violations,
+                                 valid_tp)
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import SERVE_PLAN_FLAGS, SERVE_PLAN_OPTIONS
 from llmplan.specs.registry import build
@@ -182,6 +183,48 @@ def refuse_dp_attention(m: ModelSpec, cluster: ClusterSpec, pins: dict, moe: dic
         raise PlanViolationError(bad)
 
 
+EP_RULES = ("ep_experts", "ep_serve", "ep_serve_engine")
+"""check_serve_plan's rules on the EP degree itself (a pinned --ep that breaks one of them on every layout the
+search tries is refused by pinned_ep_refusal)."""
+
+
+def ep_breaks(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, pins: dict, weight_dtype: WeightDtype,
+              kv_dtype: KvDtype, moe: dict | None) -> list[Violation] | None:
+    """The EP rules (EP_RULES) the layouts the search tries with these pins break, one violation per rule, or
+    None when some layout breaks none (or the search tries no layout)."""
+    seen: dict[str, Violation] = {}
+    layouts = serve_candidates(m, cluster, pins, weight_dtype, kv_dtype, moe)
+    for plan in layouts:
+        bad = [v for v in check_serve_plan(m, plan, job, sub_cluster(cluster, plan.num_gpus)) if v.rule in EP_RULES]
+        if not bad:
+            return None
+        for v in bad:
+            seen.setdefault(v.rule, v)
+    return list(seen.values()) or None
+
+
+def pinned_ep_refusal(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, pins: dict, weight_dtype: WeightDtype,
+                      kv_dtype: KvDtype, moe: dict | None) -> str | None:
+    """Why no layout of the serving search takes the pinned --ep (ep_breaks), with the EP degrees some layout
+    takes on these GPUs (the experts' divisors, EPLB's sum with --redundant-experts, and the wide-EP group sizes,
+    wide_ep_sizes), or None when some layout takes it. One line: what (values); the rules; the valid choices."""
+    ep = pins.get("ep")
+    if not m.is_moe or not ep or ep == 1:
+        return None
+    bad = ep_breaks(m, cluster, job, pins, weight_dtype, kv_dtype, moe)
+    if bad is None:
+        return None
+    red = (moe or {}).get("redundant_experts") or 0
+    tried = sorted({e for e in divisors(m.num_experts + red) + wide_ep_sizes(cluster) if e <= cluster.num_gpus})
+    valid = [e for e in tried if e == 1 or ep_breaks(m, cluster, job, {**pins, "ep": e}, weight_dtype, kv_dtype,
+                                                     moe) is None]
+    return (f"--ep {ep}: no serving layout of {m.name} on {cluster.num_gpus} GPUs takes it: "
+            + "; ".join(f"{v.message} (rule {v.rule})" for v in bad)
+            + f"; the search tries ep over the TP ranks, up to tp x replicas, and DP-attention wide-EP groups of "
+            f"{', '.join(map(str, wide_ep_sizes(cluster))) or 'none'} GPUs; pin one of --ep "
+            f"{', '.join(map(str, valid))} on these GPUs, or drop --ep")
+
+
 def serve_candidates(m: ModelSpec, cluster: ClusterSpec, pins: dict, weight_dtype: WeightDtype, kv_dtype: KvDtype,
                      moe: dict | None = None) -> list[ServePlan]:
     """Every layout the serving search prices: the TP / PP / EP replicas of serve_layouts filling the budget
@@ -210,12 +253,25 @@ def refuse_speculation(m: ModelSpec, job: ServeJob) -> None:
         raise PlanViolationError(bad)
 
 
+def refuse_no_layout(m: ModelSpec, cluster: ClusterSpec, pins: dict, where: str = "the budget") -> None:
+    """Pins that leave the serving search no layout to price (serve_layouts: tp x pp above the GPUs) are
+    refused in one line rather than a search that prices nothing and exits 3."""
+    given = " ".join(f"--{k} {pins[k]}" for k in ("tp", "pp") if pins.get(k))
+    if given:
+        tp, pp = pins.get("tp") or 1, pins.get("pp") or 1
+        raise LlmplanError(f"{given}: tp x pp (at least {tp} x {pp} = {tp * pp}) exceeds the {cluster.num_gpus} GPUs "
+                           f"of {where}: each serving replica of {m.name} takes tp x pp GPUs; lower --tp / --pp "
+                           f"so that tp x pp <= {cluster.num_gpus}, or add GPUs")
+
+
 def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dtype: WeightDtype, kv_dtype: KvDtype,
                    objective: str = "throughput", top: int = 5, request_rate: float | None = None,
                    allowance: MemoryAllowance | None = None, pins: dict | None = None,
-                   moe: dict | None = None) -> ServeSearchResult:
+                   moe: dict | None = None, refuse_pins: bool = True) -> ServeSearchResult:
     """Rank the serving layouts (serve_candidates) of a GPU budget; `moe` the MoE serving options given. A job
-    whose speculation no layout can run is refused up front (refuse_speculation)."""
+    whose speculation no layout can run is refused up front (refuse_speculation); a pinned --ep that no layout
+    takes (pinned_ep_refusal) is refused when nothing is served, and pins that leave no layout at all up front
+    (refuse_no_layout), where `refuse_pins` (the search over pools refuses a pinned --ep only when no pool takes it)."""
     refuse_speculation(m, job)
     t0 = time.perf_counter()
     pins = pins or {}
@@ -224,6 +280,8 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
     found: list[ServeEstimate] = []
     misses: list[Miss] = []
     layouts = serve_candidates(m, cluster, pins, weight_dtype, kv_dtype, moe)
+    if not layouts and refuse_pins:
+        refuse_no_layout(m, cluster, pins)
     lm = loaded_model(m, job)
     for plan in layouts:
         tp, pp, ep, dp = plan.tp, plan.pp, plan.ep, plan.dp
@@ -260,6 +318,9 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
         found.sort(key=lambda e: (e.plan.num_gpus, -e.tokens_per_s, e.plan.tp, e.plan.pp))
     else:
         found.sort(key=lambda e: (-e.tokens_per_s / e.plan.num_gpus, e.plan.tp, e.plan.pp, e.plan.ep))
+    why = pinned_ep_refusal(m, cluster, job, pins, weight_dtype, kv_dtype, moe) if refuse_pins and not found else None
+    if why is not None:
+        raise LlmplanError(why)
     return ServeSearchResult(
         considered=len(layouts), feasible=len(found),
         pruned=[Pruned(rule, count, example) for rule, (count, example) in pruned.items()],

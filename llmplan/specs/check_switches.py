@@ -547,9 +547,11 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "input in fp8 for SwiGLU only (TransformerConfig, activation_func_fp8_input_store); drop "
                          "--swiglu-fp8-input"),
     Rule("jit_activation", lambda m, p, c: (not p.jit_activation) | m.gated_mlp,
-         lambda m, p, c: f"jit_activation with {m.name}, whose MLP is not gated: the jit_fuser rate priced is "
-                         "Megatron-Core's SwiGLU / GeGLU kernel (bias_swiglu_impl, fusions/fused_bias_swiglu.py), "
-                         "and a plain GELU MLP's activation is priced as the fused pass already; set jit_activation "
+         lambda m, p, c: f"jit_activation with {m.name}, whose MLP is not gated: its activation is "
+                         f"{m.mlp_activation}; the jit_fuser rate priced is that of Megatron-Core's gated-MLP "
+                         "kernels, the only activations it supports: SwiGLU (silu: bias_swiglu_impl, "
+                         "fusions/fused_bias_swiglu.py) and GeGLU (gelu: bias_geglu_impl, fusions/fused_bias_geglu.py), "
+                         "and an ungated MLP's activation is priced as one fused pass already; set jit_activation "
                          "false in the plan"),
     # Megatron-Core optimizer/__init__.py (d98e8a6): "--use-precision-aware-optimizer only supported with
     # distributed optimizer"; Megatron-FSDP keeps its own main-weight buffer (--megatron-fsdp-main-params-dtype);

@@ -66,6 +66,10 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     out["name"] = str(cfg.get("_name_or_path") or default_name).rstrip("/").split("/")[-1] or default_name
     out["source"] = f"Hugging Face config.json ({cfg.get('_name_or_path') or default_name})"
     out["model_type"] = mt
+    act = cfg.get("mlp_hidden_act", "relu2") if mt == "nemotron_h" else next(
+        (cfg[k] for k in ("hidden_act", "hidden_activation", "activation_function") if isinstance(cfg.get(k), str)), None)
+    if isinstance(act, str):
+        out["hidden_act"] = act
     out.setdefault("tie_word_embeddings", mt in TIED_BY_DEFAULT)
     if out.get("rope_theta") is None and isinstance(cfg.get("rope_parameters"), dict):
         out["rope_theta"] = cfg["rope_parameters"].get("rope_theta")

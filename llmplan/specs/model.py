@@ -64,6 +64,10 @@ class ModelSpec(Spec):
 
     gated_mlp: bool = True
     """llmplan key: SwiGLU/GeGLU MLP with gate, up and down projections (False: plain two-matrix GELU MLP)."""
+    hidden_act: str | None = Field(default=None, max_length=64)
+    """The MLP's activation as config.json names it (hidden_act; Gemma's hidden_activation, GPT-2's
+    activation_function, Nemotron-H's mlp_hidden_act); None where the spec does not name it. Named by the rules
+    (mlp_activation); the cost reads gated_mlp."""
     parallel_block: bool = False
     """llmplan key: the parallel transformer block, y = x + Attention(LN(x)) + MLP(LN(x)) (GPT-J, PaLM; MegaScale
     §3.1): attention and MLP read one norm's output and their outputs are summed, so under Megatron-style TP the
@@ -391,6 +395,18 @@ class ModelSpec(Spec):
         if self.layer_types is None:
             return self.num_hidden_layers if kind == "full_attention" else 0
         return self.layer_types.count(kind)
+
+    @property
+    def mlp_activation(self) -> str:
+        """The MLP's activation in words: hidden_act where the spec names it, else what the spec implies: a
+        Nemotron-H ungated MLP is squared ReLU (relu2, its config's default; hf.py reads it so), another ungated
+        MLP GELU (gated_mlp's plain two-matrix MLP), a gated one SwiGLU / GeGLU unnamed."""
+        if self.hidden_act:
+            return f"{self.hidden_act} (hidden_act)"
+        if not self.gated_mlp:
+            return ("squared ReLU (relu2, Nemotron-H's default; the spec names no hidden_act)" if self.model_type == "nemotron_h"
+                    else "GELU (a plain two-matrix MLP; the spec names no hidden_act)")
+        return "a gated activation not named in the spec (hidden_act)"
 
     @property
     def is_sparse_attention(self) -> bool:
