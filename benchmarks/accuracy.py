@@ -2039,9 +2039,11 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         bf16_layers_start=bridge_bf16_layers(rec, fam, dtype)[0], bf16_layers_end=bridge_bf16_layers(rec, fam, dtype)[1],
         # Nemotron-3 Super's NVFP4 presets load te_quant.cfg as model.quant_recipe (scripts/performance/configs/
         # nemotronh/nemotron_3_llm_pretrain.py at v0.4.0 - v0.5.0; perf_recipes/nemotronh/*/nemotronh.py at
-        # 067f987d): attention (linear_qkv, linear_proj) and latent projections in BF16; its MTP in BF16 and Mamba
-        # out_proj in MXFP8 are not priced
+        # 067f987d): attention (linear_qkv, linear_proj) and latent projections in BF16, Mamba out_proj in MXFP8;
+        # its MTP in BF16 (mtp.*), as Megatron-LM runs MTP under every fp4 recipe (docs/formulas.md#mixers.mtp_fp4)
         bf16_modules=("attention", "latent_proj") if fam == "mbridge-moe" and dtype == "fp4"
+        and "nemotron-3-super" in rec["id"] else (),
+        mxfp8_modules=("mamba_out_proj",) if fam == "mbridge-moe" and dtype == "fp4"
         and "nemotron-3-super" in rec["id"] else (),
         nvfp4_rht_cast_fusion=not (fam in BRIDGE_FAMILIES and bridge_release(rec) < (26, 6)),
         # torchtitan's December 2024 rows ran torchao eab345c, whose tensorwise Float8Linear saved the fp8 input

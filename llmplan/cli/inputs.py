@@ -18,7 +18,7 @@ from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.options import (SERVE_PLAN_FLAGS, CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions,
                                    SwitchOptions)
-from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
+from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, MXFP8_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
                                 MOE_FLEX_BACKENDS,
                                 MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZERS, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
                                 RECOMPUTE_MODULES, OFFLOAD_MODULES, TP_IMPLS, CP_IMPLS, CP_COMM_TYPES, NORM_KERNELS, SOFTMAX_KERNELS, FP8_SCALINGS, ClusterSpec,
@@ -169,6 +169,8 @@ def switches(s: SwitchOptions) -> dict:
                 "cp_comm_type"].default,
             "cp_a2a_size": s.cp_a2a_size if s.cp_a2a_size is not None else ParallelPlan.model_fields[
                 "cp_a2a_size"].default, "bf16_modules": parse_bf16_modules(s.bf16_modules),
+            "mxfp8_modules": _module_list(s.mxfp8_modules, "--mxfp8-modules", MXFP8_MODULES,
+                                          "a module llmplan can run in MXFP8 under NVFP4"),
             "recompute_modules": parse_recompute_modules(s.recompute_modules),
             "offload_modules": _module_list(s.offload_modules, "--offload-modules", OFFLOAD_MODULES,
                                             "a Megatron offload module llmplan prices")}

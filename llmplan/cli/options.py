@@ -213,6 +213,9 @@ BF16_LAYERS_END = typer.Option(None, "--bf16-layers-end", min=0, max=1 << 16,
 BF16_MODULES = typer.Option(None, "--bf16-modules",
                             help="With --precision fp8-* / mxfp8 / nvfp4: modules kept in bf16 in every layer, "
                                  "comma-separated (attention, latent_proj; Megatron --te-precision-config-file).")
+MXFP8_MODULES = typer.Option(None, "--mxfp8-modules",
+                             help="With --precision nvfp4: modules run in MXFP8 in every NVFP4 layer, "
+                                  "comma-separated (mamba_out_proj; Megatron --te-precision-config-file).")
 OVERHEAD_GIB = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
                            help="Fixed per-GPU runtime allowance in GiB (CUDA context, NCCL, workspaces); "
                                 f"default: priced from the plan (training), {SERVE_RUNTIME_GIB:g} (serving).")
@@ -333,6 +336,7 @@ SWITCHES = Flags("Training switches", {
     "expert_gemm": EXPERT_GEMM,
     "moe_dispatch_sms": MOE_DISPATCH_SMS, "moe_flex_backend": MOE_FLEX_BACKEND, "ep_dispatch_fp8": EP_DISPATCH_FP8, "moe_router_fusion": MOE_ROUTER_FUSION, "fp32_param_shards": FP32_PARAM_SHARDS,
     "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,
+    "mxfp8_modules": MXFP8_MODULES,
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "fp8_attention": FP8_ATTENTION, "grad_dtype": GRAD_DTYPE,
     "fp8_params": FP8_PARAMS,
     "optimizer": OPTIMIZER,

@@ -167,8 +167,8 @@ def attention_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any]]:
     return [(h, (a_t + 2 * kv_heads_per_rank(m, t)) * m.d_head), (a_t * m.d_head, h)]
 
 
-GemmModule = Literal["attention", "grouped_out", "recurrent", "mlp", "shared_expert", "expert", "router",
-                     "latent_proj", "compressor", "indexer_query", "hyper_connection"]
+GemmModule = Literal["attention", "grouped_out", "recurrent", "mamba_out_proj", "mlp", "shared_expert", "expert",
+                     "router", "latent_proj", "compressor", "indexer_query", "hyper_connection"]
 """What a matmul of layer_gemms' list computes: the pricing picks its matmuls by this tag, never by position."""
 
 UNQUANTIZED_MODULES: frozenset[str] = frozenset({"grouped_out", "compressor", "router"})
@@ -216,9 +216,12 @@ def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
     out = [Gemm(2 * T * k * n * a_share, T, n, k, role, "attention") for (k, n), role in zip(shapes, roles, strict=True)]
     if is_v4_attention(m) and m.o_lora_rank:  # DeepSeek-V4's grouped projection, the last but one (attention_shapes)
         out[-2] = out[-2]._replace(module="grouped_out")
-    # 0, 2 or 4 recurrent matmuls (Mamba-2's and the linear attention's in / out projections): roles cut to fit
-    out += [Gemm(2 * T * k * n * share, T, n, k, role, "recurrent")
-            for (k, n, share), role in zip(recurrent_gemm_shapes(m, t), ["ag", "rs"] * 2, strict=False)]
+    # 0, 2 or 4 recurrent matmuls (Mamba-2's and the linear attention's in / out projections): roles cut to fit;
+    # Mamba-2's out_proj (the first pair's second) tagged apart, for mxfp8_modules
+    mamba = m.count_layers("mamba") > 0
+    out += [Gemm(2 * T * k * n * share, T, n, k, role, "mamba_out_proj" if mamba and i == 1 else "recurrent")
+            for i, ((k, n, share), role) in enumerate(zip(recurrent_gemm_shapes(m, t), ["ag", "rs"] * 2,
+                                                          strict=False))]
     # DeepSeek-V4's compressors and indexer (their share of the layers) and the two hyper-connection
     # projections (n·h -> (2+n)n), replicated on every TP rank (cost.compressed)
     out += [Gemm(2 * T * k * n * share, T, n, k, "", "indexer_query" if quantized else "compressor")
@@ -327,12 +330,23 @@ def bf16_module_gemms(plan: ParallelPlan, gemms: list[Gemm]) -> frozenset[int]:
     return frozenset(i for i, g in enumerate(gemms) if g.module in plan.bf16_modules)
 
 
+def mxfp8_module_gemms(plan: ParallelPlan, gemms: list[Gemm]) -> frozenset[int]:
+    """Indices into layer_gemms' list of the matmuls plan.mxfp8_modules runs in MXFP8 under the NVFP4 recipe
+    (Megatron-Core's quantization recipe: a module matched to an mxfp8 config inside the fp4 context), in the
+    layers the recipe quantises; none under any other recipe. Source: NVIDIA-NeMo/Megatron-Bridge
+    src/megatron/bridge/perf_recipes/nemotronh/te_quant.cfg at 067f987df (mamba_outproj_mxfp8: "*mixer.out_proj",
+    fp8_quantization_recipe mxfp8). Derived: docs/formulas.md#precision.mxfp8_modules"""
+    if plan.recipe != "nvfp4" or not plan.low_precision or not plan.mxfp8_modules:
+        return frozenset()
+    return frozenset(i for i, g in enumerate(gemms) if g.module in plan.mxfp8_modules)
+
+
 def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool,
                        only: str | None = None) -> tuple[Any, Any]:
     """(forward, backward) time of one layer's GEMMs: its GEMM FLOPs (layer_flops) at the FLOP-weighted
     harmonic mean of the efficiencies of its own matmuls, in the recipe's format (the plan's bf16 layers,
     low_precision_layer_fraction, in bf16: the average layer mixes both; bf16_module_gemms in bf16 in every
-    layer). The backward is an input-gradient and a weight-gradient
+    layer; under NVFP4, mxfp8_module_gemms in MXFP8 in the low-precision layers). The backward is an input-gradient and a weight-gradient
     matmul of the forward's FLOPs each, priced at the forward's shape except where chunked TP overlap splits
     the call (chunk_rows). `only` (a module, e.g. "expert"): the time of that module's matmuls alone, each
     priced as in the whole layer. An MXFP8 matmul on cuBLASLt takes block_scaled_gemm_factor more.
@@ -346,6 +360,7 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     load = routing_imbalance(m, plan) if moe else 1.0
     split = bool(plan.tp_comm_overlap and np.any(plan.sp))  # skip the piece shapes when no plan chunks
     kept = bf16_module_gemms(plan, gemms)
+    mx = mxfp8_module_gemms(plan, gemms)
 
     def seconds(low: str) -> tuple[Any, Any]:
         fwd = bwd = 0.0
@@ -353,6 +368,7 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
             if only is not None and module != only:
                 continue
             fmt = "bf16" if i in kept or module in UNQUANTIZED_MODULES else low
+            fmt = "mxfp8" if i in mx and fmt != "bf16" else fmt  # the NVFP4 layers' MXFP8 modules
             scale = per_flop / gpu.sustained_flops(fmt) * block_scaled_gemm_factor(m, plan, fmt, module)
             x, g = (load, m.num_experts / plan.ep) if module == "expert" else (1.0, 1)
             tile = expert_gemm_tile(plan, fmt) if module == "expert" else TILE

@@ -4,13 +4,16 @@ The cost functions price a hybrid's average layer (cost.mixers); a stage of most
 the attention layers then cost the same. A stage's compute is linear in its layers' mixer shares, so with
 SC(m_k) the stage's compute were every layer's mixer of kind k (its MLPs unchanged), the stage holding c_k of
 its n layers of kind k costs SC(m) + sum_k (c_k / n - share_k) SC(m_k), share_k the model's share of kind k.
-A multi-token-prediction module on the stage is one layer more whose mixer is attention (MTP_MIXER).
+A multi-token-prediction module on the stage is one layer more whose mixer is attention (MTP_MIXER); under an
+fp4 recipe its layer runs in bf16 (mtp_layer_extra).
 Derived: docs/formulas.md#mixers.balance, docs/formulas.md#mixers.mtp
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from llmplan.arith import maximum, where
 from llmplan.cost.compute import StageCompute, stage_compute
@@ -33,15 +36,43 @@ def single_kind(m: ModelSpec, kind: str) -> ModelSpec:
     return m.model_copy(update={"layer_types": (kind,) * m.num_hidden_layers})
 
 
+def mtp_layer_extra(layer_model: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> dict[str, Any]:
+    """Compute of one MTP module's layer (of `layer_model`'s mixer, one MoE or dense layer) in bf16, less that
+    layer as the stack's average layer prices it, per part: Megatron-LM runs the MTP modules under its fp8 context
+    only and never in FP4, so under an fp4 recipe their layers run in bf16 (as mtp_projection_seconds prices their
+    eh_proj); zero under every other recipe. The bf16 layer is the plan's own bf16 layer (every layer kept in bf16:
+    bf16_layers_start / _end). Source: NVIDIA/Megatron-LM megatron/core/transformer/multi_token_prediction.py
+    (_proj_and_transformer_layer: fp8_context only with config.fp8, "currently ignoring FP4 in MTP layers") at
+    d98e8a6. Derived: docs/formulas.md#mixers.mtp_fp4"""
+    if plan.dtype != "fp4":  # a workload switch: one value for every plan of a search
+        return {f: 0.0 for f in PARTS}
+    dense, moe = (0, 1) if layer_model.is_moe else (1, 0)
+    kept = plan.model_copy(update={"bf16_layers_start": 0, "bf16_layers_end": layer_model.num_hidden_layers})
+    low = stage_compute(layer_model, plan, gpu, dense, moe, False)
+    high = stage_compute(layer_model, kept, gpu, dense, moe, False)
+    return {f: getattr(high, f) - getattr(low, f) for f in PARTS}
+
+
+def with_mtp_layers(sc: StageCompute, m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, stage: Any) -> StageCompute:
+    """A non-hybrid stage's compute with its MTP modules' layers at their own format (mtp_layer_extra: bf16
+    under fp4). Derived: docs/formulas.md#mixers.mtp_fp4"""
+    mtp = stage_mtp_modules(m, plan, stage) if m.num_nextn_predict_layers and plan.dtype == "fp4" else 0
+    if not np.any(mtp):
+        return sc
+    extra = mtp_layer_extra(m, plan, gpu)
+    return StageCompute(**{f: getattr(sc, f) + mtp * extra[f] for f in PARTS})
+
+
 def balanced_stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, stage: Any, n_dense: Any, n_moe: Any,
                            last: Any) -> StageCompute:
     """stage_compute of pipeline rank `stage` at the mixer kinds it holds (stage_kind_counts), its MTP modules
-    (stage_mtp_modules, priced as MoE layers) with the MTP_MIXER; the average-layer stage_compute for a model whose
-    layers share one mixer kind. Derived: docs/formulas.md#mixers.balance, docs/formulas.md#mixers.mtp"""
+    (stage_mtp_modules, priced as MoE layers) with the MTP_MIXER, in bf16 under fp4 (mtp_layer_extra); the
+    average-layer stage_compute for a model whose layers share one mixer kind. Derived:
+    docs/formulas.md#mixers.balance, docs/formulas.md#mixers.mtp, docs/formulas.md#mixers.mtp_fp4"""
     base = stage_compute(m, plan, gpu, n_dense, n_moe, last)
     kinds = tuple(dict.fromkeys(m.layer_types or ()))
     if len(kinds) < 2:
-        return base
+        return with_mtp_layers(base, m, plan, gpu, stage)
     counts = stage_kind_counts(m, plan, stage)
     n = maximum(stage_layer_count(m, plan, stage), 1)
     parts = {f: getattr(base, f) for f in PARTS}
@@ -62,4 +93,8 @@ def balanced_stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, stage
             own = (1.0 if kind == MTP_MIXER else 0.0) - weight - share
             for f in PARTS:
                 parts[f] = parts[f] + mtp * own * getattr(one, f)
+            if kind == MTP_MIXER:  # the module's layer in its own format (bf16 under fp4)
+                extra = mtp_layer_extra(variant, plan, gpu)
+                for f in PARTS:
+                    parts[f] = parts[f] + mtp * extra[f]
     return StageCompute(**{f: where(parts[f] > 0, parts[f], 0.0) for f in PARTS})

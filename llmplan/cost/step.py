@@ -50,7 +50,7 @@ from llmplan.cost.comm import (
     tp_sm_margin_seconds,
     tp_unfused_rs_share,
 )
-from llmplan.cost.hybrid_stage import balanced_stage_compute
+from llmplan.cost.hybrid_stage import balanced_stage_compute, with_mtp_layers
 from llmplan.cost.kernels import layer_launch_average, router_host_ops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import (bf16_gathered_params, bf16_kept_params, gradient_params,
@@ -145,7 +145,7 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
         so stages with equal layer counts may differ."""
         if m.is_hybrid:
             return lambda p, i: balanced_stage_compute(m, p, g, i, *stage_layers(m, p, i), i == p.pp - 1)
-        return lambda p, i: stage_compute(m, p, g, *stage_layers(m, p, i), i == p.pp - 1)
+        return lambda p, i: with_mtp_layers(stage_compute(m, p, g, *stage_layers(m, p, i), i == p.pp - 1), m, p, g, i)
 
     def one(stage: Any) -> tuple[Any, StageCompute, Any, Any]:
         n_dense, n_moe = stage_layers(m, plan, stage)

@@ -258,6 +258,9 @@ def check(pf: PlanFile) -> None:
         (f"modules kept in bf16 ({', '.join(p.bf16_modules)}: Megatron-Bridge sets them with model.quant_recipe, a "
          "RecipeConfig object that a KEY=VALUE override cannot hold)", bool(p.bf16_modules),
          "export to megatron (--te-precision-config-file), or re-plan without --bf16-modules"),
+        (f"modules run in MXFP8 under NVFP4 ({', '.join(p.mxfp8_modules)}: Megatron-Bridge sets them with "
+         "model.quant_recipe, a RecipeConfig object that a KEY=VALUE override cannot hold)", bool(p.mxfp8_modules),
+         "export to megatron (--te-precision-config-file), or re-plan without --mxfp8-modules"),
         (f"TP {p.tp} with DeepSeek-V4's attention (Megatron-Core's DSv4HybridAttention asserts a TP size of 1)",
          m.compressed_layers > 0 and p.tp > 1, "re-plan with --tp 1 (split the experts with --ep)"),
         ("core_attn recompute with DeepSeek-V4's attention (Megatron-Core's DSv4HybridAttention asserts that core "

@@ -390,6 +390,9 @@ def precision_aware(p: ParallelPlan) -> bool:
 MODULE_PATTERNS = {"attention": ("*.linear_qkv", "*.linear_proj"), "latent_proj": ("*mlp.fc[12]_latent_proj",)}
 """llmplan's bf16_modules -> the module-name globs of Megatron-Core's quantization recipe (the matchers of
 megatron/core/extensions/TransformerEngineMixedPrecision.md and Megatron-Bridge's Nemotron-3 Super te_quant.cfg)."""
+MXFP8_MODULE_PATTERNS = {"mamba_out_proj": ("*mixer.out_proj",)}
+"""llmplan's mxfp8_modules -> the module-name globs of Megatron-Core's quantization recipe (Megatron-Bridge's
+Nemotron-3 Super te_quant.cfg, matcher mamba_outproj_mxfp8)."""
 MLA_ATTENTION_PATTERNS = ("*.linear_q_proj", "*.linear_q_down_proj", "*.linear_q_up_proj", "*.linear_kv_down_proj",
                           "*.linear_kv_up_proj", "*.linear_proj")
 """The attention projections of an MLA model (Megatron-Core multi_latent_attention.py, MLASelfAttention: no
@@ -402,9 +405,18 @@ launch.render_slurm reads them from the submit folder instead)."""
 
 def te_precision_config(pf: PlanFile) -> str:
     """The --te-precision-config-file YAML that keeps the plan's bf16_modules in bf16 (a 'bf16' config with an
-    empty training recipe, one glob matcher per module name), as Megatron-LM's load_quantization_recipe reads it."""
+    empty training recipe, one glob matcher per module name) and runs its mxfp8_modules in MXFP8 (an 'mxfp8' config),
+    as Megatron-LM's load_quantization_recipe reads it."""
     lines = ["configs:", "  bf16:", '    transformer_engine_config_type: "TEQuantizationParams"',
-             "    training_recipe: {}", "matchers:"]
+             "    training_recipe: {}"]
+    if pf.plan.mxfp8_modules:
+        lines += ["  mxfp8:", '    transformer_engine_config_type: "TEQuantizationParams"', "    training_recipe:",
+                  '      fp8_quantization_recipe: "mxfp8"']
+    lines += ["matchers:"]
+    for module in pf.plan.mxfp8_modules:
+        for i, pattern in enumerate(MXFP8_MODULE_PATTERNS[module]):
+            lines += [f"  {module}_{i}_mxfp8:", '    config: "mxfp8"', '    type: "glob"', f'    pattern: "{pattern}"',
+                      "    enabled: true"]
     for module in pf.plan.bf16_modules:
         mla = module == "attention" and pf.model.is_mla
         for i, pattern in enumerate(MLA_ATTENTION_PATTERNS if mla else MODULE_PATTERNS[module]):
@@ -419,7 +431,7 @@ def bf16_layer_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     Megatron-Core's default for each is 1)."""
     start, end = bf16_layer_counts(pf.plan, pf.model.num_hidden_layers)
     modules: list[tuple[str, object]] = ([("--te-precision-config-file", f'"{SCRIPT_DIR}/{TE_PRECISION_FILE}"')]
-                                         if pf.plan.bf16_modules else [])
+                                         if pf.plan.bf16_modules or pf.plan.mxfp8_modules else [])
     if not start + end:
         return modules
     return [("--first-last-layers-bf16", True), ("--num-layers-at-start-in-bf16", start),
@@ -744,5 +756,6 @@ def render(pf: PlanFile) -> dict[str, str]:
 
 
 def companion_files(pf: PlanFile) -> dict[str, str]:
-    """The files the script's flags read beside it: the --te-precision-config-file YAML for bf16_modules."""
-    return {TE_PRECISION_FILE: te_precision_config(pf)} if pf.plan.bf16_modules else {}
+    """The files the script's flags read beside it: the --te-precision-config-file YAML for bf16_modules and
+    mxfp8_modules."""
+    return {TE_PRECISION_FILE: te_precision_config(pf)} if pf.plan.bf16_modules or pf.plan.mxfp8_modules else {}

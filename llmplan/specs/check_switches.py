@@ -572,6 +572,13 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"bf16_modules {', '.join(_absent_bf16_modules(m, p))}: {m.name} has no such module "
                          "(attention: attention layers; latent_proj: a latent MoE, moe_latent_size); drop them "
                          "from --bf16-modules"),
+    Rule("mxfp8_modules", lambda m, p, c: not p.mxfp8_modules or (p.recipe == "nvfp4" and p.low_precision),
+         lambda m, p, c: f"mxfp8_modules {', '.join(p.mxfp8_modules)} with "
+                         f"{f'recipe {p.recipe}' if p.low_precision else f'dtype {p.dtype}'}: MXFP8 modules are an "
+                         "exception to an NVFP4 recipe; give --precision nvfp4 or drop --mxfp8-modules"),
+    Rule("mxfp8_modules_model", lambda m, p, c: not p.mxfp8_modules or m.count_layers("mamba") > 0,
+         lambda m, p, c: f"mxfp8_modules {', '.join(p.mxfp8_modules)}: {m.name} has no Mamba-2 layer "
+                         "(mamba_out_proj: the Mamba-2 mixer's out_proj); drop --mxfp8-modules"),
     Rule("bf16_layers_stage", lambda m, p, c: _bf16_stage_ok(m, p),
          lambda m, p, c: f"bf16_layers_start ({p.bf16_layers_start or 0}) / bf16_layers_end ({p.bf16_layers_end or 0}) "
                          f"above the {m.num_hidden_layers // p.pp} layers of a pipeline stage ({m.num_hidden_layers} "

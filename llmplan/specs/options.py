@@ -166,6 +166,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.bf16_layers_end; None: the recipe's default."""
     bf16_modules: str | None
     """Comma-separated modules kept in bf16 (ParallelPlan.bf16_modules); None: none."""
+    mxfp8_modules: str | None
+    """Comma-separated modules run in MXFP8 under NVFP4 (ParallelPlan.mxfp8_modules); None: none."""
     swiglu_fp8_input: bool
     """ParallelPlan.swiglu_fp8_input."""
     fp8_attention: bool

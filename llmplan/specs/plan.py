@@ -20,6 +20,7 @@ from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-
     MoeRouting, FP8_SCALINGS, Fp8Scaling,
     OptimizerMasterDtype, OptimizerMomentDtype, Recipe, Recompute, RecomputeModule, TpImpl, TrainDtype,
     CP_IMPLS, CpImpl, CP_COMM_TYPES, CpCommType, NORM_KERNELS, NormKernel, SOFTMAX_KERNELS, SoftmaxKernel, OFFLOAD_MODULES, OffloadModule,
+    MXFP8_MODULES, Mxfp8Module,
 )
 from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
     ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, cp_a2a_group, cp_ring_size, PlanLike, PlanQuantities, bf16_layer_counts,
@@ -189,6 +190,11 @@ class ParallelPlan(PlanQuantities, Spec):
     recipe (--te-precision-config-file; matchers *.linear_qkv, *.linear_proj, *mlp.fc[12]_latent_proj), as
     Megatron-Bridge's Nemotron-3 Super NVFP4 presets set them (te_quant.cfg). Priced in the GEMM time only
     (docs/formulas.md#precision)."""
+    mxfp8_modules: tuple[Mxfp8Module, ...] = ()
+    """With recipe nvfp4, modules whose GEMMs run in MXFP8 in every low-precision layer: mamba_out_proj (the
+    Mamba-2 mixer's out_proj). Megatron-Core's quantization recipe (--te-precision-config-file; matcher
+    *mixer.out_proj to an mxfp8 config), as Megatron-Bridge's Nemotron-3 Super NVFP4 presets set it (te_quant.cfg).
+    Priced in the GEMM time only (docs/formulas.md#precision.mxfp8_modules)."""
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     """Dtype of the gradient buffer: fp32 (Megatron's default main_grad) or bf16 (the ZeRO paper's 16 B/param)."""
     optimizer: Optimizer = "adam"

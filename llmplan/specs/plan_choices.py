@@ -25,6 +25,9 @@ into fc1's LayerNormLinear, an IdentityOp that Megatron skips)."""
 Bf16Module = Literal["attention", "latent_proj"]
 BF16_MODULES: tuple[str, ...] = get_args(Bf16Module)
 """Modules a low-precision plan can keep in bf16 in every layer (ParallelPlan.bf16_modules)."""
+Mxfp8Module = Literal["mamba_out_proj"]
+MXFP8_MODULES: tuple[str, ...] = get_args(Mxfp8Module)
+"""Modules an NVFP4 plan can run in MXFP8 in every low-precision layer (ParallelPlan.mxfp8_modules)."""
 
 
 TrainDtype = Literal["bf16", "fp16", "fp8", "fp4", "fp32"]

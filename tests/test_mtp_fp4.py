@@ -1,0 +1,73 @@
+"""An MTP module's layer runs in bf16 under an fp4 recipe (docs/formulas.md#mixers.mtp_fp4).
+
+Source: NVIDIA/Megatron-LM megatron/core/transformer/multi_token_prediction.py at d98e8a6
+(_proj_and_transformer_layer): the module's eh_proj and its transformer layer enter Transformer Engine's
+quantisation context only when config.fp8 is set ("currently ignoring FP4 in MTP layers"), so under NVFP4 they
+run in bf16; under MXFP8 they run in the recipe's format. Megatron-Bridge's Nemotron-3 Super NVFP4 presets also
+match "mtp.*" to bf16 (te_quant.cfg, v0.4.0 - v0.6.0). The rows are the 26.08 Super GB300 pair of
+NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md at 067f987df (MXFP8 9,856, NVFP4 10,240 tokens/s/GPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from llmplan.cost.hybrid_stage import balanced_stage_compute, mtp_layer_extra, single_kind, with_mtp_layers
+from llmplan.cost.stages import stage_layers
+from llmplan.cost.compute import stage_compute
+
+SUPER = "mbridge-26.08-pretrain-nemotron-3-super-dgx-gb300-64gpu-{}-tp1pp1cp1ep64vpnagbs512mbs1"
+
+
+def _setup(published_runs, acc, row_setup, precision):
+    rec = published_runs[SUPER.format(precision)]
+    m, _, plan = row_setup(rec["id"])
+    return m, plan, acc.builtin_systems()[acc.record_system(rec)].gpu
+
+
+def _mtp_cost(m, plan, gpu):
+    """Last-stage compute with one MTP module less without it (PP 1: the stage is the whole stack)."""
+    with_mtp, without = (m.model_copy(update={"num_nextn_predict_layers": k}) for k in (1, 0))
+    return [float(balanced_stage_compute(x, plan, gpu, 0, *stage_layers(x, plan, 0), True).gemm)
+            for x in (with_mtp, without)]
+
+
+def _all_bf16(m, plan):
+    """The plan with every layer kept in bf16 (Megatron --num-layers-at-end-in-bf16 = all)."""
+    return plan.model_copy(update={"bf16_layers_start": 0, "bf16_layers_end": m.num_hidden_layers})
+
+
+def test_nvfp4_mtp_module_costs_a_bf16_attention_moe_layer(published_runs, acc, row_setup):
+    m, plan, gpu = _setup(published_runs, acc, row_setup, "nvfp4")
+    assert plan.dtype == "fp4" and plan.bf16_layers_end == 14  # the preset's 14 bf16 layers stay as they are
+    attention_only = single_kind(m, "full_attention")
+    a, b = _mtp_cost(m, plan, gpu)
+    c, d = _mtp_cost(attention_only, _all_bf16(m, plan), gpu)
+    # the MTP module's GEMMs on the hybrid's NVFP4 plan = the same "*E" block with every matmul in bf16
+    assert a - b == pytest.approx(c - d, rel=1e-6)
+    # and more than the block at the stack's NVFP4 / bf16 layer mix (which the MXFP8 rule keeps)
+    e, f = (float(stage_compute(attention_only, plan, gpu, 0, k, False).gemm) for k in (1, 0))
+    assert a - b > 1.5 * (e - f)
+
+
+def test_mxfp8_mtp_module_stays_in_the_recipe_format(published_runs, acc, row_setup):
+    m, plan, gpu = _setup(published_runs, acc, row_setup, "mxfp8")
+    assert plan.dtype == "fp8"
+    assert all(v == 0.0 for v in mtp_layer_extra(single_kind(m, "full_attention"), plan, gpu).values())
+    a, b = _mtp_cost(m, plan, gpu)
+    c, d = _mtp_cost(m, _all_bf16(m, plan), gpu)
+    assert a - b < 0.95 * (c - d)  # MXFP8 matmuls, faster than the bf16 ones
+
+
+def test_non_hybrid_mtp_under_fp4(row_setup, published_runs, acc):
+    # a non-hybrid stack's MTP modules ride on the last stage as MoE layers (stages._stage_layers): under fp4 each
+    # adds the bf16 layer less the mixed one, under the MXFP8 recipe nothing
+    m, plan, gpu = _setup(published_runs, acc, row_setup, "nvfp4")
+    dense = single_kind(m, "full_attention").model_copy(update={"num_nextn_predict_layers": 2})
+    sc = stage_compute(dense, plan, gpu, 0, 1, True)
+    extra = mtp_layer_extra(dense, plan, gpu)
+    got = with_mtp_layers(sc, dense, plan, gpu, plan.pp - 1)
+    assert float(got.gemm) == pytest.approx(float(sc.gemm) + 2 * float(extra["gemm"]), rel=1e-9)
+    assert float(extra["gemm"]) > 0
+    _, _, mx = row_setup(SUPER.format("mxfp8"))
+    assert with_mtp_layers(sc, dense, mx, gpu, mx.pp - 1) is sc
