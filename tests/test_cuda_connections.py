@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import pytest
+
 from llmplan.export import render_all
 from llmplan.planfile import load_plan
 from tests.test_export_bridge_epov import PLANS, dsv3
@@ -58,3 +60,25 @@ def test_megatron_export_refuses_queues_megatron_lm_asserts_against(cli, tmp_pat
 def test_bridge_export_writes_the_plans_queue_count():
     assert queues(dsv3(cuda_max_connections=1), "megatron-bridge") == [1]
     assert queues(dsv3(), "megatron-bridge") == [8]  # the performance presets' H100 value under the overlap
+
+
+@pytest.mark.parametrize("rid,queues", [
+    # v0.1.0rc4 CommOverlapConfig: Hopper, TP 2 with the EP overlap -> unset, CUDA's default 8
+    ("mbridge-25.09-pretrain-deepseekv3-dropless-dgx-h100-1024gpu-fp8-tp2pp8cp1ep64vp4gbs8192mbs1", 8),
+    # v0.2.0 ... v0.4.2 PerfEnvPlugin: Hopper, alltoall, TP 2 with moe_a2a_overlap -> 8 (not 1)
+    ("mbridge-25.11-pretrain-qwen3-235b-a22b-dgx-h100-256gpu-fp8cs-tp2pp8cp1ep32vp4gbs2048mbs1", 8),
+    ("mbridge-26.04.01-pretrain-qwen3-235b-a22b-dgx-h100-256gpu-fp8-tp2pp8cp1ep32vp4gbs8192mbs1", 8),
+    # Blackwell -> 32 (perf_plugins.py v0.5.0; perf_recipes/deepseek/gb200/deepseek_v3.py env_vars at v0.6.0)
+    ("mbridge-26.06-pretrain-deepseekv3-dgx-gb200-256gpu-mxfp8-tp1pp4cp1ep64vp4gbs4096mbs1", 32),
+    ("mbridge-26.08-pretrain-deepseekv3-dgx-gb200-256gpu-mxfp8-tp1pp4cp1ep64vp4gbs4096mbs1", 32),
+])
+def test_bridge_rows_carry_the_queues_their_launcher_set(row_plan, rid, queues):
+    plan = row_plan(rid)
+    assert plan.ep_comm_overlap and plan.cuda_max_connections == queues
+
+
+def test_no_bridge_row_ran_the_ep_overlap_on_one_queue(published_runs, acc):
+    # so the one-queue factor moves no scored row (docs/validation.md#cuda-connections)
+    plans = [out[2] for r in published_runs.values() if (out := acc.record_setup(r, acc.family(r["id"])))]
+    overlapped = [p for p in plans if p.ep_comm_overlap]
+    assert overlapped and all(p.cuda_max_connections != 1 for p in overlapped)
