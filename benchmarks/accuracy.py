@@ -1089,6 +1089,35 @@ def mbridge_mx_v2(rec: dict) -> bool:
             and not ("deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6)))
 
 
+def mbridge_connections(rec: dict, fam: str, tp: int, cp: int, pp: int, dp: int) -> int | None:
+    """CUDA_DEVICE_MAX_CONNECTIONS a Megatron-Bridge performance row ran at (ParallelPlan.cuda_max_connections;
+    None outside the mbridge families). 25.09 (v0.1.0rc4): the scripts set none and CommOverlapConfig's
+    _set_num_cuda_device_max_connections (src/megatron/bridge/training/comm_overlap.py at v0.1.0rc4) sets 32 on
+    Blackwell with TP or CP > 1 and DP or PP > 1, 1 on Hopper with TP or CP > 1 without the EP overlap, else leaves
+    CUDA's default 8. 25.11 ... 26.06.01 (v0.2.0 ... v0.5.x): PerfEnvPlugin._set_num_cuda_device_max_connections
+    (scripts/performance/perf_plugins.py) sets 8, 32 with a deepep / hybridep backend, 32 on b200 / gb200 / gb300
+    (and b300 from v0.3.0), 1 on Hopper with TP or CP > 1 without the EP overlap (moe_a2a_overlap resolved from the
+    preset: --moe_a2a_overlap defaults to None); 26.08 (v0.6.0): the flat recipes' env_vars, the same rule
+    (utils/overrides.py; perf_recipes/deepseek/{gb200,gb300,b200,b300}/deepseek_v3.py 32, h100 1 at TP2 without
+    the overlap). No Bridge row with the EP overlap ran at 1 (docs/validation.md#cuda-connections)."""
+    if not fam.startswith("mbridge"):
+        return None
+    flex, overlap = mbridge_moe_recipe(rec)
+    par = rec["parallel"]
+    flex = flex or par.get("moe_dispatcher") == "deepep"
+    overlap = overlap or bool(par.get("ep_comm_overlap", False))
+    gpu, ref = str(rec["hardware"]["gpu"]).lower(), source_ref(rec)
+    blackwell = gpu.startswith(("b200", "gb200", "gb300")) or (gpu.startswith("b300") and ref >= (26, 2))
+    split = tp > 1 or cp > 1
+    if ref < (25, 11):
+        if blackwell or gpu.startswith("b300"):
+            return 32 if split and (dp > 1 or pp > 1) else 8
+        return 1 if split and not overlap else 8
+    if blackwell:
+        return 32
+    return 1 if split and not overlap else (32 if flex else 8)
+
+
 def mbridge_moe_recipe(rec: dict) -> tuple[bool, bool]:
     """(flex dispatcher, EP overlap) of an mbridge MoE row, from the Megatron-Bridge performance presets of its
     release (scripts/performance/configs/{deepseek,qwen,gpt_oss}/*workload_base_configs.py at the tags of the
@@ -1944,6 +1973,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         moe_dispatcher=par.get("moe_dispatcher") or ("deepep" if "DeepEP" in str(par.get("comm_overlap", ""))
                                                      or mbridge_moe_recipe(rec)[0] else "alltoall"),
         ep_comm_overlap=bool(par.get("ep_comm_overlap", False)) or mbridge_moe_recipe(rec)[1],
+        # the hardware queues the Bridge launcher gave the row (mbridge_connections; the EP overlap hides half as much
+        # at 1: cost.moe.overlap_queues)
+        cuda_max_connections=par.get("cuda_max_connections") or mbridge_connections(rec, fam, tp, cp, pp, dp),
         # every Megatron-Bridge performance preset that turns the EP overlap on defers the weight gradients with
         # it (mbridge_delay_wgrad); a verification card's row says what its recipe set (parallel.delay_wgrad)
         delay_wgrad=bool(par.get("delay_wgrad", False)) or mbridge_delay_wgrad(rec),

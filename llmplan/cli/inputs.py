@@ -181,7 +181,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "pp_schedule", "attention_kernel", "attention_release", "recompute_layers", "fused_loss",
                      "tp_impl", "cp_impl", "cp_kv_repeated", "cp_comm_overlap", "fp32_param_shards", "swiglu_fp8_input",
                      "fp8_attention", "moe_dispatcher",
-                     "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms",
+                     "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms", "cuda_max_connections",
                      "moe_flex_backend", "ep_dispatch_fp8", "moe_router_fusion",
                      "optimizer", "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "kept_grad_shards", "grad_reduce",
                      "grad_accumulation", "launch_blocking", "offload_layers", "offload_moe_act", "zero3_unit",

@@ -193,6 +193,9 @@ MOE_ROUTING = typer.Option(_plan("moe_routing"), "--moe-routing",
 MOE_DISPATCH_SMS = typer.Option(None, "--moe-dispatch-sms", min=1, max=1024,
                                 help="SMs of deepep's dispatch / combine kernels (Megatron "
                                      "moe_flex_dispatcher_num_sms; default 20).")
+CUDA_MAX_CONNECTIONS = typer.Option(None, "--cuda-max-connections", min=1, max=32,
+                                    help="CUDA_DEVICE_MAX_CONNECTIONS (hardware queues, CUDA's default 8); at 1 the "
+                                         "EP overlap hides about half as much (Megatron-LM PR 6311).")
 MOE_FLEX_BACKEND = typer.Option(_plan("moe_flex_backend"), "--moe-flex-backend",
                                 help="Kernels of --moe-dispatcher deepep (Megatron moe_flex_dispatcher_backend): "
                                      "deepep (DeepEP's normal kernels) | hybridep (Hybrid-EP, TMA).")
@@ -334,7 +337,7 @@ SWITCHES = Flags("Training switches", {
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "delay_wgrad": DELAY_WGRAD, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
     "expert_gemm": EXPERT_GEMM,
-    "moe_dispatch_sms": MOE_DISPATCH_SMS, "moe_flex_backend": MOE_FLEX_BACKEND, "ep_dispatch_fp8": EP_DISPATCH_FP8, "moe_router_fusion": MOE_ROUTER_FUSION, "fp32_param_shards": FP32_PARAM_SHARDS,
+    "moe_dispatch_sms": MOE_DISPATCH_SMS, "cuda_max_connections": CUDA_MAX_CONNECTIONS, "moe_flex_backend": MOE_FLEX_BACKEND, "ep_dispatch_fp8": EP_DISPATCH_FP8, "moe_router_fusion": MOE_ROUTER_FUSION, "fp32_param_shards": FP32_PARAM_SHARDS,
     "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,
     "mxfp8_modules": MXFP8_MODULES,
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "fp8_attention": FP8_ATTENTION, "grad_dtype": GRAD_DTYPE,

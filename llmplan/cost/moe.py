@@ -35,9 +35,30 @@ docs/validation.md#routing-passes; 24.86 s and 0.785 before HybridEP's own permu
 docs/validation.md#hybridep-permute). The alltoall pair of Megatron-Bridge PR 3862 (41.25 -> 31.31 s,
 CUDA_DEVICE_MAX_CONNECTIONS 8) reads 0.69 under the pairing (0.59 before it): not used, docs/validation.md#ep-pairing. tests/test_moe_mechanisms.py
 re-reads both. The DeepEP pair across four H100 nodes of yanring/Megatron-MoE-ModelZoo 8017e11 (Qwen3-235B, 19.7 -> 17.6 s)
-reads 0.40: not used (its queue count is not recorded), docs/validation.md#dsv3-h100-shares.
+reads 0.40, about EP_OVERLAP_ONE_QUEUE of this share: its committed config runs one hardware queue
+(overlap_queues), docs/validation.md#dsv3-h100-shares, #cuda-connections.
 Source: NVIDIA-NeMo/Megatron-Bridge @7ded17dae, skills/nemo-mbridge-perf-moe-comm-overlap/card.yaml (PR 5094).
 Derived: docs/formulas.md#moe.overlap"""
+
+
+EP_OVERLAP_ONE_QUEUE = 0.50
+"""Part of the EP overlap's hidden time that stays hidden at CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue:
+the communication stream's kernels run in launch order behind the compute stream's). Megatron-LM PR 6311 (merged
+into dev as 1ea5c3472e, 2026-08-19; its description's table) measured the DeepSeek-V3 benchmark recipe cut to 14
+layers on 64 H100 (TP1 PP4 EP16, alltoall dispatcher, BF16, full recompute): 184.2 TFLOP/s/GPU without the overlap
+(at 1 connection), 191.1 with it at 1 connection, 198.5 at 32. Saved time a step, 1/184.2 - 1/191.1 against
+1/184.2 - 1/198.5 (the same FLOPs): 0.501 (in throughput +3.7% against +7.8%, as the PR states it). The arm without
+the overlap was run at 1 only; the step without the overlap is priced the same at any count.
+Source: NVIDIA/Megatron-LM PR 6311 description (@1ea5c3472e). Derived: docs/formulas.md#moe.overlap_queues"""
+
+
+def overlap_queues(plan: ParallelPlan) -> float:
+    """Factor on the EP overlap's hidden share for the plan's hardware queue count: EP_OVERLAP_ONE_QUEUE at
+    cuda_max_connections 1, else 1 (EP_OVERLAP_HIDDEN was read at 32 and 8: PR 5094, PR 3862).
+    Derived: docs/formulas.md#moe.overlap_queues"""
+    if plan.cuda_max_connections == 1:  # a workload switch: one value for all plans of a search
+        return EP_OVERLAP_ONE_QUEUE
+    return 1.0
 
 
 DEEPEP_NUM_SMS = 20
@@ -103,8 +124,9 @@ def ep_exposed(plan: ParallelPlan, ep: Any, window: Any, kappa: float, pair: tup
     the other micro-batch that the combined-1F1B schedule pairs it with (`pair`: cost.compute.ep_pair_windows),
     so it hides at most that chunk's length: min(t, w_i), summed over the four and the `layers` MoE layers; the
     micro-batches the schedule runs unpaired (unpaired_microbatches) hide nothing; of the rest EP_OVERLAP_HIDDEN
-    hides (as measured), the compute beside it slowed by kappa. With delay_wgrad (`deferred`: the attention
-    node's and the experts' deferred weight-gradient seconds, cost.compute.ep_deferred_wgrad) two windows grow
+    hides (as measured; times overlap_queues at one hardware queue), the compute beside it slowed by kappa. With
+    delay_wgrad (`deferred`: the attention node's and the experts' deferred weight-gradient seconds,
+    cost.compute.ep_deferred_wgrad) two windows grow
     (delayed_windows); the deferral gains the smaller of what the two placements of the share's residual allow:
     the share of the grown windows (the residual on the compute), and what the grown windows free of transfers
     stretched to the exposure without it (on the communication stream: stretched_transfer).
@@ -116,7 +138,7 @@ def ep_exposed(plan: ParallelPlan, ep: Any, window: Any, kappa: float, pair: tup
     t = ep / maximum(layers, 1) / 4  # one all-to-all of one MoE layer
     n = plan.num_microbatches
     paired = maximum(n - unpaired_microbatches(plan), 0) / n
-    share = EP_OVERLAP_HIDDEN * (1.0 - kappa)
+    share = EP_OVERLAP_HIDDEN * overlap_queues(plan) * (1.0 - kappa)
     hidden = on_compute = 0.0 * t
     for w, w_dw in zip(pair, delayed_windows(pair, t, deferred), strict=True):
         hidden = hidden + minimum(t, w)

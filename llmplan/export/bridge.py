@@ -470,10 +470,13 @@ def arrays(pf: PlanFile) -> str:
 
 
 def ep_overlap_env(pf: PlanFile) -> list[str]:
-    """Under the EP overlap, the CUDA work queues Megatron-Bridge's performance presets give it, so that its
-    communication stream is not serialised behind compute (scripts/performance/utils/overrides.py at 6124fbe:
-    CUDA_DEVICE_MAX_CONNECTIONS 32 with the deepep / hybridep dispatcher, else 8 with moe_a2a_overlap on H100)."""
+    """The plan's cuda_max_connections where it gives one; else, under the EP overlap, the CUDA work queues
+    Megatron-Bridge's performance presets give it, so that its communication stream is not serialised behind
+    compute (scripts/performance/utils/overrides.py at 6124fbe: CUDA_DEVICE_MAX_CONNECTIONS 32 with the deepep /
+    hybridep dispatcher, else 8 with moe_a2a_overlap on H100)."""
     p = pf.plan
+    if p.cuda_max_connections is not None:
+        return [f"export CUDA_DEVICE_MAX_CONNECTIONS={p.cuda_max_connections}   # the plan's cuda_max_connections"]
     if not (pf.model.is_moe and p.ep_comm_overlap and p.ep > 1):
         return []
     n = 32 if p.moe_dispatcher == "deepep" else 8

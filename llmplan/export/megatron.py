@@ -607,7 +607,7 @@ def check(pf: PlanFile) -> None:
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
     for what, bad, fix in [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
                            *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf), parallel_block_refusal(pf),
-                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf)]:
+                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf), connections_refusal(pf)]:
         if bad:
             raise refuse(TARGET, what, fix)
     if p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon":  # Muon: muon_pairs' ping-pong path
@@ -644,6 +644,40 @@ def check(pf: PlanFile) -> None:
                      "fp8-tensorwise, or export to torchtitan")
 
 
+def ep_overlap_on(pf: PlanFile) -> bool:
+    """Whether the script runs Megatron-Core's EP overlap (--overlap-moe-expert-parallel-comm)."""
+    return pf.model.is_moe and pf.plan.ep_comm_overlap and pf.plan.ep > 1
+
+
+def connections_lines(pf: PlanFile) -> list[str]:
+    """CUDA_DEVICE_MAX_CONNECTIONS for the script: the plan's cuda_max_connections where it gives one; else 1 with
+    TP or CP > 1 (Megatron-LM asserts it before Blackwell), except under the EP overlap, which wants more than one
+    queue (megatron/core/transformer/moe/README.md at core_v0.16.0: "CUDA_DEVICE_MAX_CONNECTIONS > 1"; arguments.py
+    at core_v0.14.0 ... v0.16.0 only warns then, "1 or 32"): 32, the queues llmplan's overlap share was read at
+    (cost.moe.overlap_queues)."""
+    p = pf.plan
+    if p.cuda_max_connections is not None:
+        return [f"export CUDA_DEVICE_MAX_CONNECTIONS={p.cuda_max_connections}   # the plan's cuda_max_connections"]
+    if ep_overlap_on(pf):
+        return ["export CUDA_DEVICE_MAX_CONNECTIONS=32   # the EP overlap's streams side by side (Megatron-Core: > 1)"]
+    if p.tp > 1 or p.cp > 1:
+        return ["export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron-LM expects it with TP/CP before Blackwell"]
+    return []
+
+
+def connections_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for a queue count Megatron-LM refuses: more than one with TP or CP > 1
+    on a GPU before Blackwell (compute capability < 10) without the EP overlap (megatron/training/arguments.py
+    validate_args at core_v0.14.0 ... v0.16.0: `assert os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') == "1"`)."""
+    p, cc = pf.plan, pf.cluster.system.gpu.compute_capability
+    n = p.cuda_max_connections
+    bad = (n is not None and n > 1 and (p.tp > 1 or p.cp > 1) and cc is not None and cc < 10
+           and not ep_overlap_on(pf))
+    return (f"CUDA_DEVICE_MAX_CONNECTIONS {n} with TP {p.tp} / CP {p.cp} on {pf.cluster.system.gpu.name} (Megatron-LM "
+            "asserts 1 with TP or CP > 1 before Blackwell unless the EP overlap runs)", bad,
+            "re-plan with --cuda-max-connections 1 (or leave it unset)")
+
+
 def script_body(pf: PlanFile, launcher: str) -> str:
     """The shared body: node/rendezvous variables, argument arrays; `launcher` is the command that runs."""
     p = pf.plan
@@ -657,8 +691,7 @@ def script_body(pf: PlanFile, launcher: str) -> str:
         "TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine "
         "--weight-decay 0.1 --clip-grad 1.0 --log-interval 10)",
     ]
-    if p.tp > 1 or p.cp > 1:
-        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron-LM expects it with TP/CP before Blackwell")
+    lines += connections_lines(pf)
     if p.fine_grained_offload_modules:  # megatron/training/arguments.py (2a75ac12c): required with TE >= 2.10
         lines.append("export NVTE_CPU_OFFLOAD_V1=1   # fine-grained activation offload: offload activations only")
     lines += pattern_lines

@@ -152,6 +152,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.moe_routing."""
     moe_dispatch_sms: int | None
     """ParallelPlan.moe_dispatch_sms; None: the dispatcher's default."""
+    cuda_max_connections: int | None = None
+    """ParallelPlan.cuda_max_connections; None: as the launcher leaves it."""
     moe_flex_backend: str
     """ParallelPlan.moe_flex_backend."""
     ep_dispatch_fp8: bool

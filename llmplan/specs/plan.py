@@ -494,6 +494,12 @@ class ParallelPlan(PlanQuantities, Spec):
     ep_comm_overlap: bool = False
     """Overlap the expert-parallel all-to-alls with another micro-batch's compute (Megatron
     --overlap-moe-expert-parallel-comm, DeepEP / DualPipe-style); off: the all-to-alls are exposed."""
+    cuda_max_connections: Optional[int] = Field(default=None, ge=1, le=32)
+    """CUDA_DEVICE_MAX_CONNECTIONS: the hardware work queues a GPU's streams are multiplexed onto (CUDA C++
+    Programming Guide, CUDA Environment Variables: 1-32, default 8). At 1 every stream's kernels run in launch
+    order on one queue, so the EP overlap's communication kernels wait behind the compute launched before them and
+    the overlap hides part of what it hides with more queues (docs/formulas.md#moe.overlap_queues). None: as the
+    launcher leaves it, priced as more than one queue (the exports write 1 only where Megatron-LM asks for it)."""
     delay_wgrad: bool = False
     """Under the EP overlap (ep_comm_overlap), defer each MoE layer's weight-gradient GEMMs (the routed experts',
     and the attention node's: attention projections and shared experts) out of their node's backward, so the
