@@ -388,7 +388,10 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             # the DDP bucket the plan priced (exposure.bucket_params): comm_overlap is null, so nothing sets
             # CommOverlapConfig's 128 x 2^20; None leaves Megatron-Core's max(40M, 1M x dp)
             *([("ddp.bucket_size", p.dp_bucket_params)] if p.dp_bucket_params is not None else []),
-            ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
+            # without overlap_grad_reduce too: Megatron-Bridge calls no validate_args, and Megatron-Core runs the
+            # gather overlap with one bucket a chunk (the DeepSeek-V3 H100 card, perf_recipes/deepseek/h100/
+            # deepseek_v3.py at 79308d0d9; docs/formulas.md#step.dp_one_bucket)
+            ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero == 1),
             # the plan's master weights and Adam moments (DeepSeek-V3's recipe keeps bf16 moments), through
             # Transformer Engine's precision-aware FusedAdam when either is below fp32
             ("optimizer.use_precision_aware_optimizer", low_states),

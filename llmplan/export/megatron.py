@@ -279,8 +279,10 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--num-distributed-optimizer-instances", p.dp_replicate if p.dp_replicate > 1 else None),
               ("--overlap-param-gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
               # core_v0.14.0 arguments.py: needs the distributed optimizer, --overlap-param-gather and
-              # --num-layers-per-virtual-pipeline-stage (check_plan: param_gather_optstep_interleaved)
-              ("--overlap-param-gather-with-optimizer-step", p.overlap_param_gather_with_optimizer_step),
+              # --num-layers-per-virtual-pipeline-stage (check_plan: param_gather_optstep_interleaved); and since
+              # --overlap-param-gather asserts --overlap-grad-reduce there, written only beside both
+              ("--overlap-param-gather-with-optimizer-step", p.overlap_param_gather_with_optimizer_step
+               and p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
               ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
               # Megatron-LM's defaults are the NaN check's bucket norms and the 1/dp pre-scaling before the
               # reduction (docs/formulas.md#step.grad_buffer). The pre-scaling is off where the plan priced it

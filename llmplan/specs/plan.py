@@ -255,7 +255,10 @@ class ParallelPlan(PlanQuantities, Spec):
     overlap_grad_reduce: bool = True
     """Reduce gradients in buckets during the last micro-batch's backward (Megatron --overlap-grad-reduce)."""
     overlap_param_gather: bool = True
-    """All-gather updated weights during the next forward (Megatron --overlap-param-gather; needs zero >= 1)."""
+    """All-gather updated weights during the next forward (Megatron --overlap-param-gather; needs zero >= 1).
+    Without overlap_grad_reduce Megatron-Core's DDP keeps each model chunk one bucket, so the first forward waits
+    for the first chunk's whole gather (docs/formulas.md#step.dp_one_bucket); Megatron-Bridge runs that,
+    Megatron-LM's validate_args refuses it (export --to megatron then leaves the flag out)."""
     overlap_param_gather_with_optimizer_step: bool = False
     """Megatron-Core --overlap-param-gather-with-optimizer-step (interleaved pipeline, distributed optimizer,
     overlap_param_gather): the first model chunk is one DP bucket with an optimizer of its own, stepped first;
