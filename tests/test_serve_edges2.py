@@ -34,7 +34,7 @@ def test_sglang_ep_that_does_not_divide_tp_is_refused_with_the_valid_choices(cli
     assert "pin one of --ep 1, 2, 4 on these GPUs" in lines[0], lines[0]
 
 
-def test_trtllm_follows_the_same_rule_and_vllm_is_not_bound_by_it(cli):
+def test_trtllm_follows_the_same_rule_and_an_ep_dividing_tp_still_searches(cli):
     trt = cli(*QWEN_MOE, "--engine", "trtllm", "--redundant-experts", "16", "--tp", "4", "--ep", "3")
     assert trt.code == 2 and "ep (3) must divide tp (4) under trtllm" in trt.err, trt.err
     ok = cli(*QWEN_MOE, "--engine", "sglang", "--redundant-experts", "16", "--tp", "4", "--ep", "2", "--top", "1",
