@@ -9,7 +9,7 @@ from rich.console import Console
 
 from llmplan.report.common import SCHEMA, ReportTable
 from llmplan.report.pools import cluster_json
-from llmplan.report.serving import serve_json, split_json
+from llmplan.report.serving import instance_layout, serve_json, serve_layout, split_json, wide_layout_note
 from llmplan.search.disagg import Pool
 from llmplan.search.hetero_serve import PoolDisaggPlan, PoolDisaggResult, PoolServeResult
 from llmplan.search.serve import slo_text
@@ -70,9 +70,7 @@ def pools_serve_json(res: PoolServeResult, model: ModelSpec, pc: PoolCluster, jo
 
 
 def _layout(pool: Pool, name: str) -> str:
-    p = pool.estimate.plan
-    one = f"dpa ep{p.ep}" if p.dp_attention else f"tp{p.tp}" + (f" ep{p.ep}" if p.ep > 1 else "")
-    return f"{name} {one} x{pool.instances}"
+    return f"{name} {instance_layout(pool)}"
 
 
 def _head(console: Console, what: str, model: ModelSpec, pc: PoolCluster, job: ServeJob) -> None:
@@ -131,10 +129,11 @@ def pools_serve_view(console: Console, res: PoolServeResult, model: ModelSpec, p
         t.add_column(col, justify="right")
     for s in res.shares:
         e, p = s.estimate, s.estimate.plan
-        t.add_row(pc.pools[s.pool].name, f"tp{p.tp} pp{p.pp} x{p.dp}" + (f" ep{p.ep}" if p.ep > 1 else ""),
+        t.add_row(pc.pools[s.pool].name, serve_layout(p),
                   str(p.num_gpus), f"{float(e.timing.ttft) * 1e3:,.1f}", f"{float(e.timing.tpot) * 1e3:,.2f}",
                   f"{s.requests_per_s:,.2f}", f"{s.requests_per_s / s.capacity_requests_per_s:.0%}",
                   f"{s.requests_per_s * e.job.output_len:,.0f}")
     t.caption = ("each pool's best layout on its own GPU; the rate split in proportion to each pool's capacity "
-                 "under the SLOs; of cap.: share of the pool's capacity")
+                 "under the SLOs; of cap.: share of the pool's capacity; layout: tp, pp, x replicas, ep"
+                 + wide_layout_note([s.estimate.plan for s in res.shares]))
     console.print(t)

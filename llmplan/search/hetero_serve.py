@@ -29,9 +29,9 @@ from llmplan.search.disagg import (
     queued_split,
     refuse_speculation,
 )
-from llmplan.errors import LlmplanError
-from llmplan.search.serve import (ServeSearchResult, pinned_ep_refusal, refuse_no_layout, search_serving,
-                                 sub_cluster)
+from llmplan.errors import LlmplanError, PlanViolationError
+from llmplan.search.serve import (ServeSearchResult, pinned_ep_refusal, refuse_dp_attention, refuse_no_layout,
+                                  search_serving, sub_cluster)
 from llmplan.serving import ServeEstimate, estimate_serving
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance
@@ -123,6 +123,7 @@ def search_colocated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_
     pool running the fewest replicas of its layout that carry its share. Without a rate every replica of every
     pool serves. A rate above the pools' total capacity gives no shares."""
     t0 = time.perf_counter()
+    refuse_pools_dp_attention(m, pc, pins or {}, moe or {})
     per_pool = [search_serving(m, p.cluster, job, weight_dtype, kv_dtype, "throughput", 5, None, allowance, pins, moe,
                                refuse_pins=False) for p in pc.pools]
     best = [(g, r.ranked[0]) for g, r in enumerate(per_pool) if r.ranked]
@@ -155,6 +156,19 @@ def refuse_pinned_ep(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_dtype:
         if len(set(why)) == 1:
             raise LlmplanError(f"pools {', '.join(p.name for p in pc.pools)}: {why[0]}")
         raise LlmplanError(" | ".join(f"pool {p.name}: {w}" for p, w in zip(pc.pools, why, strict=True)))
+
+
+def refuse_pools_dp_attention(m: ModelSpec, pc: PoolCluster, pins: dict, moe: dict) -> None:
+    """--dp-attention that some pool has no DP-attention layout for (search.serve.refuse_dp_attention on each
+    pool alone) is refused naming those pools, not only the GPU count of one."""
+    why: dict[str, list[str]] = {}
+    for p in pc.pools:
+        try:
+            refuse_dp_attention(m, p.cluster, pins, moe)
+        except PlanViolationError as e:
+            why.setdefault(str(e), []).append(f"{p.name} ({p.nodes} x {p.system.name}, {p.num_gpus} GPUs)")
+    if why:
+        raise LlmplanError(" | ".join(f"pool{'s' * (len(ps) > 1)} {', '.join(ps)}: {w}" for w, ps in why.items()))
 
 
 def resized(e: ServeEstimate, replicas: int, allowance: MemoryAllowance | None) -> ServeEstimate:
@@ -213,6 +227,7 @@ def search_disaggregated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, wei
     `moe`: the MoE serving options given, applied to every pool's instance layouts and to the co-located search
     as search.disagg applies them (moe_plans)."""
     refuse_speculation(m, job)
+    refuse_pools_dp_attention(m, pc, {}, moe or {})
     t0 = time.perf_counter()
     rated, job = job, job.model_copy(update={"request_rate": None})  # instances priced idle; the queue per split
     prefills = [[e for e in (price_prefill(m, p.cluster, x, job, allowance)
