@@ -839,6 +839,9 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     host = where(gathered, zero3_host_seconds(plan), 0.0)
     per_tensor = gathered & (plan.zero3_unit == "tensor")  # ZERO3_GATHER_COPIES
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
+    # overlap_param_gather_with_optimizer_step: the first chunk one bucket too (step.dp_optstep_gather)
+    bucketed_r, bucketed_g = (first_chunk_bucketed(plan, plan.overlap_grad_reduce),
+                              first_chunk_bucketed(plan, plan.overlap_param_gather))
     out: list[Transfer[G]] = []
     groups = ((rp.dense, kept.dense, dense_group, plan.zero_shard),
               (rp.expert, kept.expert, expert_group, plan.expert_shard))
@@ -846,10 +849,8 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     for params, bf16, group, ranks in groups:
         reduced_b, gathered_b = sync_bytes(plan, params, bf16)
         copies = per_tensor & (ranks > 1)  # a group of one rank runs no collective, so copies nothing
-        # overlap_param_gather_with_optimizer_step: the first chunk one bucket too (step.dp_optstep_gather)
-        unbucketed = param_gather_optstep(plan)
-        b_r = where(megatron, dp_step_calls(plan, params, as_bool(plan.overlap_grad_reduce) & ~unbucketed), 1)
-        b_g = where(megatron, dp_step_calls(plan, params, as_bool(plan.overlap_param_gather) & ~unbucketed), 1)
+        b_r = where(megatron, dp_step_calls(plan, params, bucketed_r), 1)
+        b_g = where(megatron, dp_step_calls(plan, params, bucketed_g), 1)
         out += [Transfer("all-reduce", where(whole, b_r, 0), reduced_b / b_r, group),
                 Transfer("reduce-scatter", reduce_calls * b_r, reduced_b / u / b_r, group,
                          host_s=where(params > 0, host, 0.0),
@@ -1029,6 +1030,17 @@ def torchao_amax_transfers(m: ModelSpec, plan: ParallelPlan, group: G, stage: An
     read = TORCHAO_AMAX_READ_BYTES * low_precision_params(m, plan, stage).dense / plan.zero_shard
     return [Transfer("all-reduce", where(on, 1, 0), 4.0 * linears, group, copy_bytes=where(on, read, 0.0),
                      step_end=True)]
+
+
+def first_chunk_bucketed(plan: ParallelPlan, overlapped: Any) -> Any:
+    """Elementwise: the first model chunk's DP sync is cut into buckets (dp_step_calls' `overlapped`): the
+    overlap `overlapped` on, and overlap_param_gather_with_optimizer_step not making that chunk one bucket
+    (param_gather_optstep; off for every plan: `overlapped` as given).
+    Derived: docs/formulas.md#step.dp_optstep_gather"""
+    unbucketed = param_gather_optstep(plan)
+    if unbucketed is False:
+        return overlapped
+    return as_bool(overlapped) & ~as_bool(unbucketed)
 
 
 def dp_step_calls(plan: ParallelPlan, params: Any, overlapped: Any) -> Any:

@@ -321,6 +321,22 @@ def optstep_gather_exposed(plan: ParallelPlan, gather: Any, optimizer_s: Any, ka
     return overlap(gather / v, optimizer_s * (v - 1) / v, kappa)
 
 
+def edge_buckets(plan: ParallelPlan, comm: CommSeconds, share: Any, optimizer_s: Any,
+                 kappa: float) -> tuple[Any, Any, Any]:
+    """(seconds of the last reduced bucket, of the first gathered bucket, and the first's exposed seconds before
+    the chunked overlap) of dp_exposed_per_step, of the bucket `share`: one bucket each; under
+    overlap_param_gather_with_optimizer_step the first chunk is one bucket (at least 1/v of the rank's
+    weights), its gather exposed beside the other chunks' step (optstep_gather_exposed). The switch off for
+    every plan: the plain buckets, with nothing selected. Derived: docs/formulas.md#step.dp_optstep_gather"""
+    optstep = param_gather_optstep(plan)
+    if optstep is False:
+        first = comm.dp_gather * share
+        return comm.dp_reduce * share, first, first
+    last = comm.dp_reduce * where(optstep, maximum(share, 1 / plan.vpp), share)
+    first = where(optstep, comm.dp_gather / plan.vpp, comm.dp_gather * share)
+    return last, first, where(optstep, optstep_gather_exposed(plan, comm.dp_gather, optimizer_s, kappa), first)
+
+
 def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
                         params_on_rank: Any, last_param: Any, optimizer_s: Any = 0.0) -> Any:
     """ZeRO 0-1 (distributed optimizer), and ZeRO 2-3 under a pipeline, per step: the gradient reduction
@@ -333,11 +349,7 @@ def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute,
     in reverse order; gathered in forward order). Derived: docs/formulas.md#step.dp"""
     backward = sc.total - sc.forward
     share = bucket_share(plan, params_on_rank, last_param)
-    # overlap_param_gather_with_optimizer_step: the first chunk one bucket (step.dp_optstep_gather)
-    optstep = param_gather_optstep(plan)
-    last = comm.dp_reduce * where(optstep, maximum(share, 1 / plan.vpp), share)
-    first = where(optstep, comm.dp_gather / plan.vpp, comm.dp_gather * share)
-    first_exposed = where(optstep, optstep_gather_exposed(plan, comm.dp_gather, optimizer_s, kappa), first)
+    last, first, first_exposed = edge_buckets(plan, comm, share, optimizer_s, kappa)
     reduce = where(plan.overlap_grad_reduce,
                    last + overlap(comm.dp_reduce - last, chunked_sync_window(plan, comm.dp_reduce - last, backward),
                                   kappa),
