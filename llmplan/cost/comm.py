@@ -44,7 +44,8 @@ from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_a2a_group, cp_ring_size
 from llmplan.specs.plan_choices import MoeFlexBackend
-from llmplan.specs.quantities import dp_first_chunk_unbucketed
+from llmplan.specs.quantities import dp_first_chunk_unbucketed, param_gather_optstep
+from llmplan.specs.rule import as_bool
 from llmplan.specs.schedule import schedule_of
 from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs, group_links
 from llmplan.topology.graph import link_profile
@@ -838,6 +839,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     host = where(gathered, zero3_host_seconds(plan), 0.0)
     per_tensor = gathered & (plan.zero3_unit == "tensor")  # ZERO3_GATHER_COPIES
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
+    bucketed = first_chunk_bucketed(plan)  # the first chunk cut into buckets (comm.dp_bucket)
     out: list[Transfer[G]] = []
     groups = ((rp.dense, kept.dense, dense_group, plan.zero_shard),
               (rp.expert, kept.expert, expert_group, plan.expert_shard))
@@ -847,7 +849,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
         copies = per_tensor & (ranks > 1)  # a group of one rank runs no collective, so copies nothing
         # one bucket layout for both: the first chunk cut into buckets only with overlap_grad_reduce and without
         # overlap_param_gather_with_optimizer_step (comm.dp_bucket, step.dp_optstep_gather)
-        b_r = where(megatron, dp_step_calls(plan, params, np.logical_not(dp_first_chunk_unbucketed(plan))), 1)
+        b_r = where(megatron, dp_step_calls(plan, params, bucketed), 1)
         b_g = b_r
         out += [Transfer("all-reduce", where(whole, b_r, 0), reduced_b / b_r, group),
                 Transfer("reduce-scatter", reduce_calls * b_r, reduced_b / u / b_r, group,
@@ -1028,6 +1030,16 @@ def torchao_amax_transfers(m: ModelSpec, plan: ParallelPlan, group: G, stage: An
     read = TORCHAO_AMAX_READ_BYTES * low_precision_params(m, plan, stage).dense / plan.zero_shard
     return [Transfer("all-reduce", where(on, 1, 0), 4.0 * linears, group, copy_bytes=where(on, read, 0.0),
                      step_end=True)]
+
+
+def first_chunk_bucketed(plan: ParallelPlan) -> Any:
+    """Elementwise: the first model chunk's DP sync is cut into buckets (dp_step_calls' `overlapped`), i.e. not
+    quantities.dp_first_chunk_unbucketed: the gradient-reduce overlap on and overlap_param_gather_with_optimizer_step
+    not acting. With that switch off for every plan (param_gather_optstep plain False), the overlap as given,
+    without building an all-False array. Derived: docs/formulas.md#comm.dp_bucket"""
+    if param_gather_optstep(plan) is False:
+        return as_bool(plan.overlap_grad_reduce)
+    return np.logical_not(dp_first_chunk_unbucketed(plan))
 
 
 def dp_step_calls(plan: ParallelPlan, params: Any, overlapped: Any) -> Any:

@@ -105,7 +105,11 @@ def param_gather_optstep_axes(p: Any) -> Any:
 
 
 def param_gather_optstep(p: Any) -> Any:
-    """Elementwise: overlap_param_gather_with_optimizer_step set and acting (param_gather_optstep_axes)."""
+    """Elementwise: overlap_param_gather_with_optimizer_step set and acting (param_gather_optstep_axes). The
+    switch is one value for all plans (a workload field of the search's plan arrays): off, plain False, so the
+    callers skip the pricing it gates instead of selecting from an all-False array."""
+    if not p.overlap_param_gather_with_optimizer_step:
+        return False
     return p.overlap_param_gather_with_optimizer_step & param_gather_optstep_axes(p)
 
 
