@@ -29,7 +29,7 @@ from llmplan.search.disagg import (
     queued_split,
     refuse_speculation,
 )
-from llmplan.errors import LlmplanError, PlanViolationError
+from llmplan.errors import LlmplanError
 from llmplan.search.serve import (ServeSearchResult, pinned_ep_refusal, refuse_dp_attention, refuse_no_layout,
                                   search_serving, sub_cluster)
 from llmplan.serving import ServeEstimate, estimate_serving
@@ -159,15 +159,18 @@ def refuse_pinned_ep(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_dtype:
 
 
 def refuse_pools_dp_attention(m: ModelSpec, pc: PoolCluster, pins: dict, moe: dict) -> None:
-    """--dp-attention that some pool has no DP-attention layout for (search.serve.refuse_dp_attention on each
-    pool alone) is refused naming those pools, not only the GPU count of one."""
+    """--dp-attention follows a pinned --ep over pools: each pool takes it as its system alone would
+    (search.serve.refuse_dp_attention), a pool with no DP-attention layout serves nothing (its search's
+    `refusal` says why), and the search is refused only when no pool has one, naming every pool and its reason.
+    The disaggregated search applies the same rule to its instances: a role (prefill or decode) needs a pool
+    with a DP-attention layout, and both roles may sit on any pool that has one."""
     why: dict[str, list[str]] = {}
     for p in pc.pools:
         try:
             refuse_dp_attention(m, p.cluster, pins, moe)
-        except PlanViolationError as e:
+        except LlmplanError as e:
             why.setdefault(str(e), []).append(f"{p.name} ({p.nodes} x {p.system.name}, {p.num_gpus} GPUs)")
-    if why:
+    if sum(len(ps) for ps in why.values()) == len(pc.pools):
         raise LlmplanError(" | ".join(f"pool{'s' * (len(ps) > 1)} {', '.join(ps)}: {w}" for w, ps in why.items()))
 
 

@@ -53,6 +53,9 @@ class ServeSearchResult:
     request_rate: float | None = None
     misses: list[Miss] = field(default_factory=list)
     """Layouts that fit but miss an SLO or the GPU budget, best first (shown when nothing is served)."""
+    refusal: str | None = None
+    """Why this system tried no layout when a search over pools goes on without it (refuse_pins False): the
+    --dp-attention refusal of refuse_dp_attention, which one system raises (None otherwise)."""
 
 
 def _count(pruned: dict[str, list], rule: str, example: str) -> None:
@@ -167,8 +170,9 @@ def refuse_dp_attention(m: ModelSpec, cluster: ClusterSpec, pins: dict, moe: dic
     """The serving search's up-front refusal of --dp-attention on a MoE model when no DP-attention layout it
     tries fits the pins (wide_ep_plans: tp 1, pp 1, ep over every GPU of the group): the SERVE_MOE_RULES that
     `estimate --mode infer` meets with the same pins on the budget (tp and pp pinned or 1, dp filling the GPUs,
-    ep pinned or over them all), as check_serve_plan words them, rather than a search that finds no plan. A dense
-    model's --dp-attention is check_search_moe's (rule dp_attention_moe)."""
+    ep pinned or over them all), as check_serve_plan words them, or where those hold (one GPU; no group size
+    dividing the experts) the group sizes tried, rather than a search that finds no plan. A dense model's
+    --dp-attention is check_search_moe's (rule dp_attention_moe)."""
     if not (m.is_moe and moe.get("dp_attention")):
         return
     base = ServePlan()
@@ -181,6 +185,11 @@ def refuse_dp_attention(m: ModelSpec, cluster: ClusterSpec, pins: dict, moe: dic
     bad = serve_moe_violations(m, plan)
     if bad:
         raise PlanViolationError(bad)
+    sizes = ", ".join(map(str, wide_ep_sizes(cluster))) or "none: one GPU"
+    raise LlmplanError(f"--dp-attention: no DP-attention layout of {m.name} on {cluster.num_gpus} GPUs: the search "
+                       f"tries wide-EP groups of whole nodes, doubling, and every GPU ({sizes}), each with ep over "
+                       f"its GPUs dividing the {m.num_experts} experts (with --redundant-experts, else 0 or "
+                       f"{WIDE_EP_REDUNDANT[-1]} redundant); add GPUs or drop --dp-attention")
 
 
 EP_RULES = ("ep_experts", "ep_serve", "ep_serve_engine")
@@ -271,15 +280,23 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
     """Rank the serving layouts (serve_candidates) of a GPU budget; `moe` the MoE serving options given. A job
     whose speculation no layout can run is refused up front (refuse_speculation); a pinned --ep that no layout
     takes (pinned_ep_refusal) is refused when nothing is served, and pins that leave no layout at all up front
-    (refuse_no_layout), where `refuse_pins` (the search over pools refuses a pinned --ep only when no pool takes it)."""
+    (refuse_no_layout), where `refuse_pins` (the search over pools refuses a pinned --ep only when no pool takes it).
+    --dp-attention with no DP-attention layout for these GPUs and pins (refuse_dp_attention) is refused up front
+    on one system; over pools (`refuse_pins` False) the pool tries nothing and `refusal` says why."""
     refuse_speculation(m, job)
     t0 = time.perf_counter()
     pins = pins or {}
-    refuse_dp_attention(m, cluster, pins, moe or {})
+    refusal = None
+    try:
+        refuse_dp_attention(m, cluster, pins, moe or {})
+    except LlmplanError as e:
+        if refuse_pins:
+            raise
+        refusal = str(e)
     pruned: dict[str, list] = {}
     found: list[ServeEstimate] = []
     misses: list[Miss] = []
-    layouts = serve_candidates(m, cluster, pins, weight_dtype, kv_dtype, moe)
+    layouts = [] if refusal else serve_candidates(m, cluster, pins, weight_dtype, kv_dtype, moe)
     if not layouts and refuse_pins:
         refuse_no_layout(m, cluster, pins)
     lm = loaded_model(m, job)
@@ -326,6 +343,7 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
         pruned=[Pruned(rule, count, example) for rule, (count, example) in pruned.items()],
         ranked=found[:top], objective=objective, seconds=time.perf_counter() - t0, request_rate=request_rate,
         misses=sorted(misses, key=lambda x: (x.rule != "gpus", x.gpus_needed, x.tpot_s + x.ttft_s)),
+        refusal=refusal,
     )
 
 
