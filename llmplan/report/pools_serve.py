@@ -50,7 +50,7 @@ def pools_serve_summary(res: PoolServeResult, pc: PoolCluster) -> dict[str, Any]
     return {"request_rate": res.request_rate, "capacity_requests_per_s": res.capacity_requests_per_s,
             "gpus": res.gpus, "tokens_per_s": res.tokens_per_s,
             "tokens_per_s_per_gpu": res.tokens_per_s / res.gpus if res.gpus else None,
-            "by_pool": [{**_where(pc, s.pool), "gpus": s.gpus, "replicas": s.estimate.plan.dp,
+            "by_pool": [{**_where(pc, s.pool), "gpus": s.gpus, "replicas": s.estimate.plan.copies,
                          "capacity_requests_per_s": s.capacity_requests_per_s, "requests_per_s": s.requests_per_s,
                          "tokens_per_s": s.requests_per_s * s.estimate.job.output_len,
                          "estimate": serve_json(s.estimate)} for s in res.shares]}
