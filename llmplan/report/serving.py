@@ -36,6 +36,8 @@ def serve_json(e: ServeEstimate, advice: list | None = None, fitting: ServeEstim
         "schema": SCHEMA, "mode": "infer", "model": e.model.name, "hardware": e.cluster.system.name,
         "nodes": e.cluster.num_nodes, "gpus": e.cluster.num_gpus,
         "plan": p.model_dump(mode="json"), "workload": j.model_dump(mode="json"),
+        # independent copies of the layout (ServePlan.copies: replicas, or DP-attention servers of ep GPUs each)
+        "copies": p.copies, "gpus_per_copy": p.gpus_per_copy,
         "memory": {"weights": mem.weights, "kv_cache": mem.kv_cache, "activations": mem.activations,
                    "other": mem.other, "total": mem.total, "capacity": mem.capacity, "fits": mem.fits,
                    "kv_available": mem.kv_available, "kv_blocks": mem.kv_blocks,
@@ -379,9 +381,9 @@ def lengths_view(console: Console, e: ServeEstimate) -> None:
 
 def serve_layout(p: ServePlan) -> str:
     """A co-located serving layout as every report table shows it (one system or a pool): "tp4 pp1 x2 ep8", or
-    under DP attention "dpa8 ep8" (attention data-parallel on 8 GPUs, the experts over them); " tbo" with
-    two-batch overlap."""
-    layout = (f"dpa{p.dp} ep{p.ep}" if p.dp_attention
+    under DP attention "dpa8 ep8" (a server with attention data-parallel on 8 GPUs, the experts over them) and
+    "dpa8 ep8 x2" for two such servers; " tbo" with two-batch overlap."""
+    layout = (f"dpa{p.attn_dp} ep{p.ep}" + (f" x{p.copies}" if p.copies > 1 else "") if p.dp_attention
               else f"tp{p.tp} pp{p.pp} x{p.dp}" + (f" ep{p.ep}" if p.ep > 1 else ""))
     return layout + (" tbo" if p.two_batch_overlap else "")
 
@@ -389,7 +391,8 @@ def serve_layout(p: ServePlan) -> str:
 def wide_layout_note(plans: list[ServePlan]) -> str:
     """The caption's key to serve_layout's dpaN and tbo, where a row shows them."""
     wide = any(p.dp_attention or p.two_batch_overlap for p in plans)
-    return "; dpaN: DP attention on N GPUs, experts over them; tbo: two-batch overlap" if wide else ""
+    return ("; dpaN: DP attention on N GPUs, experts over them, one server (x R: R servers); tbo: two-batch "
+            "overlap" if wide else "")
 
 
 def instance_layout(pool: Pool) -> str:

@@ -29,7 +29,7 @@ from llmplan.search.disagg import (
     queued_split,
     refuse_speculation,
 )
-from llmplan.errors import LlmplanError, PlanViolationError
+from llmplan.errors import LlmplanError
 from llmplan.search.serve import (ServeSearchResult, pinned_ep_refusal, refuse_dp_attention, refuse_no_layout,
                                   search_serving, sub_cluster)
 from llmplan.serving import ServeEstimate, estimate_serving
@@ -74,7 +74,7 @@ class PoolShare:
 
     pool: int
     estimate: ServeEstimate
-    """The pool's plan with the replicas it runs (plan.dp) at their batch."""
+    """The pool's plan with the copies it runs (plan.copies: replicas, or DP-attention servers) at their batch."""
     capacity_requests_per_s: float
     """Requests/s of every replica the pool holds, at the largest concurrency meeting the SLOs."""
     requests_per_s: float
@@ -137,10 +137,10 @@ def search_colocated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_
     if best and (request_rate is None or request_rate <= total):
         rates = caps if request_rate is None else rate_shares(request_rate, caps)
         for (g, e), cap, r in zip(best, caps, rates, strict=True):
-            per_replica = cap / e.plan.dp
-            replicas = e.plan.dp if request_rate is None else min(e.plan.dp, max(1, math.ceil(r / per_replica
-                                                                                             - 1e-12)))
-            est = e if replicas == e.plan.dp else resized(e, replicas, allowance)
+            per_replica = cap / e.plan.copies  # a replica, or a DP-attention server of ep GPUs
+            replicas = e.plan.copies if request_rate is None else min(e.plan.copies, max(1, math.ceil(
+                r / per_replica - 1e-12)))
+            est = e if replicas == e.plan.copies else resized(e, replicas, allowance)
             shares.append(PoolShare(g, est, cap, r))
     return PoolServeResult(shares, per_pool, request_rate, total, time.perf_counter() - t0)
 
@@ -159,25 +159,29 @@ def refuse_pinned_ep(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_dtype:
 
 
 def refuse_pools_dp_attention(m: ModelSpec, pc: PoolCluster, pins: dict, moe: dict) -> None:
-    """--dp-attention that some pool has no DP-attention layout for (search.serve.refuse_dp_attention on each
-    pool alone) is refused naming those pools, not only the GPU count of one."""
+    """--dp-attention follows a pinned --ep over pools: each pool takes it as its system alone would
+    (search.serve.refuse_dp_attention), a pool with no DP-attention layout serves nothing (its search's
+    `refusal` says why), and the search is refused only when no pool has one, naming every pool and its reason.
+    The disaggregated search applies the same rule to its instances: a role (prefill or decode) needs a pool
+    with a DP-attention layout, and both roles may sit on any pool that has one."""
     why: dict[str, list[str]] = {}
     for p in pc.pools:
         try:
             refuse_dp_attention(m, p.cluster, pins, moe)
-        except PlanViolationError as e:
+        except LlmplanError as e:
             why.setdefault(str(e), []).append(f"{p.name} ({p.nodes} x {p.system.name}, {p.num_gpus} GPUs)")
-    if why:
+    if sum(len(ps) for ps in why.values()) == len(pc.pools):
         raise LlmplanError(" | ".join(f"pool{'s' * (len(ps) > 1)} {', '.join(ps)}: {w}" for w, ps in why.items()))
 
 
 def resized(e: ServeEstimate, replicas: int, allowance: MemoryAllowance | None) -> ServeEstimate:
-    """The estimate with at least `replicas` replicas of its layout, rounded up to fill whole nodes when they
-    take more than one (as the single-system search's sub-clusters), re-estimated on those GPUs."""
-    gpn, gpr = e.cluster.gpus_per_node_used, e.plan.gpus_per_replica
+    """The estimate with at least `replicas` copies of its layout (replicas; DP-attention servers of ep GPUs),
+    rounded up to fill whole nodes when they take more than one (as the single-system search's sub-clusters),
+    re-estimated on those GPUs."""
+    gpn, gpr = e.cluster.gpus_per_node_used, e.plan.gpus_per_copy
     if replicas * gpr > gpn:
-        replicas = min(e.plan.dp, math.ceil(replicas * gpr / gpn) * gpn // gpr)
-    plan = e.plan.model_copy(update={"dp": replicas})
+        replicas = min(e.plan.copies, math.ceil(replicas * gpr / gpn) * gpn // gpr)
+    plan = e.plan.model_copy(update={"dp": replicas * e.plan.attn_dp})
     sub = sub_cluster(e.cluster, plan.num_gpus)
     return e if sub.num_gpus != plan.num_gpus else estimate_serving(e.model, sub, plan, e.job, allowance)
 

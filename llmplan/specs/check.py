@@ -260,9 +260,11 @@ SERVE_MOE_RULES: tuple[Rule, ...] = (
     Rule("dp_attention_layout", lambda m, p, c: (not p.dp_attention) | ((p.tp == 1) & (p.pp == 1)),
          lambda m, p, c: f"--dp-attention runs attention whole on every GPU (tp 1, pp 1), but the plan has tp {p.tp} "
                          f"pp {p.pp}; use --tp 1 --pp 1 with --dp and --ep set to the GPUs of the pool"),
-    Rule("dp_attention_ep", lambda m, p, c: (not p.dp_attention) | (p.ep == p.tp * p.pp * p.dp),
-         lambda m, p, c: f"--dp-attention shards the experts over every GPU of the pool: ep ({p.ep}) must equal the "
-                         f"{p.tp * p.pp * p.dp} GPUs (tp x pp x dp); use --ep {p.tp * p.pp * p.dp}"),
+    Rule("dp_attention_ep", lambda m, p, c: (not p.dp_attention) | (p.ep == p.tp * p.pp * p.dp)
+         | ((p.ep > 1) & ((p.tp * p.pp * p.dp) % p.ep == 0)),
+         lambda m, p, c: f"--dp-attention shards the experts over every GPU of a server: ep ({p.ep}) must equal the "
+                         f"{p.tp * p.pp * p.dp} GPUs (tp x pp x dp), or divide them (dp / ep servers of ep > 1 GPUs); "
+                         f"use --ep {p.tp * p.pp * p.dp}"),
     Rule("moe_serving_needs_ep",
          lambda m, p, c: (p.ep > 1) | ((p.moe_dispatcher == "alltoall") & (not p.two_batch_overlap)
                                        & (p.redundant_experts == 0)),
