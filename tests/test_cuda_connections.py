@@ -82,3 +82,30 @@ def test_no_bridge_row_ran_the_ep_overlap_on_one_queue(published_runs, acc):
     plans = [out[2] for r in published_runs.values() if (out := acc.record_setup(r, acc.family(r["id"])))]
     overlapped = [p for p in plans if p.ep_comm_overlap]
     assert overlapped and all(p.cuda_max_connections != 1 for p in overlapped)
+
+
+def test_megatron_export_refuses_more_queues_beside_the_tp_overlap_on_hopper(cli, tmp_path):
+    # TE's userbuffer TP overlap before Blackwell wants CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-Bridge v0.1.0rc4
+    # training/comm_overlap.py); the EP overlap wants more (Megatron-LM: "1 or 32"). llmplan prices the TP overlap
+    # the same at any queue count, so the export refuses a count above 1 beside it, given or left to 32
+    base = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "2", "--ep",
+            "8", "--sp", "--tp-comm-overlap", "--ep-comm-overlap", "--recompute", "selective", "--global-batch",
+            "256")
+    for name, extra in (("unset", ()), ("eight", ("--cuda-max-connections", "8")),
+                        ("one", ("--cuda-max-connections", "1"))):
+        path = tmp_path / f"{name}.json"
+        assert cli(*base, *extra, "--save", path).code == 0
+        out = cli("export", path, "--to", "megatron", "-o", tmp_path / name)
+        if name == "one":
+            assert out.code == 0, out.err
+            text = "\n".join(f.read_text() for f in (tmp_path / name).glob("*.sh"))
+            assert re.findall(r"export CUDA_DEVICE_MAX_CONNECTIONS=(\d+)", text) == ["1"]
+            continue
+        line = out.refusal()
+        n = "32" if name == "unset" else "8"
+        assert f"CUDA_DEVICE_MAX_CONNECTIONS {n} beside TP 2's userbuffer overlap on h100" in line
+        assert "--cuda-max-connections 1" in line and "--no-tp-comm-overlap" in line
+    # Blackwell: no such rule (the TP overlap's queue is Hopper's limit); the unset plan exports 32
+    path = tmp_path / "b200.json"
+    assert cli(*[("dgx-b200" if a == "dgx-h100" else a) for a in base], "--save", path).code == 0
+    assert cli("export", path, "--to", "megatron", "-o", tmp_path / "b200").code == 0

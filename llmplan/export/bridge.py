@@ -464,7 +464,7 @@ def arrays(pf: PlanFile) -> str:
     check(pf)
     args = [f"{key}={hydra_value(value)}" for key, value in overrides(pf)]
     return "\n".join([
-        *ep_overlap_env(pf),
+        *connections_env(pf),
         "MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}",
         f"RECIPE=(--recipe {RECIPES[pf.model.name]} --mode pretrain --dataset mock)"
         "   # real data: --dataset megatron-indexed dataset.data_path=PREFIX",
@@ -472,7 +472,7 @@ def arrays(pf: PlanFile) -> str:
         "OVERRIDES=(", *(f"    '{a}'" for a in args), ")"])
 
 
-def ep_overlap_env(pf: PlanFile) -> list[str]:
+def connections_env(pf: PlanFile) -> list[str]:
     """The plan's cuda_max_connections where it gives one; else, under the EP overlap, the CUDA work queues
     Megatron-Bridge's performance presets give it, so that its communication stream is not serialised behind
     compute (scripts/performance/utils/overrides.py at 6124fbe: CUDA_DEVICE_MAX_CONNECTIONS 32 with the deepep /

@@ -609,7 +609,8 @@ def check(pf: PlanFile) -> None:
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
     for what, bad, fix in [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
                            *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf), parallel_block_refusal(pf),
-                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf), connections_refusal(pf)]:
+                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf), connections_refusal(pf),
+                           tp_overlap_queues_refusal(pf)]:
         if bad:
             raise refuse(TARGET, what, fix)
     if p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon":  # Muon: muon_pairs' ping-pong path
@@ -678,6 +679,27 @@ def connections_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     return (f"CUDA_DEVICE_MAX_CONNECTIONS {n} with TP {p.tp} / CP {p.cp} on {pf.cluster.system.gpu.name} (Megatron-LM "
             "asserts 1 with TP or CP > 1 before Blackwell unless the EP overlap runs)", bad,
             "re-plan with --cuda-max-connections 1 (or leave it unset)")
+
+
+def tp_overlap_queues_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for Transformer Engine's userbuffer TP overlap (--tp-comm-overlap) on a
+    GPU before Blackwell (compute capability < 10) beside more than one hardware queue: the plan's
+    cuda_max_connections above 1, or none given under the EP overlap (connections_lines writes 32). TE's TP overlap
+    there wants CUDA_DEVICE_MAX_CONNECTIONS=1 (with more queues its communication kernels may be scheduled behind
+    the GEMMs they should overlap: Megatron-Bridge v0.1.0rc4 training/comm_overlap.py; Megatron-LM arguments.py
+    at core_v0.14.0 ... v0.16.0 warns under the EP overlap to choose 1 or 32 by the overlap to favour), while
+    llmplan prices the TP overlap the same at any queue count and the EP overlap at half at one queue
+    (docs/formulas.md#moe.overlap_queues): the script would not run what was priced."""
+    p, gpu = pf.plan, pf.cluster.system.gpu
+    n = p.cuda_max_connections if p.cuda_max_connections is not None else (32 if ep_overlap_on(pf) else 1)
+    bad = (p.tp_comm_overlap and p.sp and p.tp > 1 and gpu.compute_capability is not None
+           and gpu.compute_capability < 10 and n > 1)
+    given = "the plan's" if p.cuda_max_connections is not None else "the EP overlap's"
+    return (f"{given} CUDA_DEVICE_MAX_CONNECTIONS {n} beside TP {p.tp}'s userbuffer overlap on {gpu.name} "
+            "(Transformer Engine's TP overlap before Blackwell needs 1 queue, llmplan prices it as if it had it; "
+            "Megatron-LM: 1 or 32 by the overlap to favour)", bad,
+            "re-plan with --cuda-max-connections 1 (favours the TP overlap; the EP overlap is then priced at half, "
+            "docs/formulas.md#moe.overlap_queues), or with --no-tp-comm-overlap (then 32 favours the EP overlap)")
 
 
 def script_body(pf: PlanFile, launcher: str) -> str:
