@@ -48,7 +48,11 @@ into dev as 1ea5c3472e, 2026-08-19; its description's table) measured the DeepSe
 layers on 64 H100 (TP1 PP4 EP16, alltoall dispatcher, BF16, full recompute): 184.2 TFLOP/s/GPU without the overlap
 (at 1 connection), 191.1 with it at 1 connection, 198.5 at 32. Saved time a step, 1/184.2 - 1/191.1 against
 1/184.2 - 1/198.5 (the same FLOPs): 0.501 (in throughput +3.7% against +7.8%, as the PR states it). The arm without
-the overlap was run at 1 only; the step without the overlap is priced the same at any count.
+the overlap was run at 1 only; the step without the overlap is priced the same at any count. That A/B ran with full
+recompute, a regime llmplan does not price the overlap in (check_plan's rule ep_overlap_full_recompute refuses it,
+as Megatron-Core does); the check in llmplan's regime is yanring/Megatron-MoE-ModelZoo @8017e11's Qwen3-235B DeepEP
+pair on four H100 nodes (selective recompute of moe_act and layernorm, its config at one queue), whose own reading
+is 0.40 of the 0.74 share, about 0.54 (docs/validation.md#cuda-connections).
 Source: NVIDIA/Megatron-LM PR 6311 description (@1ea5c3472e). Derived: docs/formulas.md#moe.overlap_queues"""
 
 
