@@ -182,3 +182,23 @@ def test_every_plan_mask_agrees_with_refusal(saved):
         assert every_plan_mask(bf16, target).all() and not every_plan_mask(a, target).any()
         p = bf16.plan(rows[0])
         assert "bf16 gradient reduction" in str(refusal(dataclasses.replace(pf, plan=p), target))
+
+
+def test_megatron_refuses_the_param_gather_overlap_without_the_reduce_overlap(saved):
+    """Megatron-LM's validate_args asserts --overlap-grad-reduce beside --overlap-param-gather (arguments.py at
+    core_v0.14.0), so the export used to drop the gather flag (and the optimizer-step one) while the plan priced the
+    gather overlapped: now a one-line refusal with the rule and both fixes, an EVERY_PLAN rule of megatron."""
+    pf = saved["dense"]
+    off = pf.plan.model_copy(update={"zero": 1, "overlap_grad_reduce": False, "overlap_param_gather": True})
+    assert not check_plan(pf.model, off, pf.cluster)
+    one = dataclasses.replace(pf, plan=off)
+    why = refusal(one, "megatron")
+    assert why is not None and "\n" not in why
+    assert "--overlap-grad-reduce" in why and "--no-overlap-param-gather" in why
+    assert why == full_render(one, "megatron") and "param_gather" in EVERY_PLAN["megatron"]
+    # either fix exports, and the script then says what was priced
+    for fix in ({"overlap_grad_reduce": True}, {"overlap_param_gather": False}):
+        fixed = dataclasses.replace(pf, plan=off.model_copy(update=fix))
+        assert refusal(fixed, "megatron") is None
+        text = "\n".join(render_all(fixed, "megatron")[0].values())
+        assert ("--overlap-param-gather" in text) == fix.get("overlap_grad_reduce", False)

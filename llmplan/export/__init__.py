@@ -125,8 +125,8 @@ TORCHTITAN_COMMON: dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]] = 
 """The EVERY_PLAN rules of torchtitan's check_common (both releases), in its order."""
 
 EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]] = {
-    "megatron": {"fp8_attention": megatron.fp8_attention_refusal, "master_dtype": megatron.master_dtype_refusal,
-                 "bf16_layers": delayed_bf16_layers_refusal},
+    "megatron": {"fp8_attention": megatron.fp8_attention_refusal, "param_gather": megatron.param_gather_refusal,
+                 "master_dtype": megatron.master_dtype_refusal, "bf16_layers": delayed_bf16_layers_refusal},
     "megatron-bridge": {"attention_kernel": bridge.attention_kernel_refusal,
                         "master_dtype": bridge.master_dtype_refusal,
                         "fp8_moments": bridge.fp8_moments_refusal, "cuda_graphs": bridge.cuda_graphs_refusal,

@@ -4,6 +4,8 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 
 from __future__ import annotations
 
+import numpy as np
+
 from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal,
                                    launcher_schedule, need_mode, refuse, rendezvous_lines,
@@ -280,7 +282,8 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--overlap-param-gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
               # core_v0.14.0 arguments.py: needs the distributed optimizer, --overlap-param-gather and
               # --num-layers-per-virtual-pipeline-stage (check_plan: param_gather_optstep_interleaved); and since
-              # --overlap-param-gather asserts --overlap-grad-reduce there, written only beside both
+              # --overlap-param-gather asserts --overlap-grad-reduce there, written only beside both (a plan with
+              # the gather overlap and without the reduction's is refused: param_gather_refusal)
               ("--overlap-param-gather-with-optimizer-step", p.overlap_param_gather_with_optimizer_step
                and p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
               ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
@@ -548,6 +551,18 @@ def master_dtype_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "fp16)", p.optimizer_master_dtype in ("bf16", "none"), "re-plan with --optimizer-master-dtype fp32 or fp16")
 
 
+def param_gather_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """The overlapped parameter gather of ZeRO-1 (and its optimizer-step variant) without the overlapped gradient
+    reduction, refused whatever else the plan sets (export.EVERY_PLAN): Megatron-LM's validate_args asserts
+    --overlap-grad-reduce beside --overlap-param-gather (megatron/training/arguments.py at core_v0.14.0), so the
+    script could not carry the gather overlap that llmplan priced (cost.exposure.dp_exposed). Elementwise on plan
+    arrays."""
+    bad = np.logical_and(np.logical_and(p.zero == 1, p.overlap_param_gather), np.logical_not(p.overlap_grad_reduce))
+    return ("the overlapped parameter gather without the overlapped gradient reduction (Megatron-LM asserts "
+            "--overlap-grad-reduce beside --overlap-param-gather)", bad,
+            "re-plan with --overlap-grad-reduce, or with --no-overlap-param-gather")
+
+
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     if pf.model.is_hybrid:
@@ -597,9 +612,9 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, "the SwiGLU input kept in fp8 (Megatron-Core's TransformerConfig."
                      "activation_func_fp8_input_store, which Megatron-LM's arguments.py at d98e8a6 excludes from "
                      "its flags)", "export to megatron-bridge, or re-plan with --no-swiglu-fp8-input")
-    what, bad, fix = fp8_attention_refusal(p)
-    if bad:
-        raise refuse(TARGET, what, fix)
+    for what, bad, fix in (fp8_attention_refusal(p), param_gather_refusal(p)):
+        if bad:
+            raise refuse(TARGET, what, fix)
     if p.recompute == "op":
         raise refuse(TARGET, "op-level selective checkpointing (torchtitan's per-op policy; Megatron-LM recomputes "
                      "the attention core, whole layers or a block of them)",
