@@ -359,7 +359,8 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
         ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
         pair = ep_pair_windows(m, plan, g_i) if plan.ep_comm_overlap and m.is_moe else ()  # a workload switch
         dw = ep_deferred_wgrad(m, plan, g_i) if pair else (0.0, 0.0)  # delay_wgrad: a workload switch
-        ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k, pair, moe_layers, dw)  # cost.moe
+        ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k, pair, moe_layers, dw,
+                          g_i.compute_capability)  # cost.moe
         router_i = c_i.router / n * moe_layers / moe_max  # the aux loss's token counts: in line (comm.aux_loss_counts)
         z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers, m)
         per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i + router_i)

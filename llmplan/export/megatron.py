@@ -672,10 +672,14 @@ def connections_lines(pf: PlanFile) -> list[str]:
     TP or CP > 1 (Megatron-LM asserts it before Blackwell), except under the EP overlap, which wants more than one
     queue (megatron/core/transformer/moe/README.md at core_v0.16.0: "CUDA_DEVICE_MAX_CONNECTIONS > 1"; arguments.py
     at core_v0.14.0 ... v0.16.0 only warns then, "1 or 32"): 32, the queues llmplan's overlap share was read at
-    (cost.moe.overlap_queues)."""
+    (cost.moe.overlap_queues); but 1 beside Transformer Engine's TP overlap before Blackwell
+    (tp_userbuffers_before_blackwell), where cost.moe.overlap_queues prices the EP overlap at one queue."""
     p = pf.plan
     if p.cuda_max_connections is not None:
         return [f"export CUDA_DEVICE_MAX_CONNECTIONS={p.cuda_max_connections}   # the plan's cuda_max_connections"]
+    if ep_overlap_on(pf) and tp_userbuffers_before_blackwell(pf):
+        return ["export CUDA_DEVICE_MAX_CONNECTIONS=1   # TE's TP overlap before Blackwell; the EP overlap priced "
+                "at one queue (docs/formulas.md#moe.overlap_queues)"]
     if ep_overlap_on(pf):
         return ["export CUDA_DEVICE_MAX_CONNECTIONS=32   # the EP overlap's streams side by side (Megatron-Core: > 1)"]
     if p.tp > 1 or p.cp > 1:
@@ -696,25 +700,28 @@ def connections_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             "re-plan with --cuda-max-connections 1 (or leave it unset)")
 
 
+def tp_userbuffers_before_blackwell(pf: PlanFile) -> bool:
+    """Whether the script runs Transformer Engine's userbuffer TP overlap (--tp-comm-overlap: TP > 1 with SP) on a
+    GPU before Blackwell (compute capability < 10), where it wants CUDA_DEVICE_MAX_CONNECTIONS=1."""
+    p, cc = pf.plan, pf.cluster.system.gpu.compute_capability
+    return bool(p.tp_comm_overlap and p.sp and p.tp > 1 and cc is not None and cc < 10)
+
+
 def tp_overlap_queues_refusal(pf: PlanFile) -> tuple[str, bool, str]:
-    """(what, whether the plan needs it, fix) for Transformer Engine's userbuffer TP overlap (--tp-comm-overlap) on a
-    GPU before Blackwell (compute capability < 10) beside more than one hardware queue: the plan's
-    cuda_max_connections above 1, or none given under the EP overlap (connections_lines writes 32). TE's TP overlap
-    there wants CUDA_DEVICE_MAX_CONNECTIONS=1 (with more queues its communication kernels may be scheduled behind
-    the GEMMs they should overlap: Megatron-Bridge v0.1.0rc4 training/comm_overlap.py; Megatron-LM arguments.py
-    at core_v0.14.0 ... v0.16.0 warns under the EP overlap to choose 1 or 32 by the overlap to favour), while
-    llmplan prices the TP overlap the same at any queue count and the EP overlap at half at one queue
-    (docs/formulas.md#moe.overlap_queues): the script would not run what was priced."""
-    p, gpu = pf.plan, pf.cluster.system.gpu
-    n = p.cuda_max_connections if p.cuda_max_connections is not None else (32 if ep_overlap_on(pf) else 1)
-    bad = (p.tp_comm_overlap and p.sp and p.tp > 1 and gpu.compute_capability is not None
-           and gpu.compute_capability < 10 and n > 1)
-    given = "the plan's" if p.cuda_max_connections is not None else "the EP overlap's"
-    return (f"{given} CUDA_DEVICE_MAX_CONNECTIONS {n} beside TP {p.tp}'s userbuffer overlap on {gpu.name} "
-            "(Transformer Engine's TP overlap before Blackwell needs 1 queue, llmplan prices it as if it had it; "
-            "Megatron-LM: 1 or 32 by the overlap to favour)", bad,
-            "re-plan with --cuda-max-connections 1 (favours the TP overlap; the EP overlap is then priced at half, "
-            "docs/formulas.md#moe.overlap_queues), or with --no-tp-comm-overlap (then 32 favours the EP overlap)")
+    """(what, whether the plan needs it, fix) for a cuda_max_connections above 1 beside Transformer Engine's
+    userbuffer TP overlap before Blackwell (tp_userbuffers_before_blackwell). TE's TP overlap there wants one queue
+    (with more, its communication kernels may be scheduled behind the GEMMs they should overlap: Megatron-Bridge
+    v0.1.0rc4 training/comm_overlap.py; Megatron-LM arguments.py at core_v0.14.0 ... v0.16.0 warns under the EP
+    overlap to choose 1 or 32 by the overlap to favour), and llmplan prices the TP overlap the same at any queue
+    count: the script would not run what was priced. Unset, the export writes 1 there and llmplan prices the EP
+    overlap at one queue (cost.moe.overlap_queues, docs/formulas.md#moe.overlap_queues)."""
+    p, n = pf.plan, pf.plan.cuda_max_connections
+    bad = n is not None and n > 1 and tp_userbuffers_before_blackwell(pf)
+    return (f"CUDA_DEVICE_MAX_CONNECTIONS {n} beside TP {p.tp}'s userbuffer overlap on {pf.cluster.system.gpu.name} "
+            "(Transformer Engine's TP overlap before Blackwell needs 1 queue; llmplan prices it as if it had it)", bad,
+            "re-plan with --cuda-max-connections 1 (or unset: favours the TP overlap, the EP overlap priced at one "
+            "queue, docs/formulas.md#moe.overlap_queues), or with --no-tp-comm-overlap (then 32 favours the EP "
+            "overlap)")
 
 
 def script_body(pf: PlanFile, launcher: str) -> str:
