@@ -502,7 +502,8 @@ class ParallelPlan(PlanQuantities, Spec):
     Programming Guide, CUDA Environment Variables: 1-32, default 8). At 1 every stream's kernels run in launch
     order on one queue, so the EP overlap's communication kernels wait behind the compute launched before them and
     the overlap hides part of what it hides with more queues (docs/formulas.md#moe.overlap_queues). None: as the
-    launcher leaves it, priced as more than one queue (the exports write 1 only where Megatron-LM asks for it)."""
+    launcher leaves it, priced as more than one queue (the exports write 1 only where Megatron-LM asks for it),
+    except beside Transformer Engine's userbuffer TP overlap before Blackwell, priced and exported as one queue."""
     delay_wgrad: bool = False
     """Under the EP overlap (ep_comm_overlap), defer each MoE layer's weight-gradient GEMMs (the routed experts',
     and the attention node's: attention projections and shared experts) out of their node's backward, so the
