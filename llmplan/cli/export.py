@@ -10,8 +10,7 @@ import typer
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out
-from llmplan.export import TARGETS, render_all, write_files
-from llmplan.planfile import load_plan
+from llmplan.export import TARGETS
 
 
 @app.command()
@@ -26,6 +25,8 @@ def export(
     json_mode: bool = opt.JSON,
 ) -> None:
     """Write launcher files for a saved plan (exit 2 when the target cannot express it)."""
+    from llmplan.export import render_all, write_files
+    from llmplan.planfile import load_plan
     pf = load_plan(plan_file)
     files, skipped = render_all(pf, to, wrap)
     paths = write_files(files, out_dir, force)
