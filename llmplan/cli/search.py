@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Annotated, Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, NamedTuple, Optional
 
 import typer
 from rich.console import Console
@@ -28,6 +28,19 @@ if TYPE_CHECKING:
     from llmplan.search.filtered import Walk
     from llmplan.search.grid import Workload
     from llmplan.search.run import SearchResult
+
+
+WALK = 40
+"""Ranked layouts a targeted serving search asks for and walks (its --top when larger): how deep it looks for
+plans the target accepts (cli.target.serving_walk). A serving layout has no variants to walk (search.serve prices
+one plan per tp, pp, ep and replica count), so the walk is the ranking's; where it ends here with fewer than --top
+kept and more layouts fitting, the output says so."""
+
+
+def run_search(*args: Any, **kwargs: Any) -> SearchResult:
+    """search.run.search, imported on the first search (not when the command is registered)."""
+    from llmplan.search.run import search as run
+    return run(*args, **kwargs)
 
 
 @app.command(cls=opt.SectionedCommand)
@@ -122,7 +135,7 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     """The serving path of `search`: pins' tp, pp and ep, the serving options, --max-batch and --request-rate
     (`target`: keep only the plans that export writes for it, cli.target)."""
     from llmplan.cli.inputs import checked_pins, cluster_of, make_allowance, make_job, with_hardware_options
-    from llmplan.cli.target import WALK, refuse_unexportable, serving_walk, walk
+    from llmplan.cli.target import refuse_unexportable, serving_walk, walk
     from llmplan.cost.serve_step import GraphHost
     from llmplan.planfile import save_refs, serve_plan_document
     from llmplan.search.serve import SERVE_OBJECTIVES, check_search_moe, search_serving
@@ -303,7 +316,7 @@ class SettingSearch:
         output (the cross-setting rule and a target's walk read the ranked rows and the plans only)."""
         from llmplan.cli.target import keep_training
         from llmplan.search.grid import default_space
-        from llmplan.search.run import search as run_search, straddling_space
+        from llmplan.search.run import straddling_space
         pins, goal = self.pins, self.goal
         whole = default_space(self.m, cc, wv, self.pinned, pins.max_tp, pins.max_pp, pins.max_cp)
         space = straddling_space(whole, full) if full else whole
