@@ -48,8 +48,8 @@ for i, path in enumerate(eval(sys.argv[1])):
 """
 """Every command's --help in one fresh interpreter (the console entry point, llmplan.cli.main, as `python -m
 llmplan` calls it), each help followed by a line of its index and exit code: one
-start-up of about 1.3 s of CPU for all of them, not one a command. test_search_help_lists_its_options_in_sections
-checks that `python -m llmplan search --help` prints the same text."""
+start-up (about 0.5 s of CPU: a command imports its libraries when it runs) for all of them, not one a command.
+test_search_help_lists_its_options_in_sections checks that `python -m llmplan search --help` prints the same text."""
 
 
 @pytest.fixture(scope="module")

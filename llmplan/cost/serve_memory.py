@@ -18,15 +18,13 @@ from llmplan.cost.mixers import recurrent_state_bytes
 from llmplan.cost.params import padded_vocab, rank_params
 from llmplan.cost.serve_moe import redundant_expert_params
 from llmplan.cost.sparse import indexer_cache_bytes
+from llmplan.specs.defaults import SERVE_RUNTIME_GIB
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance
 from llmplan.specs.serve import DEFAULT_BATCHED_TOKENS, ServeJob, ServePlan
 from llmplan.units import GIB, MXFP8_BYTES, NVFP4_BYTES
 
 KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
-SERVE_RUNTIME_GIB = 1.5
-"""The stated per-GPU allowance for a serving engine's runtime (CUDA context, NCCL, CUDA graphs) where
---overhead-gib is not given (docs/formulas.md#mem.other): the training side prices its runtime instead."""
 
 
 @dataclass(frozen=True)
