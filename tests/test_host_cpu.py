@@ -80,7 +80,7 @@ SUPER_GB200 = "mbridge-26.06-pretrain-nemotron-3-super-dgx-gb200-64gpu-nvfp4-tp2
 
 def test_grace_host_time_is_far_below_the_super_rows_gap(published_runs, acc, row_setup):
     # Measured against the published step, the host time llmplan prices at Grace's 2.75 stays under 1% of it,
-    # while the row's gap is a fifth of it (a third before the SSD scan's Blackwell rate,
+    # while the row's gap is about a fifth of it (a third before the SSD scan's Blackwell rate,
     # docs/validation.md#nemotron-sources-2026-12-06): not where the gap is (docs/validation.md#grace-host).
     rec = published_runs[SUPER_GB200]
     system = S[acc.record_system(rec)]
@@ -91,4 +91,6 @@ def test_grace_host_time_is_far_below_the_super_rows_gap(published_runs, acc, ro
     e = estimate_training(m, acc.cluster_of(
         system.with_options(domain_gpus=acc.nvlink_segment_gpus(rec, system)), plan.num_gpus), plan)
     assert e.time.overheads["host"] < 0.01 * measured_step
-    assert measured_step - e.time.total > 0.2 * measured_step
+    # the gap: 21% of the step before the MTP modules in bf16 and the MXFP8 out_proj were priced
+    # (docs/validation.md#hybrid-bw), 19.7% after; still over fifteen times the host time
+    assert measured_step - e.time.total > 0.15 * measured_step
