@@ -482,7 +482,8 @@ def tp_step_end_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Tr
 
 def tp_edge_roles(plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
     """(holds the embedding, holds the output layer) for a rank of pipeline stage `stage`: the first and the last
-    stage (both at pp 1; a DualPipe rank holds its paired stage too). Elementwise. Derived: docs/formulas.md#comm.tp_edge"""
+    stage (both at pp 1; a DualPipe rank holds its paired stage too). Elementwise.
+    Derived: docs/formulas.md#comm.tp_edge"""
     first, last = stage == 0, stage == plan.pp - 1
     if schedule_of(plan).param_copies == 2:
         return first | last, first | last
@@ -540,7 +541,8 @@ def tp_head_async_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: A
             Transfer("all-reduce", calls - sp, S, group)]
 
 
-def tp_mtp_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: Any) -> tuple[list[Transfer[G]], list[Transfer[G]]]:
+def tp_mtp_transfers(m: ModelSpec, plan: ParallelPlan, group: G,
+                     count: Any) -> tuple[list[Transfer[G]], list[Transfer[G]]]:
     """(synchronous, asynchronous) TP collectives of a step's `count` MTP modules a micro-batch beyond their
     transformer layer (priced among the stage's layers) and output head (tp_head_transfers): the embedding
     (tp_embedding_transfers); eh_proj, a column-parallel TE linear of [s, b, 2h] without output gather, its input
@@ -562,17 +564,19 @@ def tp_mtp_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: Any) -> 
                   Transfer("all-reduce", calls - sp, 2 * S, group)]
 
 
-def tp_edge_transfers(m: ModelSpec, plan: ParallelPlan, group: G, stage: Any) -> tuple[list[Transfer[G]], list[Transfer[G]]]:
+def tp_edge_transfers(m: ModelSpec, plan: ParallelPlan, group: G,
+                      stage: Any) -> tuple[list[Transfer[G]], list[Transfer[G]]]:
     """(synchronous, asynchronous) TP collectives of a step on a rank of pipeline stage `stage` outside its
-    decoder layers (tp_transfers): the input embedding on the first stage; the output head (its loss included) and
-    the MTP modules on the one that holds the output layer (tp_edge_roles), the MTP modules there only without a
-    pp_layout that places them. The asynchronous ones run beside the heads' GEMMs (step.tp_edge).
+    decoder layers (tp_transfers): the input embedding on the first stage, the output head (its loss included) on
+    the one that holds the output layer (tp_edge_roles), the MTP modules on the stage a pp_layout places them on,
+    else on that one. The asynchronous ones run beside the heads' GEMMs (step.tp_edge).
     Derived: docs/formulas.md#comm.tp_edge"""
     first, last = tp_edge_roles(plan, stage)
     mtp = where(last, m.num_nextn_predict_layers, 0) if not has_layout(plan) else stage_mtp_modules(m, plan, stage)
     heads = where(last, 1, 0) + mtp
     mtp_sync, mtp_async = tp_mtp_transfers(m, plan, group, mtp)
-    sync = tp_embedding_transfers(m, plan, group, where(first, 1, 0)) + tp_head_transfers(m, plan, group, heads) + mtp_sync
+    sync = tp_embedding_transfers(m, plan, group, where(first, 1, 0)) + tp_head_transfers(m, plan, group, heads)
+    sync = sync + mtp_sync
     return sync, tp_head_async_transfers(m, plan, group, heads) + mtp_async
 
 
