@@ -481,13 +481,10 @@ def tp_step_end_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Tr
 
 
 def tp_edge_roles(plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
-    """(holds the embedding, holds the output layer) for a rank of pipeline stage `stage`: the first and the last
-    stage (both at pp 1; a DualPipe rank holds its paired stage too). Elementwise.
-    Derived: docs/formulas.md#comm.tp_edge"""
-    first, last = stage == 0, stage == plan.pp - 1
-    if schedule_of(plan).param_copies == 2:
-        return first | last, first | last
-    return first, last
+    """(holds the embedding, holds the output layer) for pipeline stage `stage`: the first and the last stage
+    (both at pp 1). Per stage, as the step prices a stage's micro-batch (a DualPipe rank runs its two stages'
+    passes apart, each priced as its stage). Elementwise. Derived: docs/formulas.md#comm.tp_edge"""
+    return stage == 0, stage == plan.pp - 1
 
 
 def tp_embedding_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: Any) -> list[Transfer[G]]:
