@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from llmplan.cost.comm import comm_seconds, pp_sends, step_comm
 from llmplan.cost.compute import stage_compute
+from llmplan.cost.hybrid_stage import priced_stage_compute
 from llmplan.cost.goodput import plan_goodput
 from llmplan.cost.hetero import (
     batch_shares,
@@ -218,8 +219,8 @@ def _stages(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAllo
     for g in used:
         mine = tuple(i for i, x in enumerate(sp) if x == g)
         top = max(mine, key=lambda i: (float(mems[i].total / mems[i].capacity), -i))
-        busy = max(float(stage_compute(m, tp_overlap_as_run(m, runs), pc.pools[g].system.gpu,
-                                       *stage_layers(m, runs, i), i == plan.pp - 1).total) for i in mine)
+        busy = max(float(priced_stage_compute(m, tp_overlap_as_run(m, runs), pc.pools[g].system.gpu, i,
+                                              *stage_layers(m, runs, i), i == plan.pp - 1).total) for i in mine)
         uses.append(PoolUse(g, pc.pools[g].name, pc.pools[g].system.name, len(mine) * plan.tp * plan.cp * plan.dp,
                             mine, plan.dp, plan.global_batch, tuple(e.stage_layers[i] for i in mine), mems[top],
                             n * busy, float(st.total)))

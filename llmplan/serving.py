@@ -102,6 +102,23 @@ def hardware_warnings(plan: ServePlan, cluster: ClusterSpec) -> tuple[str, ...]:
     return tuple(out)
 
 
+def tp_span_warning(plan: ServePlan, cluster: ClusterSpec, spans: Spans) -> tuple[str, ...]:
+    """A TP group wider than the NVLink domain (a pinned --tp: the search tries TP within it) runs, as vLLM
+    (Ray or multiprocessing over nodes) and SGLang (--nnodes) run it, but each of its all-reduces crosses the
+    scale-out network: the price says so (replica_spans places the group; the collective model times it over
+    the NICs), and the warning says where the time goes and the layout that keeps TP on NVLink. `spans`: the
+    plan's replica_spans, placed once by the caller."""
+    span, dom = spans.tp, cluster.system.domain_gpus
+    if span.domains <= 1:
+        return ()
+    fix = (f"--tp {dom} --pp {plan.pp * plan.tp // dom}" if plan.tp % dom == 0
+           else "TP within a domain and --pp across domains")
+    fabric = cluster.system.scaleout_fabric
+    net = "scale-out network" if fabric == "none" else f"{fabric} network"
+    return (f"tp {plan.tp} spans {span.domains} NVLink domains of {dom} GPUs: each TP all-reduce crosses the "
+            f"{net} between them (priced so); {fix} keeps TP on NVLink",)
+
+
 def loaded_model(m: ModelSpec, job: ServeJob) -> ModelSpec:
     """The model as the engines load it for the job: without its multi-token-prediction modules unless the job
     decodes speculatively with them (vLLM's DeepSeek loader skips the spec-decode layers for the main model,
@@ -212,7 +229,8 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
         kv_bytes_per_token=kv_bytes_per_token(m, plan.kv_dtype), slo_batch=slo_batch, slo_tokens_per_s=slo_tps,
         prefill_saved_fraction=job.prefix_hit_rate,
         ttft_without_prefix_cache=float(prefill_seconds(m, runs, system, spans, cold, job.batch)),
-        warnings=hardware_warnings(plan, cluster) + kv_replication_warning(m, plan) + sglang_fraction_warning(job),
+        warnings=(hardware_warnings(plan, cluster) + tp_span_warning(plan, cluster, spans) + kv_replication_warning(m, plan)
+                  + sglang_fraction_warning(job)),
         operators=tuple(uses), fallback_cost=extra, speculative=spec, lengths=lengths,
         phase=phase_timing(m, runs, system, spans, job),
     )

@@ -84,6 +84,31 @@ def cli_once():
     return run
 
 
+@contextlib.contextmanager
+def one_train_search():
+    """Within it, `search` (training, one system) runs each distinct search once: a later command line that
+    differs only in --json renders the first one's result through the real command's report path. For tests
+    that check a search's JSON and its text: the search is the slow part (tens of seconds for a large MoE
+    model), and both outputs come from one result as they do from one search. The key is every argument of
+    cli.search.train_search but --json (which sets only its progress bar)."""
+    import llmplan.cli.search as cs
+
+    real, done = cs.train_search, {}
+
+    def once(c, pins, goal, s, split, memory, checkpoints, output, named=frozenset(), target=None):
+        key = repr((c, pins, goal, s, split, memory, checkpoints, output.model_copy(update={"json_mode": False}),
+                    sorted(n for n in named if "json" not in n), target))
+        if key not in done:
+            done[key] = real(c, pins, goal, s, split, memory, checkpoints, output, named, target)
+        return done[key]
+
+    cs.train_search = once
+    try:
+        yield
+    finally:
+        cs.train_search = real
+
+
 @pytest.fixture(scope="session")
 def _published_list() -> list[dict]:
     """benchmarks/data's published runs, parsed once per test process: the file is about 1 MB, and

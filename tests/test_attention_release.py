@@ -5,9 +5,6 @@ shape, reproduce NVIDIA's published cuDNN SDPA training rates within a stated to
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from refusal import one_line
@@ -97,24 +94,25 @@ def test_check_plan_refuses_a_release_without_a_published_rate_or_with_another_k
     assert any("attention_kernel flash2" in v.message for v in check_plan(m, flash2, h100))
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmplan", "estimate", "--model", "llama-3.1-8b", "--nodes", "1",
-                           "--tp", "1", "--pp", "1", *args], capture_output=True, text=True, timeout=120)
+def _cli(cli, *args: str):
+    """`llmplan estimate` of llama-3.1-8b on one node at tp1 pp1, in-process through the real entry point (the
+    conftest's cli: exit code, stdout, stderr)."""
+    return cli("estimate", "--model", "llama-3.1-8b", "--nodes", "1", "--tp", "1", "--pp", "1", *args)
 
 
-def test_cli_refuses_an_unknown_release_in_one_line():
-    r = _cli("--hardware", "dgx-h100", "--attention-release", "cudnn-8.9")
-    assert r.returncode == 2
-    assert "--attention-release cudnn-8.9 is not a release" in one_line(r.stderr)
+def test_cli_refuses_an_unknown_release_in_one_line(cli):
+    r = _cli(cli, "--hardware", "dgx-h100", "--attention-release", "cudnn-8.9")
+    assert r.code == 2
+    assert "--attention-release cudnn-8.9 is not a release" in one_line(r.err)
 
 
-def test_cli_refuses_a_release_the_gpu_has_no_rate_for():
-    r = _cli("--hardware", "dgx-a100", "--attention-release", "cudnn-9.19")
-    assert r.returncode == 2 and "no published attention rate" in r.stderr and "Traceback" not in r.stderr
+def test_cli_refuses_a_release_the_gpu_has_no_rate_for(cli):
+    r = _cli(cli, "--hardware", "dgx-a100", "--attention-release", "cudnn-9.19")
+    assert r.code == 2 and "no published attention rate" in r.err and "Traceback" not in r.err
 
 
-def test_cli_release_changes_the_estimate():
-    rates = [float(_cli("--hardware", "dgx-h100", "--seq-len", "8192", *extra, "--json").stdout.split(
+def test_cli_release_changes_the_estimate(cli):
+    rates = [float(_cli(cli, "--hardware", "dgx-h100", "--seq-len", "8192", *extra, "--json").out.split(
         '"tokens_per_s": ')[1].split(",")[0]) for extra in ((), ("--attention-release", "cudnn-9.1"),
                                                            ("--attention-release", "cudnn-9.19"))]
     assert rates[1] < rates[2]

@@ -24,8 +24,9 @@ from llmplan.errors import LlmplanError
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
 ENV.pop("LLMPLAN_DEBUG", None)
-SEARCH = ["search", "--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "256"]
-"""A search that runs a second or two after the half second of imports."""
+SEARCH = ["search", "--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "32"]
+"""A search that runs a few seconds after the imports (about 3 s of CPU on 2026-12-06; at 256 nodes it had grown
+to about 6 s, and the closed-stdout and head tests run it to its end three times)."""
 
 
 def llmplan(*args, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -593,7 +594,7 @@ def test_closed_stdout_is_a_normal_end(args):
 def test_head_one_of_a_search():
     r = subprocess.run(f"{sys.executable} -m llmplan {' '.join(SEARCH)} | head -1; exit ${{PIPESTATUS[0]}}",
                        shell=True, executable="/bin/bash", env=ENV, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and r.stderr == "" and r.stdout.startswith("deepseek-v3 on 256 x dgx-h100")
+    assert r.returncode == 0 and r.stderr == "" and r.stdout.startswith("deepseek-v3 on 32 x dgx-h100")
 
 
 def test_a_plan_file_given_as_a_model_or_hardware_points_to_plan(cli, tmp_path):

@@ -34,13 +34,42 @@ def test_every_command_is_listed():
     assert {" ".join(p) for p, _ in COMMANDS} >= {"estimate", "search", "export", "check", "bench", "report"}
 
 
-@pytest.mark.parametrize("path,cmd", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
-def test_help_fits_80_columns_with_every_option_whole(path, cmd):
+HELP_RUN = """
+import sys
+from llmplan.cli import main
+for i, path in enumerate(eval(sys.argv[1])):
+    try:
+        main([*path, "--help"])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    sys.stdout.flush()
+    print(f"\\n@@help {i} exit {code}@@", flush=True)
+"""
+"""Every command's --help in one fresh interpreter (the console entry point, llmplan.cli.main, as `python -m
+llmplan` calls it), each help followed by a line of its index and exit code: one
+start-up (about 0.5 s of CPU: a command imports its libraries when it runs) for all of them, not one a command.
+test_search_help_lists_its_options_in_sections checks that `python -m llmplan search --help` prints the same text."""
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, tuple[int, str]]:
+    """Each command's (exit code, --help text) at 80 columns, no colour, a dumb terminal."""
     env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1", "TERM": "dumb"}
-    run = subprocess.run([sys.executable, "-m", "llmplan", *path, "--help"], check=False, capture_output=True,
-                         text=True, env=env, timeout=120)
+    run = subprocess.run([sys.executable, "-c", HELP_RUN, repr([p for p, _ in COMMANDS])], check=False,
+                         capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
-    text = run.stdout
+    parts = re.split(r"\n@@help (\d+) exit (\S+)@@\n", run.stdout)
+    assert len(parts) == 3 * len(COMMANDS) + 1 and parts[-1] == "", run.stdout[-500:]
+    return {" ".join(COMMANDS[int(i)][0]): (0 if code == "None" else int(code), text)
+            for text, i, code in zip(parts[0::3], parts[1::3], parts[2::3])}
+
+
+@pytest.mark.parametrize("path,cmd", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
+def test_help_fits_80_columns_with_every_option_whole(helps, path, cmd):
+    code, text = helps[" ".join(path)]
+    assert code == 0, text[-500:]
+    assert f"Usage: llmplan {' '.join(path)} " in text  # this command's help, not another's
     wide = [line for line in text.splitlines() if len(line) > 80]
     assert not wide, f"{' '.join(path)} --help has lines over 80 columns: {wide[:3]}"
     assert "…" not in text
@@ -51,11 +80,13 @@ def test_help_fits_80_columns_with_every_option_whole(path, cmd):
     assert not missing, f"{' '.join(path)} --help does not show {missing} whole"
 
 
-def test_search_help_lists_its_options_in_sections():
-    """search's help lists its 75 options in sections; it was 386 lines of rich tables at 80 columns."""
-    env = {**os.environ, "COLUMNS": "80"}
+def test_search_help_lists_its_options_in_sections(helps):
+    """search's help lists its 75 options in sections; it was 386 lines of rich tables at 80 columns. The real
+    `python -m llmplan search --help` prints what the one-interpreter run of every help (helps) printed."""
+    env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1", "TERM": "dumb"}
     text = subprocess.run([sys.executable, "-m", "llmplan", "search", "--help"], check=False, capture_output=True,
                           text=True, env=env, timeout=120).stdout
+    assert text == helps["search"][1]
     for section in ("Cluster:", "Search space:", "Training switches:", "Serving (--mode infer):", "Output:"):
         assert section in text.splitlines(), section
 

@@ -82,3 +82,41 @@ def test_no_bridge_row_ran_the_ep_overlap_on_one_queue(published_runs, acc):
     plans = [out[2] for r in published_runs.values() if (out := acc.record_setup(r, acc.family(r["id"])))]
     overlapped = [p for p in plans if p.ep_comm_overlap]
     assert overlapped and all(p.cuda_max_connections != 1 for p in overlapped)
+
+
+def test_tp_overlap_on_hopper_takes_the_one_queue(cli, tmp_path):
+    # TE's userbuffer TP overlap before Blackwell wants CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-Bridge v0.1.0rc4
+    # training/comm_overlap.py); the EP overlap wants more (Megatron-LM: "1 or 32"). Unset beside it, the export
+    # writes 1 and the EP overlap is priced at one queue (the same step as --cuda-max-connections 1); a count above
+    # 1 given beside it is refused (llmplan prices the TP overlap the same at any count)
+    base = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "2", "--ep",
+            "8", "--sp", "--tp-comm-overlap", "--ep-comm-overlap", "--recompute", "selective", "--global-batch",
+            "256")
+    steps = {}
+    for name, extra in (("unset", ()), ("one", ("--cuda-max-connections", "1")),
+                        ("eight", ("--cuda-max-connections", "8"))):
+        path = tmp_path / f"{name}.json"
+        r = cli(*base, *extra, "--save", path, "--json")
+        assert r.code == 0, r.err
+        steps[name] = r.json()["time"]["step_s"]
+        out = cli("export", path, "--to", "megatron", "-o", tmp_path / name)
+        if name == "eight":
+            line = out.refusal()
+            assert "CUDA_DEVICE_MAX_CONNECTIONS 8 beside TP 2's userbuffer overlap on h100" in line
+            assert "--cuda-max-connections 1" in line and "--no-tp-comm-overlap" in line
+            continue
+        assert out.code == 0, out.err
+        text = "\n".join(f.read_text() for f in (tmp_path / name).glob("*.sh"))
+        assert re.findall(r"export CUDA_DEVICE_MAX_CONNECTIONS=(\d+)", text) == ["1"]
+    assert steps["unset"] == pytest.approx(steps["one"], rel=1e-12) and steps["eight"] < steps["one"]
+    # without the TP overlap the unset count is more than one queue: 32 written, the overlap priced in full
+    path = tmp_path / "no_ub.json"
+    r = cli(*[a for a in base if a != "--tp-comm-overlap"], "--no-tp-comm-overlap", "--save", path, "--json")
+    assert r.code == 0, r.err
+    assert cli("export", path, "--to", "megatron", "-o", tmp_path / "no_ub").code == 0
+    text = "\n".join(f.read_text() for f in (tmp_path / "no_ub").glob("*.sh"))
+    assert re.findall(r"export CUDA_DEVICE_MAX_CONNECTIONS=(\d+)", text) == ["32"]
+    # Blackwell: the TP overlap takes no queue rule; unset is priced as more than one queue
+    b200 = [("dgx-b200" if a == "dgx-h100" else a) for a in base]
+    unset, one = (cli(*b200, *extra, "--json").json()["time"]["step_s"] for extra in ((), ("--cuda-max-connections", "1")))
+    assert unset < one

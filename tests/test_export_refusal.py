@@ -20,12 +20,12 @@ from llmplan.specs.plan import ParallelPlan
 TRAIN_FILES = {  # estimate --save of each: a dense, an MoE, a hybrid (Mamba) and an MLA MoE model
     "dense": ["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "2", "--pp", "2"],
     "moe": ["--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "2", "--ep", "8"],
-    "hybrid": ["--model", "nemotron-3-super", "--hardware", "gb200-nvl72", "--nodes", "8"],
+    "hybrid": ["--model", "nemotron-3-super", "--hardware", "gb200-nvl72", "--nodes", "8", "--precision", "nvfp4"],
     "mla": ["--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "32", "--pp", "8", "--pp-first-layers", "7", "--pp-last-layers", "6", "--ep", "32"],
 }
 SKIP = {"tp", "pp", "dp", "cp", "ep", "global_batch", "seq_len", "pp_layers", "pp_layout", "tp_overlap_sms",
-        "tp_overlap_margin_sms", "recompute_modules", "bf16_modules"}
-"""Fields the draw leaves as saved (the layout; tuples) or sets below (degrees)."""
+        "tp_overlap_margin_sms"}
+"""Fields the draw leaves as saved (the layout; tuples of numbers) or sets below (degrees)."""
 
 
 def full_render(pf, target: str) -> str | None:
@@ -38,10 +38,17 @@ def full_render(pf, target: str) -> str | None:
 
 
 def choices(name: str, annotation) -> list:
-    """The values the draw tries for one plan field: each literal, both booleans, a few small integers."""
+    """The values the draw tries for one plan field: each literal, both booleans, a few small integers; an optional
+    integer unset, 1 or 8; a tuple of literals empty or holding its first or its last literal."""
     args = typing.get_args(annotation)
     if annotation is bool:
         return [False, True]
+    if typing.get_origin(annotation) is tuple and len(args) == 2 and args[1] is Ellipsis \
+            and typing.get_origin(args[0]) is typing.Literal:
+        literals = typing.get_args(args[0])
+        return [(), *dict.fromkeys([(literals[0],), (literals[-1],)])]
+    if typing.get_origin(annotation) is typing.Union and args == (int, type(None)):
+        return [None, 1, 8]
     if typing.get_origin(annotation) is typing.Literal:
         return list(args)
     if typing.get_origin(annotation) is typing.Union and args and typing.get_origin(args[0]) is typing.Literal:
@@ -110,6 +117,14 @@ def test_refusal_agrees_with_the_render_on_random_training_plans(saved, name):
             assert refusal(one, target) == want, (target, p)
             seen.add(want is None)
     assert seen == {True, False}
+    # the draw reaches the rules on optional integers and tuples: Megatron-LM's queue assert on the H100 files,
+    # Megatron-Bridge's module recipes on the NVFP4 hybrid
+    from llmplan.export.megatron import connections_refusal
+
+    if name == "hybrid":
+        assert any(p.mxfp8_modules for p in plans) and any(p.bf16_modules for p in plans)
+    else:
+        assert any(connections_refusal(dataclasses.replace(pf, plan=p))[1] for p in plans)
 
 
 def test_refusal_agrees_with_the_render_on_serving_plans(saved):
@@ -182,3 +197,38 @@ def test_every_plan_mask_agrees_with_refusal(saved):
         assert every_plan_mask(bf16, target).all() and not every_plan_mask(a, target).any()
         p = bf16.plan(rows[0])
         assert "bf16 gradient reduction" in str(refusal(dataclasses.replace(pf, plan=p), target))
+
+
+def test_megatron_refuses_the_param_gather_overlap_without_the_reduce_overlap(saved):
+    """Megatron-LM's validate_args asserts --overlap-grad-reduce beside --overlap-param-gather (arguments.py at
+    core_v0.14.0), so the export used to drop the gather flag (and the optimizer-step one) while the plan priced the
+    gather overlapped: now a one-line refusal with the rule and both fixes, an EVERY_PLAN rule of megatron."""
+    pf = saved["dense"]
+    off = pf.plan.model_copy(update={"zero": 1, "overlap_grad_reduce": False, "overlap_param_gather": True})
+    assert not check_plan(pf.model, off, pf.cluster)
+    one = dataclasses.replace(pf, plan=off)
+    why = refusal(one, "megatron")
+    assert why is not None and "\n" not in why
+    assert "--overlap-grad-reduce" in why and "--no-overlap-param-gather" in why
+    assert why == full_render(one, "megatron") and "param_gather" in EVERY_PLAN["megatron"]
+    # either fix exports, and the script then says what was priced
+    for fix in ({"overlap_grad_reduce": True}, {"overlap_param_gather": False}):
+        fixed = dataclasses.replace(pf, plan=off.model_copy(update=fix))
+        assert refusal(fixed, "megatron") is None
+        text = "\n".join(render_all(fixed, "megatron")[0].values())
+        assert ("--overlap-param-gather" in text) == fix.get("overlap_grad_reduce", False)
+
+
+@pytest.mark.parametrize("field, value, words", [("mxfp8_modules", ("mamba_out_proj",), "modules run in MXFP8 under NVFP4"),
+                                                 ("bf16_modules", ("attention",), "modules kept in bf16")])
+def test_bridge_module_recipes_are_every_plan_rules(saved, field, value, words):
+    """Megatron-Bridge refuses a plan with modules in their own format whatever else it sets (a RecipeConfig no
+    override holds): EVERY_PLAN rules, so `search --target megatron-bridge` passes over such plans."""
+    from llmplan.export import every_plan_mask, every_plan_reason
+    from llmplan.search.grid import from_plan
+
+    base = saved["hybrid"].plan.model_copy(update={"fp8_params": True})  # weights in fp4, as the NVFP4 preset
+    assert every_plan_reason(base, "megatron-bridge") is None
+    p = base.model_copy(update={field: value})
+    assert bool(every_plan_mask(from_plan(p), "megatron-bridge")[0])
+    assert words in str(every_plan_reason(p, "megatron-bridge"))

@@ -64,3 +64,33 @@ def test_the_reader_keeps_the_config_activation(cfg, act):
         base.update(hybrid_override_pattern="M-*-", mamba_num_heads=8, mamba_head_dim=32, ssm_state_size=16,
                     n_groups=1, conv_kernel=4, num_hidden_layers=4, head_dim=64)
     assert from_hf_config({**base, **cfg}, "x").get("hidden_act") == act
+
+
+def _nemotron_h(**extra):
+    return {"model_type": "nemotron_h", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+            "vocab_size": 1000, "max_position_embeddings": 2048, "hybrid_override_pattern": "M-*-",
+            "mamba_num_heads": 8, "mamba_head_dim": 32, "ssm_state_size": 16, "n_groups": 1, "conv_kernel": 4,
+            "num_hidden_layers": 4, "head_dim": 64, **extra}
+
+
+def test_nemotron_h_activation_only_where_the_config_names_it():
+    # a config without mlp_hidden_act: the reader names none (the spec implies relu2, ModelSpec.mlp_activation),
+    # not a hidden_act the file does not hold; a stray hidden_act is not Nemotron-H's MLP key
+    assert "hidden_act" not in from_hf_config(_nemotron_h(), "x")
+    assert "hidden_act" not in from_hf_config(_nemotron_h(hidden_act="silu"), "x")
+    assert from_hf_config(_nemotron_h(mlp_hidden_act="relu2"), "x")["hidden_act"] == "relu2"
+
+
+@pytest.mark.parametrize("mt", ["gemma2", "gemma3_text"])
+def test_gemma_reads_hidden_activation_before_hidden_act(mt):
+    # Gemma configs may carry both keys (google/gemma-7b's: hidden_act "gelu", hidden_activation
+    # "gelu_pytorch_tanh"); transformers' Gemma MLPs build their activation from hidden_activation. Values differ
+    # here so the test tells which key was read
+    base = {"model_type": mt, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 1000,
+            "max_position_embeddings": 2048}
+    both = {**base, "hidden_act": "gelu", "hidden_activation": "gelu_pytorch_tanh"}
+    assert from_hf_config(both, "x")["hidden_act"] == "gelu_pytorch_tanh"
+    assert from_hf_config({**base, "hidden_act": "gelu"}, "x")["hidden_act"] == "gelu"
+    # other models keep hidden_act first
+    assert from_hf_config({**both, "model_type": "llama"}, "x")["hidden_act"] == "gelu"

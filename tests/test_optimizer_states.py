@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -115,22 +113,23 @@ def test_launchers_that_cannot_hold_the_state_dtypes_refuse_with_the_reason(targ
         render_all(_pf({**plan, **update}), target)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmplan", *args], capture_output=True, text=True, timeout=300)
+def _cli(cli, *args: str):
+    """`llmplan ARGS` in-process through the real entry point (the conftest's cli: exit code, stdout, stderr)."""
+    return cli(*args)
 
 
-def test_cli_estimate_prices_the_moment_dtype_and_rejects_an_unknown_one():
+def test_cli_estimate_prices_the_moment_dtype_and_rejects_an_unknown_one(cli):
     base = ["estimate", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "1", "--json"]
-    fp32 = json.loads(_cli(*base).stdout)["memory"]["optimizer"]
-    r = _cli(*base, "--optimizer-moment-dtype", "bf16")
-    assert r.returncode == 0
-    assert json.loads(r.stdout)["memory"]["optimizer"] == pytest.approx(fp32 * 8 / 12, rel=1e-9)
-    bad = _cli("estimate", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--optimizer-moment-dtype", "fp4")
-    assert bad.returncode == 2 and "--optimizer-moment-dtype fp4 is not an optimizer moment dtype" in bad.stderr
-    assert "Traceback" not in bad.stderr
+    fp32 = json.loads(_cli(cli, *base).out)["memory"]["optimizer"]
+    r = _cli(cli, *base, "--optimizer-moment-dtype", "bf16")
+    assert r.code == 0
+    assert json.loads(r.out)["memory"]["optimizer"] == pytest.approx(fp32 * 8 / 12, rel=1e-9)
+    bad = _cli(cli, "estimate", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--optimizer-moment-dtype", "fp4")
+    assert bad.code == 2 and "--optimizer-moment-dtype fp4 is not an optimizer moment dtype" in bad.err
+    assert "Traceback" not in bad.err
 
 
-def test_cli_refuses_low_precision_states_with_fp32_training_in_one_line():
-    r = _cli("estimate", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--dtype", "fp32",
+def test_cli_refuses_low_precision_states_with_fp32_training_in_one_line(cli):
+    r = _cli(cli, "estimate", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--dtype", "fp32",
              "--optimizer-moment-dtype", "bf16")
-    assert r.returncode == 2 and "optimizer_moment_dtype bf16 with dtype fp32" in one_line(r.stderr)
+    assert r.code == 2 and "optimizer_moment_dtype bf16 with dtype fp32" in one_line(r.err)

@@ -98,3 +98,25 @@ def test_rows_whose_script_sets_it(rid, row_plan):
 @pytest.mark.parametrize("rid", OFF)
 def test_rows_whose_script_does_not(rid, row_plan):
     assert row_plan(rid).overlap_param_gather_with_optimizer_step is False
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b"])
+def test_vectorised_search_agrees_with_the_scalar_estimate_under_the_flag(name):
+    """With the flag on (a workload field: one value for the search's plans), the plan arrays price what
+    estimate_training prices for each plan alone: the interleaved ZeRO-1 plans the flag acts on (first chunk one
+    bucket, its gather beside the step), the plans check_plan keeps, and, unchecked, plans it does not act on
+    (vpp 1, zero 0) in the same arrays (the elementwise selection, not only the all-on or all-off arrays)."""
+    from agreement import assert_arrays_agree, valid_sample
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.quantities import param_gather_optstep
+    from llmplan.specs.registry import builtin_models, builtin_systems
+
+    m, cluster = builtin_models()[name], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=2)
+    w = Workload(global_batch=64, seq_len=4096, overlap_param_gather_with_optimizer_step=True)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    acting = valid_sample(m, cluster, plans, seed=0, scan=4000, n=6, keep=lambda p: bool(param_gather_optstep(p)))
+    assert len(acting) == 6
+    idle = [i for i in range(len(plans)) if plans.plan(i).vpp == 1 and plans.plan(i).zero == 0][:3]
+    assert len(idle) == 3
+    assert_arrays_agree(m, cluster, plans, acting + idle)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -136,22 +134,23 @@ def test_launchers_without_it_refuse(target, update, needle):
         render_all(_pf(param_remainders=True, **update), target)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmplan", *args], capture_output=True, text=True, timeout=300)
+def _cli(cli, *args: str):
+    """`llmplan ARGS` in-process through the real entry point (the conftest's cli: exit code, stdout, stderr)."""
+    return cli(*args)
 
 
-def test_cli_json_and_table_show_the_master_as_remainders():
+def test_cli_json_and_table_show_the_master_as_remainders(cli):
     base = ["estimate", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "1"]
-    off = json.loads(_cli(*base, "--json").stdout)
-    r = _cli(*base, "--json", "--param-remainders")
-    assert r.returncode == 0
-    on = json.loads(r.stdout)
+    off = json.loads(_cli(cli, *base, "--json").out)
+    r = _cli(cli, *base, "--json", "--param-remainders")
+    assert r.code == 0
+    on = json.loads(r.out)
     assert on["plan"]["param_remainders"] is True and off["plan"]["param_remainders"] is False
     parts = on["memory"]["optimizer_parts"]
     assert parts["master"] + parts["moments"] == pytest.approx(on["memory"]["optimizer"], rel=1e-12)
     assert parts["master"] == pytest.approx(off["memory"]["optimizer_parts"]["master"] * INT16 / FP32, rel=1e-9)
     assert parts["moments"] == pytest.approx(off["memory"]["optimizer_parts"]["moments"], rel=1e-9)
-    table = _cli(*base, "--param-remainders").stdout
+    table = _cli(cli, *base, "--param-remainders").out
     assert "master as remainders" in table and "mem.param_remainders" in table
     assert max(len(line) for line in table.splitlines()) <= 80
 
@@ -160,9 +159,9 @@ def test_cli_json_and_table_show_the_master_as_remainders():
     (["--dtype", "fp16"], "param_remainders needs bf16 weights (dtype is fp16)"),
     (["--zero", "0"], "param_remainders with zero 0"),
 ])
-def test_cli_refuses_in_one_line(extra, needle):
-    r = _cli("estimate", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--param-remainders", *extra)
-    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+def test_cli_refuses_in_one_line(cli, extra, needle):
+    r = _cli(cli, "estimate", "-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--param-remainders", *extra)
+    assert r.code == 2 and needle in r.err and "Traceback" not in r.err
 
 
 def test_validation_rows_that_ran_it(published_runs):

@@ -4,8 +4,6 @@ buffers, priced per plan and shown as parts of `other`."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -87,12 +85,11 @@ def test_runtime_is_inside_other_and_a_stated_allowance_replaces_it() -> None:
     assert np.isclose(float(stated.other - priced.other), 1.5 * GIB - float(priced.runtime.total))
 
 
-def test_cli_json_shows_runtime_parts() -> None:
-    out = subprocess.run([sys.executable, "-m", "llmplan", "estimate", "--model", "llama-3.1-70b", "--hardware",
-                          "dgx-h100", "--nodes", "4", "--tp", "8", "--pp", "2", "--dp", "2", "--json"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode in (0, 1), out.stderr
-    mem = json.loads(out.stdout)["memory"]
+def test_cli_json_shows_runtime_parts(cli) -> None:
+    out = cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "4", "--tp", "8", "--pp",
+              "2", "--dp", "2", "--json")  # in-process through the real entry point (the conftest's cli)
+    assert out.code in (0, 1), out.err
+    mem = json.loads(out.out)["memory"]
     parts = mem["runtime_parts"]
     assert parts["nccl_communicators"] == 5
     assert parts["context"] + parts["cublas"] + parts["nccl"] < mem["other"]
@@ -117,7 +114,7 @@ def test_userbuffers_are_transformer_engine_s_twelve_buffers() -> None:
     assert float(userbuffer_bytes(h, p.model_copy(update={"tp_impl": "dtensor"}))) == 0.0  # torchtitan: none
 
 
-def test_userbuffers_sit_in_other_and_the_json() -> None:
+def test_userbuffers_sit_in_other_and_the_json(cli) -> None:
     m = builtin_models()["llama-3.1-70b"]
     on = _plan(tp=4, pp=2, pp_first=0, pp_last=0, dp=8, sp=True, tp_comm_overlap=True)
     a = training_memory(m, on, 80 * GIB, MemoryAllowance(), nccl_channels=16)
@@ -126,10 +123,10 @@ def test_userbuffers_sit_in_other_and_the_json() -> None:
     assert a.runtime is not None and float(a.runtime.userbuffers) == 768 * MIB
     # and Transformer Engine's workspace, which initialize_ub triples: 3 x 4 MiB on a GPU of unknown capability
     assert float(a.total - b.total) == pytest.approx(768 * MIB + 3 * 4 * MIB)
-    out = subprocess.run([sys.executable, "-m", "llmplan", "estimate", "--model", "llama-3.1-70b", "--hardware",
-                          "dgx-h100", "--nodes", "8", "--tp", "4", "--pp", "2", "--tp-comm-overlap", "--json"],
-                         capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout)["memory"]["runtime_parts"]["userbuffers"] == 768 * MIB
+    out = cli("estimate", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8", "--tp", "4", "--pp",
+              "2", "--tp-comm-overlap", "--json")
+    assert out.code == 0, out.err
+    assert json.loads(out.out)["memory"]["runtime_parts"]["userbuffers"] == 768 * MIB
 
 
 def test_cublas_workspace_by_compute_capability() -> None:

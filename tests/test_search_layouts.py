@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+from conftest import one_train_search
 from llmplan.search.layouts import DEGREES, layout_degrees
 from llmplan.search.ties import TIE_POOL
 from llmplan.specs.check import balanced_split
@@ -37,12 +38,13 @@ def test_degrees_the_even_split_cannot_take():
 
 
 def test_pinned_vpp4_searches_the_bridge_layout(cli):
-    r = cli("search", *DSV3, "--no-cp", "--vpp", "4", "--json")
+    args = ("search", *DSV3, "--no-cp", "--vpp", "4")
+    with one_train_search():  # the text below renders this search's result: one search, not two
+        r, text = cli(*args, "--json"), cli(*args)
     assert r.code == 0, r.err
     plans = _plans(r.json())
     assert plans and all(p["vpp"] == 4 and p["pp"] == 8 for p in plans)
     assert tuple(plans[0]["pp_layout"]) == parse_layout(DSV3_PP8_VPP4)
-    text = cli("search", *DSV3, "--no-cp", "--vpp", "4")
     assert text.code == 0, text.err
     assert "vpp4 layout" in text.out and '--pp-layout "Et|(tt|)*30,mL"' in text.out
     assert max(len(line) for line in text.out.splitlines()) <= 80

@@ -178,7 +178,7 @@ def test_phase_view_fits_80_columns(cli):
 
 @pytest.mark.parametrize("extra,needle", [
     (("--tp", "2"), "runs attention whole on every GPU"),
-    (("--ep", "36"), "ep (36) must equal"),
+    (("--ep", "48"), "ep (48) must equal"),  # serve-dpa: ep 36 runs 2 servers of 36 GPUs
     (("--phase", "both", "--redundant-experts", "5"), "must divide the 256 experts"),
 ])
 def test_bad_deployments_exit_2_with_the_rule(cli, extra, needle):

@@ -110,7 +110,7 @@ QWEN = ("--mode", "infer", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100",
 
 @pytest.mark.parametrize("model,pins,rule", [
     ("qwen3-30b-a3b", ("--ep", "1"), "ep (1) must equal the 8 GPUs"),  # dp_attention_ep
-    ("qwen3-30b-a3b", ("--ep", "4"), "ep (4) must equal the 8 GPUs"),
+    ("qwen3-30b-a3b", ("--ep", "3"), "ep (3) must equal the 8 GPUs"),  # serve-dpa: --ep 4 runs 2 servers
     ("qwen3-30b-a3b", ("--tp", "2"), "runs attention whole on every GPU"),  # dp_attention_layout
     ("llama-3.1-8b", (), "llama-3.1-8b is dense: drop --dp-attention"),  # dp_attention_moe
 ])

@@ -14,7 +14,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from llmplan import report
-from llmplan.planfile import save_plan
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Parallelism planner for large language models.")
@@ -55,6 +54,7 @@ def print_each(items: list[Any]) -> None:
 
 
 def save_best(path: Path, doc: dict, force: bool, json_mode: bool, what: str = "the best plan") -> None:
+    from llmplan.planfile import save_plan
     save_plan(path, doc, force=force)
     if not json_mode:
         out.print(f"saved {what} to {path}")

@@ -8,19 +8,10 @@ from typing import Optional
 import typer
 
 from llmplan import report
-from llmplan.bench.run import COMPONENTS as BENCH_COMPONENTS
-from llmplan.bench.compare import compare
-from llmplan.bench.run import BenchConfig, bench_notes, check_machine, check_run_options, launch, require_torch
-from llmplan.calibrate import calibrated_system, write_profile
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, bench_progress, emit, out, stderr_line
-from llmplan.cli.inputs import make_cluster
 from llmplan.errors import LlmplanError, PlanViolationError
-from llmplan.specs.check import check_plan
-from llmplan.fileio import check_target, write_atomic
-from llmplan.planfile import load_plan, refuse_mixed_pools
 from llmplan.specs.plan import ParallelPlan
-from llmplan.specs.registry import build, read_document, resolve_model, resolve_system
 from llmplan.units import parse_size
 
 
@@ -45,6 +36,13 @@ def bench(
     json_mode: bool = opt.JSON,
 ) -> None:
     """Run GEMM, collective, reference-layer and attention micro-benchmarks and compare them with the predictions."""
+    from llmplan.bench.compare import compare
+    from llmplan.bench.run import COMPONENTS as BENCH_COMPONENTS, BenchConfig, bench_notes, check_machine, check_run_options, launch, require_torch
+    from llmplan.cli.inputs import make_cluster
+    from llmplan.fileio import check_target, write_atomic
+    from llmplan.planfile import load_plan, refuse_mixed_pools
+    from llmplan.specs.check import check_plan
+    from llmplan.specs.registry import build, resolve_model
     require_torch()
     if save is not None:
         check_target(save, force)  # refuse before a run of minutes
@@ -117,6 +115,9 @@ def calibrate(
     collective efficiencies, attention head-dim curve), or anchored to one measured run of a plan you run
     (--plan --step-time [--memory-gib]: the sustained clock, collective efficiencies and memory reserve that
     reproduce it)."""
+    from llmplan.calibrate import calibrated_system, write_profile
+    from llmplan.fileio import check_target
+    from llmplan.specs.registry import read_document, resolve_system
     if plan_file is not None:
         if results is not None:
             raise LlmplanError("give bench results or --plan with --step-time, not both")
@@ -139,6 +140,9 @@ def calibrate(
 def calibrate_anchor(plan_file: Path, step_time: float | None, memory_gib: float | None, hardware: str | None,
                      output: Path, force: bool, json_mode: bool) -> None:
     """`calibrate --plan`: the profile that reproduces the measured run of the plan file."""
+    from llmplan.fileio import check_target, write_atomic
+    from llmplan.planfile import load_plan, refuse_mixed_pools
+    from llmplan.specs.registry import resolve_system
     from datetime import datetime, timezone
 
     from llmplan.calibrate import anchor_profile_text, anchored_system

@@ -11,15 +11,7 @@ import typer
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, print_each
-from llmplan.cli.inputs import make_cluster
 from llmplan.errors import LlmplanError, bounded_list
-from llmplan.fileio import exists, make_folder
-from llmplan.plancheck import discover, run_checks
-from llmplan.plandiff import check_base, diff_against
-from llmplan.planlock import NewPlans, Predictions, lock as lock_plans
-from llmplan.report.pools import hetero_json
-from llmplan.specs.registry import build
-from llmplan.specs.thresholds import CheckThresholds
 
 
 @app.command()
@@ -36,6 +28,11 @@ def check(
     json_mode: bool = typer.Option(False, "--json", help="Print one JSON document (schema 1): --format json."),
 ) -> None:
     """Validate specs and profiles and re-check saved plans against them (exit 1 when a check fails)."""
+    from llmplan.fileio import exists
+    from llmplan.plancheck import discover, run_checks
+    from llmplan.plandiff import check_base, diff_against
+    from llmplan.specs.registry import build
+    from llmplan.specs.thresholds import CheckThresholds
     if fmt not in ("text", "json", "github", "junit"):
         raise LlmplanError(f"--format {fmt}: use text, json, github or junit")
     if json_mode and fmt not in ("text", "json"):
@@ -84,6 +81,10 @@ def lock(
     json_mode: bool = opt.JSON,
 ) -> None:
     """Refresh every plan in --plans with current predictions; plan the given specs that have none."""
+    from llmplan.cli.inputs import make_cluster
+    from llmplan.fileio import make_folder
+    from llmplan.planlock import NewPlans, Predictions, lock as lock_plans
+    from llmplan.report.pools import hetero_json
     make_folder(plans)
     predictions = Predictions(training=report.estimate_json, serving=report.serve_json, pools=hetero_json)
     new_plans = None if hardware is None else NewPlans(hardware, nodes, lambda: make_cluster(hardware, nodes, None),

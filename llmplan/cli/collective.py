@@ -9,11 +9,9 @@ import typer
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out
-from llmplan.cli.inputs import make_cluster
 from llmplan.errors import LlmplanError
 from llmplan.specs.cluster import ClusterSpec
-from llmplan.specs.registry import resolve_system
-from llmplan.topology.collectives import OPS, group_collective_time
+from llmplan.topology.collectives import OPS
 from llmplan.units import parse_size
 
 
@@ -30,6 +28,9 @@ def collective(
     json_mode: bool = opt.JSON,
 ) -> None:
     """Predicted time, algorithm and bus bandwidth of one collective (compare with nccl-tests)."""
+    from llmplan.cli.inputs import make_cluster
+    from llmplan.specs.registry import resolve_system
+    from llmplan.topology.collectives import group_collective_time
     if op not in OPS:
         raise LlmplanError(f"--op {op} is not a collective llmplan models; use one of: {', '.join(OPS)}")
     if algorithm not in ("auto", "ring", "tree", "hierarchical"):

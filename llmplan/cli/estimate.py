@@ -10,30 +10,14 @@ import typer
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, save_best, stderr_line
-from llmplan.cost.serve_memory import default_batched_tokens
-from llmplan.cost.serve_step import GraphHost
-from llmplan.cli.inputs import (OPTION_FLAGS, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
-                                named_options, refuse_other_mode, reported, switches, with_hardware_options,
-                                written_flags)
-from llmplan.advice import advise_serving, advise_training
 from llmplan.errors import LlmplanError, PlanViolationError
-from llmplan.estimate import estimate_training
-from llmplan.fileio import check_target
-from llmplan.hetero import estimate_hetero
-from llmplan.planfile import load_plan, plan_document, saved_pools, serve_plan_document, save_refs
-from llmplan.report.pools import hetero_json, pinned_view
-from llmplan.serving import at_max_load, estimate_serving, largest_fitting
-from llmplan.specs.check import check_plan
-from llmplan.specs.check_switches import named_switch_violations
 from llmplan.specs.defaults import default_seq_len
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (SERVE_PLAN_OPTIONS, CheckpointOptions, ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions,
                                    PipelineSplitOptions, PlanOptions, ServingOptions, SwitchOptions)
 from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan, trained_model
-from llmplan.specs.registry import build, resolve_model
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import ServePlan
-from llmplan.topology.placement import parse_order
 from llmplan.units import GIB
 
 
@@ -61,6 +45,8 @@ def estimate(
 ) -> None:
     """Memory, communication and step time of one training plan, or (--mode infer) memory, KV capacity,
     TTFT, TPOT and throughput of one serving plan; --plan FILE: of a saved plan, as saved."""
+    from llmplan.cli.inputs import named_options, refuse_other_mode
+    from llmplan.fileio import check_target
     if plan_file is not None:
         return estimate_saved(plan_file, output, named_options(ctx), ctx)
     missing = [flag for flag, given in (("--model", cluster.model), ("--hardware", cluster.hardware)) if not given]
@@ -91,6 +77,13 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
                    max_load: bool, memory: MemoryOptions, output: OutputOptions, moe: dict[str, object]) -> None:
     """The serving path of `estimate`: p's tp, pp, dp and ep, the serving options and --batch / --max-load;
     `moe` the phase and MoE deployment fields (moe_plan_fields)."""
+    from llmplan.advice import advise_serving
+    from llmplan.cli.inputs import OPTION_FLAGS, cluster_of, make_allowance, make_job, with_hardware_options
+    from llmplan.cost.serve_memory import default_batched_tokens
+    from llmplan.cost.serve_step import GraphHost
+    from llmplan.planfile import save_refs, serve_plan_document
+    from llmplan.serving import at_max_load, estimate_serving, largest_fitting
+    from llmplan.specs.registry import build, resolve_model
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     plan = build(ServePlan, {"tp": p.tp, "pp": p.pp, "dp": p.dp or max(1, cluster.num_gpus // (p.tp * p.pp)),
@@ -123,6 +116,7 @@ def training_plan(m: ModelSpec, cluster: ClusterSpec, p: PlanOptions, s: SwitchO
                   split: PipelineSplitOptions) -> ParallelPlan:
     """The ParallelPlan estimate's options describe: p's degrees and batch (--tp -> PlanOptions.tp ->
     ParallelPlan.tp), s's switches, split's stage layout (a --pp-layout may set vpp)."""
+    from llmplan.cli.inputs import OPTION_FLAGS, pipeline_split, reported, switches
     dp = p.dp if p.dp is not None else max(1, cluster.num_gpus // (p.tp * p.pp * p.cp))
     stages = pipeline_split(trained_model(m, s), p.pp, split.pp_first, split.pp_last, p.pp_layers,
                             split.embedding_in_split, split.loss_in_split, p.pp_layout, p.vpp)
@@ -142,6 +136,14 @@ def estimate_train(c: ClusterOptions, p: PlanOptions, s: SwitchOptions, split: P
                    named: frozenset[str] = frozenset()) -> None:
     """The training path of `estimate` (`named`: the options the command line set, for the switches named at
     their defaults that the plan cannot use: check_switches.named_switch_violations)."""
+    from llmplan.advice import advise_training
+    from llmplan.cli.inputs import cluster_of, make_allowance, make_checkpoint, with_hardware_options
+    from llmplan.estimate import estimate_training
+    from llmplan.planfile import plan_document, save_refs
+    from llmplan.specs.check import check_plan
+    from llmplan.specs.check_switches import named_switch_violations
+    from llmplan.specs.registry import resolve_model
+    from llmplan.topology.placement import parse_order
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     order = parse_order(s.axis_order)
@@ -162,6 +164,14 @@ def estimate_train(c: ClusterOptions, p: PlanOptions, s: SwitchOptions, split: P
 def estimate_saved(path: Path, output: OutputOptions, named: frozenset[str], ctx: typer.Context) -> None:
     """`estimate --plan FILE`: the saved plan priced as saved (the specs it snapshots, as export reads them),
     a plan over pools on its pinned assignment (planfile.saved_pools); no other flag, which would change it."""
+    from llmplan.advice import advise_training
+    from llmplan.cli.inputs import written_flags
+    from llmplan.estimate import estimate_training
+    from llmplan.hetero import estimate_hetero
+    from llmplan.planfile import load_plan, saved_pools
+    from llmplan.report.pools import hetero_json, pinned_view
+    from llmplan.serving import estimate_serving, largest_fitting
+    from llmplan.specs.registry import build
     other = written_flags(ctx, named - {"plan_file", "json_mode"})
     if other:
         raise LlmplanError(f"--plan {path} prices the saved plan as saved, and {', '.join(other)} would change it; "

@@ -5,13 +5,12 @@ from __future__ import annotations
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, print_each
-from llmplan.estimate import model_summaries
-from llmplan.specs.registry import builtin_gpus, builtin_systems
 
 
 @app.command()
 def models(json_mode: bool = opt.JSON) -> None:
     """List the built-in models."""
+    from llmplan.estimate import model_summaries
     rows = model_summaries()
     emit(report.models_json(rows), json_mode, lambda: out.print(report.models_table(rows, with_type=out.width >= 100)))
 
@@ -19,6 +18,7 @@ def models(json_mode: bool = opt.JSON) -> None:
 @app.command()
 def hardware(json_mode: bool = opt.JSON) -> None:
     """List the built-in GPUs and systems."""
+    from llmplan.specs.registry import builtin_gpus, builtin_systems
     gpus = sorted(builtin_gpus().values(), key=lambda g: g.name)
     systems = sorted(builtin_systems().values(), key=lambda s: s.name)
     emit(report.hardware_json(gpus, systems), json_mode,

@@ -13,8 +13,7 @@ import typer
 from pydantic import BaseModel
 from typer.core import TyperCommand
 
-from llmplan.cost.serve_memory import SERVE_RUNTIME_GIB
-from llmplan.specs.defaults import DEFAULT_SEQ_LEN
+from llmplan.specs.defaults import DEFAULT_SEQ_LEN, SERVE_RUNTIME_GIB
 from llmplan.specs.options import ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions, ServingOptions
 from llmplan.specs.plan import MemoryAllowance, ParallelPlan
 from llmplan.specs.resilience import CheckpointPolicy

@@ -8,12 +8,6 @@ import typer
 
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out
-from llmplan.estimate import estimate_training, goodput_scaling, stage_views
-from llmplan.fileio import check_target, write_atomic
-from llmplan.planfile import load_plan, refuse_mixed_pools
-from llmplan.report.html import serving_report, training_report
-from llmplan.serving import estimate_serving, load_curve
-from llmplan.specs.registry import build
 from llmplan.specs.resilience import CheckpointPolicy
 
 
@@ -27,6 +21,12 @@ def report(
     """One HTML page with the plan's pictures: memory per stage, pipeline schedule, step time by part,
     communication per axis, goodput against GPU count, and for a saved search its throughput vs headroom
     front; for a serving plan, memory, latency and throughput per GPU against concurrency and TPOT."""
+    from llmplan.estimate import estimate_training, goodput_scaling, stage_views
+    from llmplan.fileio import check_target, write_atomic
+    from llmplan.planfile import load_plan, refuse_mixed_pools
+    from llmplan.report.html import serving_report, training_report
+    from llmplan.serving import estimate_serving, load_curve
+    from llmplan.specs.registry import build
     pf = load_plan(plan_file)
     refuse_mixed_pools(pf, "report")
     check_target(output, force)  # refuse before drawing (drawing takes a second or two)

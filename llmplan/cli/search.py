@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Annotated, Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, NamedTuple, Optional
 
 import typer
 from rich.console import Console
@@ -12,30 +12,7 @@ from rich.console import Console
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best, stderr_line
-from llmplan.cli.pools import search_pools_cli, single_pool_options
-from llmplan.cli.pools_serve import search_pools_serving
-from llmplan.cli.target import (WALK, check_target_mode, keep_training, refuse_every_setting, refuse_unexportable,
-                                 serving_walk, training_sides, walk)
-from llmplan.cli.systems import refuse_serving_comparison, search_systems, wants_comparison
-from llmplan.cost.serve_step import GraphHost
-from llmplan.cli.inputs import (OPTION_FLAGS, checked_pins, cluster_of, make_allowance, make_checkpoint, make_job, pipeline_split,
-                                named_options, refuse_other_mode, switches, with_hardware_options)
-from llmplan.advice import advise_training
 from llmplan.errors import EXIT_NO_FIT, LlmplanError
-from llmplan.estimate import TrainingEstimate
-from llmplan.export import FLEX_DISPATCH_TARGETS
-from llmplan.fileio import check_target, excerpt
-from llmplan.planfile import plan_document, serve_plan_document, save_refs
-from llmplan.search.grid import RECOMPUTE, Workload, default_space, enumerate_plans
-from llmplan.search.run import (OBJECTIVES, DomainChoice, SearchResult, SwitchChoice, best_score, complete_sides,
-                                first_setting, win_floor, nodes_using, runs_on, any_passes,
-                                power_of_two_domain, straddling_space, switch_variants,
-                                cp_comm_variants, dispatcher_variants, ep_overlap_variants)
-from llmplan.search.filtered import Walk
-from llmplan.search.variants import cp_comm_settings, cp_later_worth
-from llmplan.search.run import search as run_search
-from llmplan.search.disagg import search_disaggregated
-from llmplan.search.serve import SERVE_OBJECTIVES, check_search_moe, refuse_disagg_pins, search_serving
 from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens, min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (SERVE_PLAN_FLAGS, SERVE_PLAN_OPTIONS, CheckpointOptions, ClusterOptions, MemoryOptions,
@@ -43,11 +20,27 @@ from llmplan.specs.options import (SERVE_PLAN_FLAGS, SERVE_PLAN_OPTIONS, Checkpo
                                    ServingOptions, SwitchOptions)
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
 from llmplan.specs.resilience import CheckpointPolicy
-from llmplan.specs.registry import build, is_pool_file, resolve_model
 from llmplan.specs.serve import ServePlan
-from llmplan.specs.thresholds import CheckThresholds
-from llmplan.topology.placement import parse_order
 from llmplan.units import parse_count
+
+if TYPE_CHECKING:
+    from llmplan.estimate import TrainingEstimate
+    from llmplan.search.filtered import Walk
+    from llmplan.search.grid import Workload
+    from llmplan.search.run import SearchResult
+
+
+WALK = 40
+"""Ranked layouts a targeted serving search asks for and walks (its --top when larger): how deep it looks for
+plans the target accepts (cli.target.serving_walk). A serving layout has no variants to walk (search.serve prices
+one plan per tp, pp, ep and replica count), so the walk is the ranking's; where it ends here with fewer than --top
+kept and more layouts fitting, the output says so."""
+
+
+def run_search(*args: Any, **kwargs: Any) -> SearchResult:
+    """search.run.search, imported on the first search (not when the command is registered)."""
+    from llmplan.search.run import search as run
+    return run(*args, **kwargs)
 
 
 @app.command(cls=opt.SectionedCommand)
@@ -79,6 +72,13 @@ def search(
 ) -> None:
     """Rank every way to run a training job (or, --mode infer, to serve a model) on a cluster; exit 3 when
     none fits."""
+    from llmplan.cli.inputs import named_options, refuse_other_mode
+    from llmplan.cli.pools import single_pool_options
+    from llmplan.cli.pools_serve import search_pools_serving
+    from llmplan.cli.systems import refuse_serving_comparison, wants_comparison
+    from llmplan.cli.target import check_target_mode
+    from llmplan.fileio import check_target
+    from llmplan.specs.registry import is_pool_file
     if mode not in ("train", "infer"):
         raise LlmplanError(f"--mode {mode}: use train or infer")
     refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top", "disaggregated", "target"})
@@ -113,6 +113,7 @@ def search(
 def refuse_typed_nodes(c: ClusterOptions, goal: SearchGoal) -> None:
     """--nodes typed beside what sizes the cluster already (--budget-gpus; a cluster file's pools), whatever its
     value: the checks after this one see --nodes only when it differs from its default, 1."""
+    from llmplan.specs.registry import is_pool_file
     if goal.budget_gpus is not None:
         raise LlmplanError(f"--budget-gpus {goal.budget_gpus} and --nodes {c.nodes} each size the cluster; give one")
     if is_pool_file(c.hardware):
@@ -133,6 +134,12 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
                  moe: dict[str, object] | None = None, target: str | None = None) -> None:
     """The serving path of `search`: pins' tp, pp and ep, the serving options, --max-batch and --request-rate
     (`target`: keep only the plans that export writes for it, cli.target)."""
+    from llmplan.cli.inputs import checked_pins, cluster_of, make_allowance, make_job, with_hardware_options
+    from llmplan.cli.target import refuse_unexportable, serving_walk, walk
+    from llmplan.cost.serve_step import GraphHost
+    from llmplan.planfile import save_refs, serve_plan_document
+    from llmplan.search.serve import SERVE_OBJECTIVES, check_search_moe, search_serving
+    from llmplan.specs.registry import build, resolve_model
     if goal.objective not in SERVE_OBJECTIVES:
         raise LlmplanError(f"--objective {goal.objective} with --mode infer: use one of {', '.join(SERVE_OBJECTIVES)}")
     m = resolve_model(c.model)
@@ -178,6 +185,11 @@ def search_disagg(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: 
                   moe: dict[str, object] | None = None) -> None:
     """`search --mode infer --disaggregated`: prefill and decode pools split over the GPUs (search.disagg);
     each phase's layouts are searched, so --tp / --pp / --ep pins are refused (as over pools)."""
+    from llmplan.cli.inputs import cluster_of, make_allowance, make_job
+    from llmplan.cost.serve_step import GraphHost
+    from llmplan.search.disagg import search_disaggregated
+    from llmplan.search.serve import check_search_moe, refuse_disagg_pins
+    from llmplan.specs.registry import build, resolve_model
     refuse_disagg_pins(pins.tp, pins.pp, pins.ep)
     if output.save is not None:
         raise LlmplanError("--save with --disaggregated: a plan file holds one pool; save each pool with "
@@ -221,6 +233,12 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     """The search of the training path of `search` on one system: the switch settings and NVLink domain shares
     tried, the best kept (`named`: the options the command line set, search.run.refuse_unused_switches;
     `target`: each search keeps only the plans that export writes for it, cli.target)."""
+    from llmplan.search.grid import Workload
+    from llmplan.cli.inputs import cluster_of, make_allowance, make_checkpoint
+    from llmplan.planfile import plan_document, save_refs
+    from llmplan.specs.registry import build, resolve_model
+    from llmplan.specs.thresholds import CheckThresholds
+    from llmplan.topology.placement import parse_order
     refuse_bad_goal_pins(goal, pins)
     m = resolve_model(c.model)
     cluster = cluster_of(c)
@@ -247,6 +265,8 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
 
 def refuse_bad_goal_pins(goal: SearchGoal, pins: SearchPins) -> None:
     """--objective, --recompute and --zero outside their values: one line each (train_search)."""
+    from llmplan.search.grid import RECOMPUTE
+    from llmplan.search.run import OBJECTIVES
     if goal.objective not in OBJECTIVES:
         raise LlmplanError(f"--objective {goal.objective}: use one of {', '.join(OBJECTIVES)}")
     if pins.recompute is not None and pins.recompute not in RECOMPUTE:
@@ -255,9 +275,10 @@ def refuse_bad_goal_pins(goal: SearchGoal, pins: SearchPins) -> None:
         raise LlmplanError(f"--zero {pins.zero}: ZeRO stages are 0, 1, 2 and 3")
 
 
-Tried = tuple[dict, SearchResult, ClusterSpec, Workload, ClusterOptions]
-"""One setting train_search searched: (its switch values, the result, the cluster and share, the workload, the
-cluster options that made it)."""
+if TYPE_CHECKING:
+    Tried = tuple[dict, SearchResult, ClusterSpec, Workload, ClusterOptions]
+    """One setting train_search searched: (its switch values, the result, the cluster and share, the workload,
+    the cluster options that made it)."""
 
 
 @dataclasses.dataclass
@@ -293,6 +314,9 @@ class SettingSearch:
         `beat`: search.run.search's); with a target, its plans kept for it (None: an empty straddling space).
         Its side outputs are left pending, priced for the result shown (shown): no other setting's reach the
         output (the cross-setting rule and a target's walk read the ranked rows and the plans only)."""
+        from llmplan.cli.target import keep_training
+        from llmplan.search.grid import default_space
+        from llmplan.search.run import straddling_space
         pins, goal = self.pins, self.goal
         whole = default_space(self.m, cc, wv, self.pinned, pins.max_tp, pins.max_pp, pins.max_cp)
         space = straddling_space(whole, full) if full else whole
@@ -315,6 +339,8 @@ class SettingSearch:
         the workload as it runs there (search.run.runs_on), passes check_plan's rules (search.run.any_passes):
         torchao_fp8_params_gather reads the axes (zero >= 2 over more than one shard rank), and fp8_params_dtype
         cuts it whole where the GPU has no fp8 GEMM and the plan runs bf16."""
+        from llmplan.search.grid import default_space, enumerate_plans
+        from llmplan.search.run import any_passes, runs_on
         cc, pins = self.full_cluster, self.pins
         m = trained_model(self.m, wv.base)
         space = default_space(m, cc, wv, self.pinned, pins.max_tp, pins.max_pp, pins.max_cp)
@@ -335,6 +361,9 @@ class SettingSearch:
         """The memory switch settings (search.run.switch_variants) with the CP comm types that run the model, each
         on the full racks and, where they have a power-of-two share, on it (best_domain); returns the CP comm
         types tried later, at the winner (search.variants.cp_comm_settings)."""
+        from llmplan.search.grid import Workload
+        from llmplan.search.run import cp_comm_variants, power_of_two_domain, switch_variants
+        from llmplan.search.variants import cp_comm_settings
         m, s, c, full_cluster, pins = self.m, self.s, self.c, self.full_cluster, self.pins
         cp_free = self.pinned.get("cp", 2) != 1 and (pins.max_cp or 2) > 1
         cp_types, cp_later = cp_comm_settings(cp_comm_variants(m, base, s.cp_comm_type is not None, cp_free), m,
@@ -363,6 +392,9 @@ class SettingSearch:
         later CP comm type, then the EP all-to-all overlap under each of those (search.run.ep_overlap_variants).
         A setting none of whose plans comes within the resolution of the fastest so far cannot win (win_floor): its
         search stops before ranking; tokens/s objective only (win_floor compares tokens/s)."""
+        from llmplan.export import FLEX_DISPATCH_TARGETS
+        from llmplan.search.run import dispatcher_variants, first_setting, win_floor
+        from llmplan.search.variants import cp_later_worth
         v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]  # the first of equals wins
         flex = self.target in (None, *FLEX_DISPATCH_TARGETS)
         dispatchers = dispatcher_variants(self.m, self.full_cluster, w, bool({"moe_dispatcher", "moe_flex_backend"}
@@ -389,6 +421,7 @@ class SettingSearch:
         """The EP all-to-all overlap under each setting of `at_winner` (its gain depends on the dispatcher's
         all-to-all time), the most promising first, pruned as at_the_winner's; their plans are alike: one memory
         screen. `res`: the winning memory setting's result."""
+        from llmplan.search.run import best_score, ep_overlap_variants
         overlaps = ep_overlap_variants(self.m, w, "ep_comm_overlap" in self.named, self.pinned.get("ep") != 1,
                                        self.pinned) if flex else []
         if overlaps:
@@ -402,6 +435,8 @@ class SettingSearch:
                  chosen: ClusterOptions, beat: float | None) -> float | None:
         """Search setting `d` on top of the winning setting (v, w, its cluster and share): appended to `tried`
         unless a rule refuses it whatever the axes; returns the score a later setting must beat."""
+        from llmplan.search.grid import Workload
+        from llmplan.search.run import win_floor
         wd = Workload(**{**w.fields(), **d})
         try:
             rd = self.run(cluster, wd, full=self.full_of(cluster), beat=beat)
@@ -418,6 +453,8 @@ class SettingSearch:
     def without_tp_overlap(self) -> None:
         """step.ub_loses: an overlap the search turned on itself that prices slower than none on a plan it shows:
         the winning setting is searched again without it (plans it beats win; tokens/s prunes as above)."""
+        from llmplan.search.grid import Workload
+        from llmplan.search.run import first_setting, win_floor
         v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]
         if "tp_comm_overlap" in self.named or not w.tp_comm_overlap or not tp_overlap_loses(res):
             return
@@ -430,6 +467,8 @@ class SettingSearch:
 
     def shown(self, tokens: float) -> TrainSearch:
         """The best setting tried (the first of equals: plain wins ties), as `search` shows it."""
+        from llmplan.cli.target import refuse_every_setting, training_sides
+        from llmplan.search.run import SwitchChoice, best_score, complete_sides, first_setting
         if self.target is not None:  # none kept a plan: what refused them, over every setting tried
             refuse_every_setting(self.target, [(t[0], t[1]) for t in self.tried])
         v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]
@@ -447,6 +486,12 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                  split: PipelineSplitOptions, memory: MemoryOptions, checkpoints: CheckpointOptions,
                  output: OutputOptions, named: frozenset[str] = frozenset(), target: str | None = None) -> None:
     """The training path of `search`: one system (train_search) or, with several, which to rent (cli.systems)."""
+    from llmplan.advice import advise_training
+    from llmplan.cli.inputs import with_hardware_options
+    from llmplan.cli.pools import search_pools_cli, single_pool_options
+    from llmplan.cli.systems import search_systems, wants_comparison
+    from llmplan.planfile import plan_document, save_refs
+    from llmplan.specs.registry import is_pool_file
     if is_pool_file(c.hardware):  # a cluster file: one pool is that system's search, several are cli.pools'
         one = single_pool_options(c, goal)
         if one is None:
@@ -479,6 +524,8 @@ def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOp
     """Search again with `used` GPUs of each NVLink domain (DomainChoice) and keep the result whose #1 leads
     (search.run.first_setting); records the choice on the result and returns the cluster options that made the winner
     (with domain_gpus = used when the share wins, so that --save records it)."""
+    from llmplan.cli.inputs import cluster_of
+    from llmplan.search.run import nodes_using
     nodes = nodes_using(cluster, used)
     try:
         alt_cluster = cluster_of(c, nodes=nodes, domain_gpus=used)
@@ -494,6 +541,8 @@ def other_share(rd: SearchResult, cluster: ClusterSpec, full_cluster: ClusterSpe
                 run) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
     """A dispatcher's search on the NVLink-domain share that won (`cluster`, with `used` GPUs a domain), compared
     again with the other share at that dispatcher, so that the domain line states one dispatcher's numbers."""
+    from llmplan.cli.inputs import cluster_of
+    from llmplan.search.run import nodes_using, power_of_two_domain
     share = power_of_two_domain(full_cluster.system) or used
     alt_cluster = cluster_of(c, nodes=nodes_using(full_cluster, share), domain_gpus=share)
     try:
@@ -509,6 +558,7 @@ def other_share(rd: SearchResult, cluster: ClusterSpec, full_cluster: ClusterSpe
 def pick_domain(res: SearchResult, cluster: ClusterSpec, alt: SearchResult, alt_cluster: ClusterSpec, used: int,
                 c: ClusterOptions) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
     """The better of a full-domain result and one with `used` GPUs of each domain, the choice recorded on it."""
+    from llmplan.search.run import DomainChoice, first_setting
     full = cluster.system.domain_gpus
     best = lambda r: float(r.ranked[0].throughput.tokens_per_s) if r.ranked else 0.0
     pick_alt = first_setting([res, alt]) == 1  # the rule that orders plans, across the two searches
@@ -523,6 +573,7 @@ def pick_domain(res: SearchResult, cluster: ClusterSpec, alt: SearchResult, alt_
 def refuse_overlapping_pins(pins: SearchPins) -> None:
     """Two search options that set one thing, so that one would be silently ignored: a bound (--max-tp, --max-pp,
     --max-cp) on a pinned axis, --no-cp beside --cp, --batch-tokens beside --global-batch."""
+    from llmplan.fileio import excerpt
     for bound, limit, axis, pinned in (("--max-tp", pins.max_tp, "--tp", pins.tp),
                                        ("--max-pp", pins.max_pp, "--pp", pins.pp),
                                        ("--max-cp", pins.max_cp, "--cp", pins.cp),
@@ -562,6 +613,9 @@ def refuse_a2a_size_over_cluster(size: int | None, gpus: int) -> None:
 
 def search_workload(m: ModelSpec, pins: SearchPins, s: SwitchOptions) -> Workload:
     """What the search holds fixed: batch (from --global-batch or --batch-tokens), sequence and switches."""
+    from llmplan.search.grid import Workload
+    from llmplan.cli.inputs import OPTION_FLAGS, switches
+    from llmplan.specs.registry import build
     seq = s.seq_len if s.seq_len is not None else default_seq_len(m)
     global_batch = pins.global_batch
     if global_batch is None:
@@ -578,6 +632,7 @@ def search_workload(m: ModelSpec, pins: SearchPins, s: SwitchOptions) -> Workloa
 
 def search_pins(m: ModelSpec, pins: SearchPins, split: PipelineSplitOptions) -> dict:
     """The axes the options pin (None: free)."""
+    from llmplan.cli.inputs import checked_pins, pipeline_split
     refuse_overlapping_pins(pins)
     pp = pins.pp
     if (split.embedding_in_split or split.loss_in_split) and not pp:

@@ -1,6 +1,6 @@
 """`search --target NAME`: keep only the ranked plans that `export --to NAME` writes. A training search walks
 every plan that fits, layout by layout (search.filtered: where a layout's shown plan is refused, its other plans
-in ranked order), a serving search its ranking (deeper: WALK layouts); each candidate, best first, is turned into
+in ranked order), a serving search its ranking (deeper: cli.search.WALK layouts); each candidate, best first, is turned into
 the plan file `--save` would write (asker: the search's file with its plan swapped in) and handed to
 export.refusal, the refusal checks `export` runs before it renders; the refused ones are dropped until --top
 plans are kept. No launcher rule lives here: the export package is the one place that knows them."""
@@ -19,12 +19,6 @@ from llmplan.export.common import refuse
 from llmplan.planfile import PlanFile, document_plan
 from llmplan.search.filtered import Candidate, Walk, keep_accepted, keep_sides
 from llmplan.search.run import SearchResult
-
-WALK = 40
-"""Ranked layouts a targeted serving search asks for and walks (its --top when larger): how deep it looks for
-plans the target accepts. A serving layout has no variants to walk (search.serve prices one plan per tp, pp,
-ep and replica count), so the walk is the ranking's; where it ends here with fewer than --top kept and more
-layouts fitting, the output says so (serving_walk)."""
 
 
 def check_target_mode(target: str | None, mode: str) -> None:
@@ -57,8 +51,8 @@ def serving_walk(kept: list[int], why: Counter, walked: int, feasible: int, top:
                  seconds: float) -> Walk:
     """What a serving search's walk did (search.filtered.Walk): the layouts asked about, the refused (and of
     them the ones ranked above the last layout kept), and whether it kept `top` or ran out of the `feasible`
-    layouts (False: it stopped at the `walked` ranked ones, the search asked for `limit`: --top or WALK, the
-    larger)."""
+    layouts (False: it stopped at the `walked` ranked ones, the search asked for `limit`: --top or cli.search.WALK,
+    the larger)."""
     checked = kept[-1] + 1 if len(kept) == top and kept else walked
     dropped = kept[-1] + 1 - len(kept) if kept else 0  # refused above the last kept layout
     return Walk(checked, sum(why.values()), (), len(kept) == top or walked >= feasible, limit, seconds, dropped)

@@ -44,7 +44,7 @@ from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_a2a_group, cp_ring_size, has_layout
 from llmplan.specs.plan_choices import MoeFlexBackend
-from llmplan.specs.quantities import param_gather_optstep
+from llmplan.specs.quantities import dp_first_chunk_unbucketed, param_gather_optstep
 from llmplan.specs.rule import as_bool
 from llmplan.specs.schedule import schedule_of
 from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs, group_links
@@ -940,6 +940,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     host = where(gathered, zero3_host_seconds(plan), 0.0)
     per_tensor = gathered & (plan.zero3_unit == "tensor")  # ZERO3_GATHER_COPIES
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
+    bucketed = first_chunk_bucketed(plan)  # the first chunk cut into buckets (comm.dp_bucket)
     out: list[Transfer[G]] = []
     groups = ((rp.dense, kept.dense, dense_group, plan.zero_shard),
               (rp.expert, kept.expert, expert_group, plan.expert_shard))
@@ -947,10 +948,10 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     for params, bf16, group, ranks in groups:
         reduced_b, gathered_b = sync_bytes(plan, params, bf16)
         copies = per_tensor & (ranks > 1)  # a group of one rank runs no collective, so copies nothing
-        # overlap_param_gather_with_optimizer_step: the first chunk one bucket too (step.dp_optstep_gather)
-        unbucketed = param_gather_optstep(plan)
-        b_r = where(megatron, dp_step_calls(plan, params, as_bool(plan.overlap_grad_reduce) & ~unbucketed), 1)
-        b_g = where(megatron, dp_step_calls(plan, params, as_bool(plan.overlap_param_gather) & ~unbucketed), 1)
+        # one bucket layout for both: the first chunk cut into buckets only with overlap_grad_reduce and without
+        # overlap_param_gather_with_optimizer_step (comm.dp_bucket, step.dp_optstep_gather)
+        b_r = where(megatron, dp_step_calls(plan, params, bucketed), 1)
+        b_g = b_r
         out += [Transfer("all-reduce", where(whole, b_r, 0), reduced_b / b_r, group),
                 Transfer("reduce-scatter", reduce_calls * b_r, reduced_b / u / b_r, group,
                          host_s=where(params > 0, host, 0.0),
@@ -1132,11 +1133,25 @@ def torchao_amax_transfers(m: ModelSpec, plan: ParallelPlan, group: G, stage: An
                      step_end=True)]
 
 
+def first_chunk_bucketed(plan: ParallelPlan) -> Any:
+    """Elementwise: the first model chunk's DP sync is cut into buckets (dp_step_calls' `overlapped`), i.e. not
+    quantities.dp_first_chunk_unbucketed: the gradient-reduce overlap on and overlap_param_gather_with_optimizer_step
+    not acting. With that switch off for every plan (param_gather_optstep plain False), the overlap as given,
+    without building an all-False array. Derived: docs/formulas.md#comm.dp_bucket"""
+    if param_gather_optstep(plan) is False:
+        return as_bool(plan.overlap_grad_reduce)
+    return np.logical_not(dp_first_chunk_unbucketed(plan))
+
+
 def dp_step_calls(plan: ParallelPlan, params: Any, overlapped: Any) -> Any:
     """NCCL calls that one step's gradient reduction (or weight gather) of the first stage's `params` splits into,
-    each paying its ring's latency: Megatron-Core's DDP issues one collective per bucket and model chunk. With the
-    overlap on, the first model chunk of the first pipeline stage is cut into buckets of max(40M, 1M x dp·cp)
-    parameters (exposure.bucket_params) and each later chunk is one bucket; without it, one per chunk. Source:
+    each paying its ring's latency: Megatron-Core's DDP issues one collective per bucket and model chunk, the
+    gather over the same buckets as the reduction (start_param_sync: one all-gather per bucket group, whether or
+    not overlap_param_gather is on). With `overlapped` (the gradient-reduce overlap on and the first chunk
+    bucketed: not quantities.dp_first_chunk_unbucketed), the first model chunk of the first pipeline stage is cut
+    into buckets of max(40M, 1M x dp·cp) parameters (exposure.bucket_params) and each later chunk is one bucket;
+    without it, one per chunk. Source: Megatron-LM 14346b65a
+    megatron/core/distributed/param_and_grad_buffer.py (_ParamAndGradBucketGroup.start_param_sync, partition_buckets);
     Megatron-LM megatron/training/training.py (get_model: bucket_size = max(40000000, 1000000 x dp) "to ensure
     that chunks used in NCCL ring-reduce implementations are large enough to remain bandwidth-bound rather than
     latency-bound", None without overlap_grad_reduce; disable_bucketing for model chunks after the first),

@@ -9,13 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.compute import TE_PIPELINE_SPLITS, StageCompute
 from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS, zero3_layer_tensors
 from llmplan.cost.stages import recomputed_share
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_ring_size
-from llmplan.specs.quantities import param_gather_optstep
+from llmplan.specs.quantities import dp_first_chunk_unbucketed, param_gather_optstep
 
 BUCKET_PARAMS, BUCKET_PARAMS_PER_DP = 40e6, 1e6
 """Megatron-Core's default gradient bucket: max(40M, 1M x dp) parameters (DistributedDataParallelConfig
@@ -342,6 +344,24 @@ def optstep_gather_exposed(plan: ParallelPlan, gather: Any, optimizer_s: Any, ka
     return overlap(gather / v, optimizer_s * (v - 1) / v, kappa)
 
 
+def edge_buckets(plan: ParallelPlan, comm: CommSeconds, share: Any, optimizer_s: Any,
+                 kappa: float) -> tuple[Any, Any, Any]:
+    """(seconds of the last reduced bucket, of the first gathered bucket, and the first's exposed seconds before
+    the chunked overlap) of dp_exposed_per_step, of the bucket `share`: one bucket each; where the first model
+    chunk is one bucket (dp_first_chunk_unbucketed, Megatron-Core's DDP buckets: ZeRO 0-1) its whole gather,
+    1/v of the rank's (step.dp_one_bucket); under overlap_param_gather_with_optimizer_step the last reduced
+    bucket at least 1/v too and the first gather exposed beside the other chunks' step (optstep_gather_exposed).
+    Nothing selected where no plan has either. Derived: docs/formulas.md#step.dp_optstep_gather,
+    docs/formulas.md#step.dp_one_bucket"""
+    one = dp_first_chunk_unbucketed(plan) & (plan.zero <= 1)
+    first = where(one, comm.dp_gather / plan.vpp, comm.dp_gather * share) if np.any(one) else comm.dp_gather * share
+    optstep = param_gather_optstep(plan)
+    if optstep is False:
+        return comm.dp_reduce * share, first, first
+    last = comm.dp_reduce * where(optstep, maximum(share, 1 / plan.vpp), share)
+    return last, first, where(optstep, optstep_gather_exposed(plan, comm.dp_gather, optimizer_s, kappa), first)
+
+
 def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
                         params_on_rank: Any, last_param: Any, optimizer_s: Any = 0.0) -> Any:
     """ZeRO 0-1 (distributed optimizer), and ZeRO 2-3 under a pipeline, per step: the gradient reduction
@@ -349,16 +369,14 @@ def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute,
     first forward (overlap-param-gather); interleaved, behind more (chunked_sync_window). The reduction of the
     last bucket starts when the backward is over and the gather of the first bucket must end before the
     forward starts, so one bucket of each (bucket_share; on the first stage the word embedding's, `last_param`)
-    is exposed even with overlap.
+    is exposed even with overlap. Where the first model chunk is one bucket (dp_first_chunk_unbucketed: no
+    gradient-reduce overlap), its whole gather, 1/vpp of the rank's, is what the first forward waits for.
     Source: Megatron-Core distributed/param_and_grad_buffer.py (buckets reduced as their gradients are ready,
-    in reverse order; gathered in forward order). Derived: docs/formulas.md#step.dp"""
+    in reverse order; gathered in forward order; finish_param_sync waits on the bucket group's handle).
+    Derived: docs/formulas.md#step.dp, docs/formulas.md#step.dp_one_bucket"""
     backward = sc.total - sc.forward
     share = bucket_share(plan, params_on_rank, last_param)
-    # overlap_param_gather_with_optimizer_step: the first chunk one bucket (step.dp_optstep_gather)
-    optstep = param_gather_optstep(plan)
-    last = comm.dp_reduce * where(optstep, maximum(share, 1 / plan.vpp), share)
-    first = where(optstep, comm.dp_gather / plan.vpp, comm.dp_gather * share)
-    first_exposed = where(optstep, optstep_gather_exposed(plan, comm.dp_gather, optimizer_s, kappa), first)
+    last, first, first_exposed = edge_buckets(plan, comm, share, optimizer_s, kappa)
     reduce = where(plan.overlap_grad_reduce,
                    last + overlap(comm.dp_reduce - last, chunked_sync_window(plan, comm.dp_reduce - last, backward),
                                   kappa),

@@ -57,10 +57,41 @@ def with_mtp_layers(sc: StageCompute, m: ModelSpec, plan: ParallelPlan, gpu: Gpu
     """A non-hybrid stage's compute with its MTP modules' layers at their own format (mtp_layer_extra: bf16
     under fp4). Derived: docs/formulas.md#mixers.mtp_fp4"""
     mtp = stage_mtp_modules(m, plan, stage) if m.num_nextn_predict_layers and plan.dtype == "fp4" else 0
-    if not np.any(mtp):
+    return with_mtp_count(sc, m, plan, gpu, mtp)
+
+
+def with_mtp_count(sc: StageCompute, layer_model: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
+                   mtp: Any) -> StageCompute:
+    """sc (compute of layers that count `mtp` MTP modules among them, each priced as `layer_model`'s layer)
+    with each module's layer at its own format: plus mtp_layer_extra per module (bf16 under fp4; nothing
+    otherwise). Derived: docs/formulas.md#mixers.mtp_fp4"""
+    if plan.dtype != "fp4" or not np.any(mtp):
         return sc
-    extra = mtp_layer_extra(m, plan, gpu)
+    extra = mtp_layer_extra(layer_model, plan, gpu)
     return StageCompute(**{f: getattr(sc, f) + mtp * extra[f] for f in PARTS})
+
+
+def priced_stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, stage: Any, n_dense: Any, n_moe: Any,
+                         last: Any) -> StageCompute:
+    """Per-micro-batch compute of pipeline rank `stage` (n_dense and n_moe layers, its MTP modules among them;
+    the loss when `last`) as the step prices it: a hybrid stack's at the mixer kinds it holds
+    (balanced_stage_compute), another's with its MTP modules' layers at their own format (with_mtp_layers).
+    Derived: docs/formulas.md#mixers.balance, docs/formulas.md#mixers.mtp_fp4"""
+    if m.is_hybrid:
+        return balanced_stage_compute(m, plan, gpu, stage, n_dense, n_moe, last)
+    return with_mtp_layers(stage_compute(m, plan, gpu, n_dense, n_moe, last), m, plan, gpu, stage)
+
+
+def mtp_chunk_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: int, n_moe: int, last: bool,
+                      mtp: int) -> StageCompute:
+    """stage_compute of a virtual chunk of n_dense and n_moe layers, `mtp` MTP modules among them (a pp_layout
+    chunk's m symbols), each module's layer at its own format (with_mtp_count; a hybrid's module holds the
+    MTP_MIXER). Derived: docs/formulas.md#pipeline.layout, docs/formulas.md#mixers.mtp_fp4"""
+    sc = stage_compute(m, plan, gpu, n_dense, n_moe, last)
+    if not m.num_nextn_predict_layers:
+        return sc
+    layer_model = single_kind(m, MTP_MIXER) if m.is_hybrid else m
+    return with_mtp_count(sc, layer_model, plan, gpu, mtp)
 
 
 def balanced_stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, stage: Any, n_dense: Any, n_moe: Any,

@@ -48,16 +48,26 @@ into dev as 1ea5c3472e, 2026-08-19; its description's table) measured the DeepSe
 layers on 64 H100 (TP1 PP4 EP16, alltoall dispatcher, BF16, full recompute): 184.2 TFLOP/s/GPU without the overlap
 (at 1 connection), 191.1 with it at 1 connection, 198.5 at 32. Saved time a step, 1/184.2 - 1/191.1 against
 1/184.2 - 1/198.5 (the same FLOPs): 0.501 (in throughput +3.7% against +7.8%, as the PR states it). The arm without
-the overlap was run at 1 only; the step without the overlap is priced the same at any count.
+the overlap was run at 1 only; the step without the overlap is priced the same at any count. That A/B ran with full
+recompute, a regime llmplan does not price the overlap in (check_plan's rule ep_overlap_full_recompute refuses it,
+as Megatron-Core does); the check in llmplan's regime is yanring/Megatron-MoE-ModelZoo @8017e11's Qwen3-235B DeepEP
+pair on four H100 nodes (selective recompute of moe_act and layernorm, its config at one queue), whose own reading
+is 0.40 of the 0.74 share, about 0.54 (docs/validation.md#cuda-connections).
 Source: NVIDIA/Megatron-LM PR 6311 description (@1ea5c3472e). Derived: docs/formulas.md#moe.overlap_queues"""
 
 
-def overlap_queues(plan: ParallelPlan) -> float:
+def overlap_queues(plan: ParallelPlan, compute_capability: float | None = None) -> Any:
     """Factor on the EP overlap's hidden share for the plan's hardware queue count: EP_OVERLAP_ONE_QUEUE at
-    cuda_max_connections 1, else 1 (EP_OVERLAP_HIDDEN was read at 32 and 8: PR 5094, PR 3862).
-    Derived: docs/formulas.md#moe.overlap_queues"""
+    cuda_max_connections 1, else 1 (EP_OVERLAP_HIDDEN was read at 32 and 8: PR 5094, PR 3862). Unset, on a GPU
+    before Blackwell (compute capability < 10) beside Transformer Engine's userbuffer TP overlap, the count is the
+    one queue that overlap needs (what the Megatron-LM export writes then): EP_OVERLAP_ONE_QUEUE. Elementwise on
+    plan arrays. Derived: docs/formulas.md#moe.overlap_queues"""
     if plan.cuda_max_connections == 1:  # a workload switch: one value for all plans of a search
         return EP_OVERLAP_ONE_QUEUE
+    if plan.cuda_max_connections is None and compute_capability is not None and compute_capability < 10:
+        from llmplan.cost.runtime_memory import userbuffers_on
+
+        return where(userbuffers_on(plan), EP_OVERLAP_ONE_QUEUE, 1.0)
     return 1.0
 
 
@@ -116,7 +126,8 @@ def routing_imbalance(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 
 def ep_exposed(plan: ParallelPlan, ep: Any, window: Any, kappa: float, pair: tuple[Any, ...] = (),
-               layers: Any = 1, deferred: tuple[Any, Any] = (0.0, 0.0)) -> Any:
+               layers: Any = 1, deferred: tuple[Any, Any] = (0.0, 0.0),
+               compute_capability: float | None = None) -> Any:
     """Time the expert all-to-alls of `ep` seconds add to a micro-batch whose compute takes `window` seconds:
     all of it without overlap; with DualPipe, what does not fit in the window plus the compute its SMs slow
     (kappa), as step.overlap (DeepSeek-V3 report §3.2.1: the all-to-alls hide in full). With Megatron-Core's EP
@@ -124,7 +135,8 @@ def ep_exposed(plan: ParallelPlan, ep: Any, window: Any, kappa: float, pair: tup
     the other micro-batch that the combined-1F1B schedule pairs it with (`pair`: cost.compute.ep_pair_windows),
     so it hides at most that chunk's length: min(t, w_i), summed over the four and the `layers` MoE layers; the
     micro-batches the schedule runs unpaired (unpaired_microbatches) hide nothing; of the rest EP_OVERLAP_HIDDEN
-    hides (as measured; times overlap_queues at one hardware queue), the compute beside it slowed by kappa. With
+    hides (as measured; times overlap_queues at one hardware queue, `compute_capability` the GPU's), the compute
+    beside it slowed by kappa. With
     delay_wgrad (`deferred`: the attention node's and the experts' deferred weight-gradient seconds,
     cost.compute.ep_deferred_wgrad) two windows grow
     (delayed_windows); the deferral gains the smaller of what the two placements of the share's residual allow:
@@ -138,7 +150,7 @@ def ep_exposed(plan: ParallelPlan, ep: Any, window: Any, kappa: float, pair: tup
     t = ep / maximum(layers, 1) / 4  # one all-to-all of one MoE layer
     n = plan.num_microbatches
     paired = maximum(n - unpaired_microbatches(plan), 0) / n
-    share = EP_OVERLAP_HIDDEN * overlap_queues(plan) * (1.0 - kappa)
+    share = EP_OVERLAP_HIDDEN * overlap_queues(plan, compute_capability) * (1.0 - kappa)
     hidden = on_compute = 0.0 * t
     for w, w_dw in zip(pair, delayed_windows(pair, t, deferred), strict=True):
         hidden = hidden + minimum(t, w)

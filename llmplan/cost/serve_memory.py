@@ -18,15 +18,13 @@ from llmplan.cost.mixers import recurrent_state_bytes
 from llmplan.cost.params import padded_vocab, rank_params
 from llmplan.cost.serve_moe import redundant_expert_params
 from llmplan.cost.sparse import indexer_cache_bytes
+from llmplan.specs.defaults import SERVE_RUNTIME_GIB
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance
 from llmplan.specs.serve import DEFAULT_BATCHED_TOKENS, ServeJob, ServePlan
 from llmplan.units import GIB, MXFP8_BYTES, NVFP4_BYTES
 
 KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
-SERVE_RUNTIME_GIB = 1.5
-"""The stated per-GPU allowance for a serving engine's runtime (CUDA context, NCCL, CUDA graphs) where
---overhead-gib is not given (docs/formulas.md#mem.other): the training side prices its runtime instead."""
 
 
 @dataclass(frozen=True)
@@ -219,7 +217,7 @@ def sglang_chunk_total(job: ServeJob, plan: ServePlan, hbm_bytes: float | None) 
     Derived: docs/formulas.md#infer.sglang_chunk"""
     if job.engine == "sglang" and job.max_num_batched_tokens_default:
         return sglang_chunked_prefill_size(hbm_bytes)
-    return job.max_num_batched_tokens * (plan.dp if plan.dp_attention else 1)
+    return job.max_num_batched_tokens * plan.attn_dp
 
 
 def default_batched_tokens(engine: str, plan: ServePlan, hbm_bytes: float | None) -> int:
@@ -229,7 +227,7 @@ def default_batched_tokens(engine: str, plan: ServePlan, hbm_bytes: float | None
     Derived: docs/formulas.md#infer.sglang_chunk"""
     if engine != "sglang":
         return DEFAULT_BATCHED_TOKENS
-    return max(sglang_chunked_prefill_size(hbm_bytes) // (plan.dp if plan.dp_attention else 1), 1)
+    return max(sglang_chunked_prefill_size(hbm_bytes) // plan.attn_dp, 1)
 
 
 def batched_tokens_for_plan(job: ServeJob, plan: ServePlan, hbm_bytes: float | None) -> int:
@@ -249,7 +247,7 @@ def sglang_server_of(m: ModelSpec, plan: ServePlan, job: ServeJob, gpu: Any) -> 
     overlap or DeepSeek-V4 (cuda_graph_hook.py, apply_cuda_graph_compatibility). Derived:
     docs/formulas.md#infer.capacity"""
     from llmplan.cost.serve_step import sglang_decode_max_bs, sglang_default_list_empty  # builds on this module
-    dp = plan.dp if plan.dp_attention else 1
+    dp = plan.attn_dp
     tp, chunk = plan.tp * dp, sglang_chunk_total(job, plan, gpu.hbm_gib * GIB)
     user = job.cuda_graph_batch_sizes if not job.cuda_graph_sizes_default else None
     # A default max_bs above --max-running-requests (the export writes the batch x dp) is cut to it; SGLang
@@ -263,7 +261,7 @@ def sglang_server_of(m: ModelSpec, plan: ServePlan, job: ServeJob, gpu: Any) -> 
         decode_graph_max_bs=decode, decode_graphs=job.cuda_graphs and not sglang_default_list_empty(job),
         max_running_requests=job.batch * dp,
         prefill_graph_max_tokens=chunk if prefill else None, mla=m.mla is not None,
-        attn_dp_size=plan.dp if plan.dp_attention else 0, deepep=plan.moe_dispatcher == "deepep",
+        attn_dp_size=plan.attn_dp if plan.dp_attention else 0, deepep=plan.moe_dispatcher == "deepep",
         phase=plan.phase, draft_tokens=job.speculative.num_speculative_tokens + 1 if job.speculative else 1)
 
 

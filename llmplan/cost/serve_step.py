@@ -440,7 +440,7 @@ class SglangRanks:
     @classmethod
     def of(cls, plan: ServePlan) -> SglangRanks:
         """The ranks of `plan`'s exported SGLang server."""
-        dp = plan.dp if plan.dp_attention else 1
+        dp = plan.attn_dp
         gathered = plan.dp_attention or plan.moe_dispatcher == "deepep"
         return cls(plan.tp * dp, dp, (2 if plan.two_batch_overlap else 1) * (plan.tp if gathered else 1),
                    plan.two_batch_overlap)

@@ -28,7 +28,6 @@ from llmplan.cost.compute import (
     optimizer_step_seconds,
     output_seconds,
     recompute_flops_per_step,
-    stage_compute,
 )
 from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was this module)
     BUCKET_PARAMS,
@@ -52,7 +51,7 @@ from llmplan.cost.comm import (
     tp_sm_margin_seconds,
     tp_unfused_rs_share,
 )
-from llmplan.cost.hybrid_stage import balanced_stage_compute, with_mtp_layers
+from llmplan.cost.hybrid_stage import mtp_chunk_compute, priced_stage_compute
 from llmplan.cost.kernels import layer_launch_average, router_host_ops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import (bf16_gathered_params, bf16_kept_params, gradient_params,
@@ -92,7 +91,7 @@ from llmplan.cost.params import (
 )
 from llmplan.cost.runtime_memory import tp_overlap_as_run
 from llmplan.cost.schedule import makespan
-from llmplan.cost.stages import attention_rerun_share
+from llmplan.cost.stages import attention_rerun_share, layout_grid, stage_mtp_modules
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, has_layout
@@ -145,15 +144,16 @@ def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
     def priced(g: GpuSpec) -> Any:
         """A stage's compute on GPU g: a hybrid stack's stage at the mixer kinds it holds (cost.hybrid_stage),
         so stages with equal layer counts may differ."""
-        if m.is_hybrid:
-            return lambda p, i: balanced_stage_compute(m, p, g, i, *stage_layers(m, p, i), i == p.pp - 1)
-        return lambda p, i: with_mtp_layers(stage_compute(m, p, g, *stage_layers(m, p, i), i == p.pp - 1), m, p, g, i)
+        return lambda p, i: priced_stage_compute(m, p, g, i, *stage_layers(m, p, i), i == p.pp - 1)
 
     def one(stage: Any) -> tuple[Any, StageCompute, Any, Any]:
         n_dense, n_moe = stage_layers(m, plan, stage)
         last = stage == plan.pp - 1
         g = stage_gpus[stage] if stage_gpus is not None else gpu
-        key = (n_dense, n_moe, last, id(g)) if isinstance(stage, int) and not m.is_hybrid else None
+        # the stage's MTP modules too: under fp4 their layers run in bf16 (with_mtp_layers), so two stages of equal
+        # layer counts differ when one holds them
+        key = ((n_dense, n_moe, last, id(g), stage_mtp_modules(m, plan, stage))
+               if isinstance(stage, int) and not m.is_hybrid else None)
         sc = same.get(key) if key else None
         if sc is None:  # on plan arrays, once per plan group that differs in the ZeRO stage alone
             sc = per_distinct(plan, ALL_BUT_ZERO, stage, priced(g))
@@ -196,9 +196,10 @@ def layout_chunk_shares(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple
     plan: stage_compute of each chunk's layers, the loss with the chunk that holds L (the last one). Elementwise
     where the GPU's constants are arrays. Derived: docs/formulas.md#pipeline.layout"""
     v, share, forward = plan.vpp, [], []
-    same: dict[tuple[int, int, bool], StageCompute] = {}  # chunks of equal layer counts: priced once
+    same: dict[tuple[int, int, bool, int], StageCompute] = {}  # chunks of equal layer counts: priced once
+    grid = layout_grid(plan)
     for i, row in enumerate(chunk_layers(m, plan)):
-        times = [chunk_compute(m, plan, gpu, d, e, i == plan.pp - 1 and c == v - 1, same)
+        times = [chunk_compute(m, plan, gpu, d, e, i == plan.pp - 1 and c == v - 1, same, grid[i][c].count("m"))
                  for c, (d, e) in enumerate(row)]
         total = sum(t.total for t in times)
         some = total > 0
@@ -208,11 +209,12 @@ def layout_chunk_shares(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple
 
 
 def chunk_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, d: int, e: int, last: bool,
-                  same: dict[tuple[int, int, bool], StageCompute]) -> StageCompute:
-    """stage_compute of a chunk of d dense and e MoE layers (with the loss when `last`), once per such chunk."""
-    if (d, e, last) not in same:
-        same[(d, e, last)] = stage_compute(m, plan, gpu, d, e, last)
-    return same[(d, e, last)]
+                  same: dict[tuple[int, int, bool, int], StageCompute], mtp: int = 0) -> StageCompute:
+    """stage_compute of a chunk of d dense and e MoE layers (with the loss when `last`), `mtp` MTP modules among
+    them at their own format (mtp_chunk_compute), once per such chunk."""
+    if (d, e, last, mtp) not in same:
+        same[(d, e, last, mtp)] = mtp_chunk_compute(m, plan, gpu, d, e, last, mtp)
+    return same[(d, e, last, mtp)]
 
 
 def layout_bubble(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, per_mb: list[Any], worst: Any) -> Any:
@@ -362,7 +364,8 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
         ep_k = dispatch_contention(plan, g_i.sm_count, k_i)  # cost.moe: the dispatch kernels' SMs
         pair = ep_pair_windows(m, plan, g_i) if plan.ep_comm_overlap and m.is_moe else ()  # a workload switch
         dw = ep_deferred_wgrad(m, plan, g_i) if pair else (0.0, 0.0)  # delay_wgrad: a workload switch
-        ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k, pair, moe_layers, dw)  # cost.moe
+        ep_i = ep_exposed(plan, c_i.ep / n * moe_layers / moe_max, sc.total, ep_k, pair, moe_layers, dw,
+                          g_i.compute_capability)  # cost.moe
         router_i = c_i.router / n * moe_layers / moe_max  # the aux loss's token counts: in line (comm.aux_loss_counts)
         z3_i = dp_exposed_per_mb(plan, c_i, sc, k_i, layers, m)
         per_mb.append(sc.total + tp_i + cp_i + ep_i + z3_i + router_i)

@@ -125,13 +125,14 @@ TORCHTITAN_COMMON: dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]] = 
 """The EVERY_PLAN rules of torchtitan's check_common (both releases), in its order."""
 
 EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]] = {
-    "megatron": {"fp8_attention": megatron.fp8_attention_refusal, "master_dtype": megatron.master_dtype_refusal,
-                 "bf16_layers": delayed_bf16_layers_refusal},
+    "megatron": {"fp8_attention": megatron.fp8_attention_refusal, "param_gather": megatron.param_gather_refusal,
+                 "master_dtype": megatron.master_dtype_refusal, "bf16_layers": delayed_bf16_layers_refusal},
     "megatron-bridge": {"attention_kernel": bridge.attention_kernel_refusal,
                         "master_dtype": bridge.master_dtype_refusal,
                         "fp8_moments": bridge.fp8_moments_refusal, "cuda_graphs": bridge.cuda_graphs_refusal,
                         "precision": bridge.preset_refusal, "bf16_layers": delayed_bf16_layers_refusal,
-                        "preset_layers": bridge.preset_layers_refusal},
+                        "preset_layers": bridge.preset_layers_refusal, "bf16_modules": bridge.bf16_modules_refusal,
+                        "mxfp8_modules": bridge.mxfp8_modules_refusal},
     "deepspeed": {"optimizer": deepspeed.muon_refusal, "cp": deepspeed.context_parallel_refusal,
                   "grad_checks": deepspeed.grad_checks_refusal, "ep": deepspeed.expert_parallel_refusal,
                   "sp": deepspeed.sequence_parallel_refusal, "dtype": deepspeed.low_precision_refusal,

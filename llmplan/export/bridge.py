@@ -212,6 +212,20 @@ def cuda_graphs_refusal(p: Any) -> tuple[str, bool, str]:
             "recipe, which this export does not write)", p.cuda_graphs != "none", "export to megatron")
 
 
+def bf16_modules_refusal(p: Any) -> tuple[str, bool, str]:
+    """Modules kept in bf16, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"modules kept in bf16 ({', '.join(p.bf16_modules)}: Megatron-Bridge sets them with model.quant_recipe, "
+            "a RecipeConfig object that a KEY=VALUE override cannot hold)", bool(p.bf16_modules),
+            "export to megatron (--te-precision-config-file), or re-plan without --bf16-modules")
+
+
+def mxfp8_modules_refusal(p: Any) -> tuple[str, bool, str]:
+    """Modules run in MXFP8 under NVFP4, refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return (f"modules run in MXFP8 under NVFP4 ({', '.join(p.mxfp8_modules)}: Megatron-Bridge sets them with "
+            "model.quant_recipe, a RecipeConfig object that a KEY=VALUE override cannot hold)", bool(p.mxfp8_modules),
+            "export to megatron (--te-precision-config-file), or re-plan without --mxfp8-modules")
+
+
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     p, m = pf.plan, pf.model
@@ -255,12 +269,8 @@ def check(pf: PlanFile) -> None:
         fp8_moments_refusal(p),
         ("the precision-aware optimizer (Adam states below fp32 or param_remainders) with zero 0 (Megatron-Core "
          "runs it only in the distributed optimizer)", precision_aware(p) and p.zero == 0, "re-plan with --zero 1"),
-        (f"modules kept in bf16 ({', '.join(p.bf16_modules)}: Megatron-Bridge sets them with model.quant_recipe, a "
-         "RecipeConfig object that a KEY=VALUE override cannot hold)", bool(p.bf16_modules),
-         "export to megatron (--te-precision-config-file), or re-plan without --bf16-modules"),
-        (f"modules run in MXFP8 under NVFP4 ({', '.join(p.mxfp8_modules)}: Megatron-Bridge sets them with "
-         "model.quant_recipe, a RecipeConfig object that a KEY=VALUE override cannot hold)", bool(p.mxfp8_modules),
-         "export to megatron (--te-precision-config-file), or re-plan without --mxfp8-modules"),
+        bf16_modules_refusal(p),
+        mxfp8_modules_refusal(p),
         (f"TP {p.tp} with DeepSeek-V4's attention (Megatron-Core's DSv4HybridAttention asserts a TP size of 1)",
          m.compressed_layers > 0 and p.tp > 1, "re-plan with --tp 1 (split the experts with --ep)"),
         ("core_attn recompute with DeepSeek-V4's attention (Megatron-Core's DSv4HybridAttention asserts that core "
@@ -388,7 +398,10 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             # the DDP bucket the plan priced (exposure.bucket_params): comm_overlap is null, so nothing sets
             # CommOverlapConfig's 128 x 2^20; None leaves Megatron-Core's max(40M, 1M x dp)
             *([("ddp.bucket_size", p.dp_bucket_params)] if p.dp_bucket_params is not None else []),
-            ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
+            # without overlap_grad_reduce too: Megatron-Bridge calls no validate_args, and Megatron-Core runs the
+            # gather overlap with one bucket a chunk (the DeepSeek-V3 H100 card, perf_recipes/deepseek/h100/
+            # deepseek_v3.py at 79308d0d9; docs/formulas.md#step.dp_one_bucket)
+            ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero == 1),
             # the plan's master weights and Adam moments (DeepSeek-V3's recipe keeps bf16 moments), through
             # Transformer Engine's precision-aware FusedAdam when either is below fp32
             ("optimizer.use_precision_aware_optimizer", low_states),
@@ -461,7 +474,7 @@ def arrays(pf: PlanFile) -> str:
     check(pf)
     args = [f"{key}={hydra_value(value)}" for key, value in overrides(pf)]
     return "\n".join([
-        *ep_overlap_env(pf),
+        *connections_env(pf),
         "MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}",
         f"RECIPE=(--recipe {RECIPES[pf.model.name]} --mode pretrain --dataset mock)"
         "   # real data: --dataset megatron-indexed dataset.data_path=PREFIX",
@@ -469,7 +482,7 @@ def arrays(pf: PlanFile) -> str:
         "OVERRIDES=(", *(f"    '{a}'" for a in args), ")"])
 
 
-def ep_overlap_env(pf: PlanFile) -> list[str]:
+def connections_env(pf: PlanFile) -> list[str]:
     """The plan's cuda_max_connections where it gives one; else, under the EP overlap, the CUDA work queues
     Megatron-Bridge's performance presets give it, so that its communication stream is not serialised behind
     compute (scripts/performance/utils/overrides.py at 6124fbe: CUDA_DEVICE_MAX_CONNECTIONS 32 with the deepep /

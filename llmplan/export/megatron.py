@@ -4,6 +4,8 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 
 from __future__ import annotations
 
+import numpy as np
+
 from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal,
                                    launcher_schedule, need_mode, refuse, rendezvous_lines,
@@ -279,8 +281,11 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               ("--num-distributed-optimizer-instances", p.dp_replicate if p.dp_replicate > 1 else None),
               ("--overlap-param-gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
               # core_v0.14.0 arguments.py: needs the distributed optimizer, --overlap-param-gather and
-              # --num-layers-per-virtual-pipeline-stage (check_plan: param_gather_optstep_interleaved)
-              ("--overlap-param-gather-with-optimizer-step", p.overlap_param_gather_with_optimizer_step),
+              # --num-layers-per-virtual-pipeline-stage (check_plan: param_gather_optstep_interleaved); and since
+              # --overlap-param-gather asserts --overlap-grad-reduce there, written only beside both (a plan with
+              # the gather overlap and without the reduction's is refused: param_gather_refusal)
+              ("--overlap-param-gather-with-optimizer-step", p.overlap_param_gather_with_optimizer_step
+               and p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
               ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
               # Megatron-LM's defaults are the NaN check's bucket norms and the 1/dp pre-scaling before the
               # reduction (docs/formulas.md#step.grad_buffer). The pre-scaling is off where the plan priced it
@@ -546,6 +551,18 @@ def master_dtype_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "fp16)", p.optimizer_master_dtype in ("bf16", "none"), "re-plan with --optimizer-master-dtype fp32 or fp16")
 
 
+def param_gather_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """The overlapped parameter gather of ZeRO-1 (and its optimizer-step variant) without the overlapped gradient
+    reduction, refused whatever else the plan sets (export.EVERY_PLAN): Megatron-LM's validate_args asserts
+    --overlap-grad-reduce beside --overlap-param-gather (megatron/training/arguments.py at core_v0.14.0), so the
+    script could not carry the gather overlap that llmplan priced (cost.exposure.dp_exposed). Elementwise on plan
+    arrays."""
+    bad = np.logical_and(np.logical_and(p.zero == 1, p.overlap_param_gather), np.logical_not(p.overlap_grad_reduce))
+    return ("the overlapped parameter gather without the overlapped gradient reduction (Megatron-LM asserts "
+            "--overlap-grad-reduce beside --overlap-param-gather)", bad,
+            "re-plan with --overlap-grad-reduce, or with --no-overlap-param-gather")
+
+
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     if pf.model.is_hybrid:
@@ -595,9 +612,9 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, "the SwiGLU input kept in fp8 (Megatron-Core's TransformerConfig."
                      "activation_func_fp8_input_store, which Megatron-LM's arguments.py at d98e8a6 excludes from "
                      "its flags)", "export to megatron-bridge, or re-plan with --no-swiglu-fp8-input")
-    what, bad, fix = fp8_attention_refusal(p)
-    if bad:
-        raise refuse(TARGET, what, fix)
+    for what, bad, fix in (fp8_attention_refusal(p), param_gather_refusal(p)):
+        if bad:
+            raise refuse(TARGET, what, fix)
     if p.recompute == "op":
         raise refuse(TARGET, "op-level selective checkpointing (torchtitan's per-op policy; Megatron-LM recomputes "
                      "the attention core, whole layers or a block of them)",
@@ -607,7 +624,8 @@ def check(pf: PlanFile) -> None:
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
     for what, bad, fix in [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
                            *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf), parallel_block_refusal(pf),
-                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf), connections_refusal(pf)]:
+                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf), connections_refusal(pf),
+                           tp_overlap_queues_refusal(pf)]:
         if bad:
             raise refuse(TARGET, what, fix)
     if p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon":  # Muon: muon_pairs' ping-pong path
@@ -654,10 +672,14 @@ def connections_lines(pf: PlanFile) -> list[str]:
     TP or CP > 1 (Megatron-LM asserts it before Blackwell), except under the EP overlap, which wants more than one
     queue (megatron/core/transformer/moe/README.md at core_v0.16.0: "CUDA_DEVICE_MAX_CONNECTIONS > 1"; arguments.py
     at core_v0.14.0 ... v0.16.0 only warns then, "1 or 32"): 32, the queues llmplan's overlap share was read at
-    (cost.moe.overlap_queues)."""
+    (cost.moe.overlap_queues); but 1 beside Transformer Engine's TP overlap before Blackwell
+    (tp_userbuffers_before_blackwell), where cost.moe.overlap_queues prices the EP overlap at one queue."""
     p = pf.plan
     if p.cuda_max_connections is not None:
         return [f"export CUDA_DEVICE_MAX_CONNECTIONS={p.cuda_max_connections}   # the plan's cuda_max_connections"]
+    if ep_overlap_on(pf) and tp_userbuffers_before_blackwell(pf):
+        return ["export CUDA_DEVICE_MAX_CONNECTIONS=1   # TE's TP overlap before Blackwell; the EP overlap priced "
+                "at one queue (docs/formulas.md#moe.overlap_queues)"]
     if ep_overlap_on(pf):
         return ["export CUDA_DEVICE_MAX_CONNECTIONS=32   # the EP overlap's streams side by side (Megatron-Core: > 1)"]
     if p.tp > 1 or p.cp > 1:
@@ -676,6 +698,30 @@ def connections_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     return (f"CUDA_DEVICE_MAX_CONNECTIONS {n} with TP {p.tp} / CP {p.cp} on {pf.cluster.system.gpu.name} (Megatron-LM "
             "asserts 1 with TP or CP > 1 before Blackwell unless the EP overlap runs)", bad,
             "re-plan with --cuda-max-connections 1 (or leave it unset)")
+
+
+def tp_userbuffers_before_blackwell(pf: PlanFile) -> bool:
+    """Whether the script runs Transformer Engine's userbuffer TP overlap (--tp-comm-overlap: TP > 1 with SP) on a
+    GPU before Blackwell (compute capability < 10), where it wants CUDA_DEVICE_MAX_CONNECTIONS=1."""
+    p, cc = pf.plan, pf.cluster.system.gpu.compute_capability
+    return bool(p.tp_comm_overlap and p.sp and p.tp > 1 and cc is not None and cc < 10)
+
+
+def tp_overlap_queues_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for a cuda_max_connections above 1 beside Transformer Engine's
+    userbuffer TP overlap before Blackwell (tp_userbuffers_before_blackwell). TE's TP overlap there wants one queue
+    (with more, its communication kernels may be scheduled behind the GEMMs they should overlap: Megatron-Bridge
+    v0.1.0rc4 training/comm_overlap.py; Megatron-LM arguments.py at core_v0.14.0 ... v0.16.0 warns under the EP
+    overlap to choose 1 or 32 by the overlap to favour), and llmplan prices the TP overlap the same at any queue
+    count: the script would not run what was priced. Unset, the export writes 1 there and llmplan prices the EP
+    overlap at one queue (cost.moe.overlap_queues, docs/formulas.md#moe.overlap_queues)."""
+    p, n = pf.plan, pf.plan.cuda_max_connections
+    bad = n is not None and n > 1 and tp_userbuffers_before_blackwell(pf)
+    return (f"CUDA_DEVICE_MAX_CONNECTIONS {n} beside TP {p.tp}'s userbuffer overlap on {pf.cluster.system.gpu.name} "
+            "(Transformer Engine's TP overlap before Blackwell needs 1 queue; llmplan prices it as if it had it)", bad,
+            "re-plan with --cuda-max-connections 1 (or unset: favours the TP overlap, the EP overlap priced at one "
+            "queue, docs/formulas.md#moe.overlap_queues), or with --no-tp-comm-overlap (then 32 favours the EP "
+            "overlap)")
 
 
 def script_body(pf: PlanFile, launcher: str) -> str:

@@ -144,9 +144,10 @@ def check_vllm(pf: PlanFile) -> None:
     """Refuse, with the reason, a plan vLLM cannot run as planned (render_vllm runs this first)."""
     need_mode(pf, "infer", "vllm")
     p = pf.plan
-    if p.ep > 1 and p.ep != p.tp * p.dp:
-        raise refuse("vllm", f"ep {p.ep} (vLLM's --enable-expert-parallel makes EP = tp x dp = {p.tp * p.dp})",
-                     f"re-plan with --ep {p.tp * p.dp} or --ep 1")
+    dp = p.attn_dp if p.dp_attention else p.dp  # one server's (moe_notes: DP-attention servers)
+    if p.ep > 1 and p.ep != p.tp * dp:
+        raise refuse("vllm", f"ep {p.ep} (vLLM's --enable-expert-parallel makes EP = tp x dp = {p.tp * dp})",
+                     f"re-plan with --ep {p.tp * dp} or --ep 1")
 
 
 def check_sglang(pf: PlanFile) -> None:
@@ -174,7 +175,7 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     spec_flags, spec_note = vllm_speculative(pf)
     sizes, sizes_note = graph_sizes(pf, "vllm")
     flags = as_flags([
-        ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", p.dp),
+        ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", p.attn_dp if p.dp_attention else p.dp),
         ("--enable-expert-parallel", p.ep > 1), *vllm_moe_flags(pf), ("--max-model-len", context_limit(pf)),
         ("--gpu-memory-utilization", fraction), ("--max-num-seqs", cap),
         ("--max-num-batched-tokens", tokens), ("--block-size", j.block_size),
@@ -220,14 +221,14 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     # attention ranks (attention TP = tp-size / attn-dp-size) while the experts spread over --ep-size; SGLang
     # 0.5.23 refuses --dp-size > 1 with --attn-dp-size > 1 (arg_groups/parallel_hook.py).
     flags = as_flags([
-        ("--tp-size", p.tp * p.dp if p.dp_attention else p.tp), ("--pp-size", p.pp),
+        ("--tp-size", p.tp * p.attn_dp if p.dp_attention else p.tp), ("--pp-size", p.pp),
         ("--dp-size", None if p.dp_attention else p.dp),
         ("--ep-size", p.ep if p.ep > 1 else None), *sglang_moe_flags(pf),
         ("--context-length", context_limit(pf)), ("--mem-fraction-static", fraction),
         # With DP attention SGLang counts running requests and chunked-prefill tokens over all attention ranks
         # (arg_groups/parallel_hook.py handle_data_parallelism and the pool configurator divide them by
         # --attn-dp-size), so the per-rank plan values are multiplied by dp (sglang_chunk).
-        ("--max-running-requests", cap * (p.dp if p.dp_attention else 1)),
+        ("--max-running-requests", cap * p.attn_dp),
         ("--chunked-prefill-size", chunk),
         ("--page-size", j.block_size), ("--kv-cache-dtype", "fp8_e4m3" if p.kv_dtype == "fp8" else "auto"),
         ("--quantization", "fp8" if p.weight_dtype == "fp8" else None),
@@ -291,7 +292,7 @@ def sglang_chunk(pf: PlanFile, run: ServeEstimate) -> tuple[int, str]:
     chunk = sglang_chunk_total(job, p, gpu.hbm_gib * GIB)
     if not (job.engine == "sglang" and job.max_num_batched_tokens_default):
         return chunk, ""
-    ranks = (f"; DP attention gives each of the {p.dp} attention ranks {job.max_num_batched_tokens:,}"
+    ranks = (f"; DP attention gives each of the {p.attn_dp} attention ranks {job.max_num_batched_tokens:,}"
              if p.dp_attention else "")
     return chunk, (f"# --chunked-prefill-size {chunk}: SGLang 0.5.23's own default for {gpu.name}'s "
                    f"{gpu.hbm_gib:g} GiB{ranks}, as llmplan priced it (give --max-num-batched-tokens to plan "
@@ -310,7 +311,7 @@ def sglang_moe_flags(pf: PlanFile) -> list[tuple[str, object]]:
     --ep-num-redundant-experts."""
     p = pf.plan
     return [("--disaggregation-mode", p.phase if p.phase != "both" else None),
-            ("--attn-dp-size", p.dp if p.dp_attention else None),
+            ("--attn-dp-size", p.attn_dp if p.dp_attention else None),
             ("--moe-dense-tp-size", 1 if p.dp_attention else None),
             ("--enable-dp-lm-head", p.dp_attention),
             ("--moe-a2a-backend", "deepep" if p.moe_dispatcher == "deepep" else None),
@@ -344,4 +345,8 @@ def moe_notes(pf: PlanFile) -> str:
                 "each request to both (the KV cache moves between them)\n")
     if p.expert_dtype:
         out += f"# routed experts in {p.expert_dtype}: point MODEL at a checkpoint whose experts are {p.expert_dtype}\n"
+    if p.dp_attention and p.copies > 1:
+        out += (f"# DP attention over {p.num_gpus} GPUs as {p.copies} independent servers of {p.ep} GPUs (dp {p.dp} / "
+                f"ep {p.ep}), as priced: start this command on each group of {p.ep} GPUs and spread requests over "
+                "the servers (e.g. a router)\n")
     return out

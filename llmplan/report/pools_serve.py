@@ -9,10 +9,10 @@ from rich.console import Console
 
 from llmplan.report.common import SCHEMA, ReportTable
 from llmplan.report.pools import cluster_json
-from llmplan.report.serving import serve_json, split_json
+from llmplan.report.serving import instance_layout, serve_json, serve_layout, split_json, wide_layout_note
 from llmplan.search.disagg import Pool
 from llmplan.search.hetero_serve import PoolDisaggPlan, PoolDisaggResult, PoolServeResult
-from llmplan.search.serve import slo_text
+from llmplan.search.serve import ServeSearchResult, slo_text
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.pools import PoolCluster
 from llmplan.specs.serve import ServeJob
@@ -50,7 +50,7 @@ def pools_serve_summary(res: PoolServeResult, pc: PoolCluster) -> dict[str, Any]
     return {"request_rate": res.request_rate, "capacity_requests_per_s": res.capacity_requests_per_s,
             "gpus": res.gpus, "tokens_per_s": res.tokens_per_s,
             "tokens_per_s_per_gpu": res.tokens_per_s / res.gpus if res.gpus else None,
-            "by_pool": [{**_where(pc, s.pool), "gpus": s.gpus, "replicas": s.estimate.plan.dp,
+            "by_pool": [{**_where(pc, s.pool), "gpus": s.gpus, "replicas": s.estimate.plan.copies,
                          "capacity_requests_per_s": s.capacity_requests_per_s, "requests_per_s": s.requests_per_s,
                          "tokens_per_s": s.requests_per_s * s.estimate.job.output_len,
                          "estimate": serve_json(s.estimate)} for s in res.shares]}
@@ -63,16 +63,14 @@ def pools_serve_json(res: PoolServeResult, model: ModelSpec, pc: PoolCluster, jo
             "cluster": cluster_json(pc), "objective": "throughput", "workload": job.model_dump(mode="json"),
             "search_s": res.seconds, **pools_serve_summary(res, pc),
             "pools_alone": [{**_where(pc, g), "feasible": r.feasible,
-                             "pruned": {p.rule: p.count for p in r.pruned},
+                             "pruned": {p.rule: p.count for p in r.pruned}, "refusal": r.refusal,
                              "best_tokens_per_s_per_gpu": (r.ranked[0].tokens_per_s / r.ranked[0].plan.num_gpus
                                                            if r.ranked else None)}
                             for g, r in enumerate(res.per_pool)]}
 
 
 def _layout(pool: Pool, name: str) -> str:
-    p = pool.estimate.plan
-    one = f"dpa ep{p.ep}" if p.dp_attention else f"tp{p.tp}" + (f" ep{p.ep}" if p.ep > 1 else "")
-    return f"{name} {one} x{pool.instances}"
+    return f"{name} {instance_layout(pool)}"
 
 
 def _head(console: Console, what: str, model: ModelSpec, pc: PoolCluster, job: ServeJob) -> None:
@@ -111,6 +109,14 @@ def pools_disagg_view(console: Console, res: PoolDisaggResult, model: ModelSpec,
     console.print(f"[bold]{res.winner}[/]: {res.why}")
 
 
+def _no_layout(r: ServeSearchResult) -> str:
+    """Why a pool serves nothing: its pruned layouts, its --dp-attention refusal, or pins above its GPUs."""
+    if r.refusal:
+        return f"no layout tried: {r.refusal}"
+    return "no layout fits and meets the SLOs (" + (", ".join(f"{p.count} {p.rule}" for p in r.pruned) + " pruned)"
+                                                    if r.considered else "none tried: tp x pp above the pool's GPUs)")
+
+
 def pools_serve_view(console: Console, res: PoolServeResult, model: ModelSpec, pc: PoolCluster,
                      job: ServeJob) -> None:
     _head(console, "serving", model, pc, job)
@@ -119,9 +125,7 @@ def pools_serve_view(console: Console, res: PoolServeResult, model: ModelSpec, p
                   f"{res.capacity_requests_per_s:,.2f} requests/s")
     for g, r in enumerate(res.per_pool):
         if not r.ranked:
-            console.print(f"{pc.pools[g].name}: no layout fits and meets the SLOs ("
-                          + (", ".join(f"{p.count} {p.rule}" for p in r.pruned) + " pruned)" if r.considered else
-                             "none tried: tp x pp above the pool's GPUs)"))
+            console.print(f"{pc.pools[g].name}: " + _no_layout(r))
     if not res.shares:
         return
     t = ReportTable(title=f"Replicas per pool{rate}")
@@ -131,10 +135,11 @@ def pools_serve_view(console: Console, res: PoolServeResult, model: ModelSpec, p
         t.add_column(col, justify="right")
     for s in res.shares:
         e, p = s.estimate, s.estimate.plan
-        t.add_row(pc.pools[s.pool].name, f"tp{p.tp} pp{p.pp} x{p.dp}" + (f" ep{p.ep}" if p.ep > 1 else ""),
+        t.add_row(pc.pools[s.pool].name, serve_layout(p),
                   str(p.num_gpus), f"{float(e.timing.ttft) * 1e3:,.1f}", f"{float(e.timing.tpot) * 1e3:,.2f}",
                   f"{s.requests_per_s:,.2f}", f"{s.requests_per_s / s.capacity_requests_per_s:.0%}",
                   f"{s.requests_per_s * e.job.output_len:,.0f}")
     t.caption = ("each pool's best layout on its own GPU; the rate split in proportion to each pool's capacity "
-                 "under the SLOs; of cap.: share of the pool's capacity")
+                 "under the SLOs; of cap.: share of the pool's capacity; layout: tp, pp, x replicas, ep"
+                 + wide_layout_note([s.estimate.plan for s in res.shares]))
     console.print(t)

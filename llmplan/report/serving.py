@@ -23,7 +23,7 @@ from llmplan.search.serve import ServeSearchResult, slo_text
 from llmplan.serving import ServeEstimate
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec
-from llmplan.specs.serve import LengthDistribution, ServeJob
+from llmplan.specs.serve import LengthDistribution, ServeJob, ServePlan
 
 
 
@@ -36,6 +36,8 @@ def serve_json(e: ServeEstimate, advice: list | None = None, fitting: ServeEstim
         "schema": SCHEMA, "mode": "infer", "model": e.model.name, "hardware": e.cluster.system.name,
         "nodes": e.cluster.num_nodes, "gpus": e.cluster.num_gpus,
         "plan": p.model_dump(mode="json"), "workload": j.model_dump(mode="json"),
+        # independent copies of the layout (ServePlan.copies: replicas, or DP-attention servers of ep GPUs each)
+        "copies": p.copies, "gpus_per_copy": p.gpus_per_copy,
         "memory": {"weights": mem.weights, "kv_cache": mem.kv_cache, "activations": mem.activations,
                    "other": mem.other, "total": mem.total, "capacity": mem.capacity, "fits": mem.fits,
                    "kv_available": mem.kv_available, "kv_blocks": mem.kv_blocks,
@@ -377,6 +379,29 @@ def lengths_view(console: Console, e: ServeEstimate) -> None:
         console.print("  [bold red]no concurrency meets the SLOs at the p99 prompt[/]")
 
 
+def serve_layout(p: ServePlan) -> str:
+    """A co-located serving layout as every report table shows it (one system or a pool): "tp4 pp1 x2 ep8", or
+    under DP attention "dpa8 ep8" (a server with attention data-parallel on 8 GPUs, the experts over them) and
+    "dpa8 ep8 x2" for two such servers; " tbo" with two-batch overlap."""
+    layout = (f"dpa{p.attn_dp} ep{p.ep}" + (f" x{p.copies}" if p.copies > 1 else "") if p.dp_attention
+              else f"tp{p.tp} pp{p.pp} x{p.dp}" + (f" ep{p.ep}" if p.ep > 1 else ""))
+    return layout + (" tbo" if p.two_batch_overlap else "")
+
+
+def wide_layout_note(plans: list[ServePlan]) -> str:
+    """The caption's key to serve_layout's dpaN and tbo, where a row shows them."""
+    wide = any(p.dp_attention or p.two_batch_overlap for p in plans)
+    return ("; dpaN: DP attention on N GPUs, experts over them, one server (x R: R servers); tbo: two-batch "
+            "overlap" if wide else "")
+
+
+def instance_layout(pool: Pool) -> str:
+    """A disaggregated phase's instance layout and count: "tp4 ep4 x2", "dpa ep16 x1"."""
+    p = pool.estimate.plan
+    one = f"dpa ep{p.ep}" if p.dp_attention else f"tp{p.tp}" + (f" ep{p.ep}" if p.ep > 1 else "")
+    return f"{one} x{pool.instances}"
+
+
 def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:
     """Ranked serving layouts in 80 columns: the layout as one cell (tp, pp, replicas, ep), the dtypes in the
     caption when every row shares them."""
@@ -387,19 +412,14 @@ def serve_search_table(title: str, rows: list[ServeEstimate]) -> Table:
         t.add_column(col, justify="right")
     for i, e in enumerate(rows, 1):
         p = e.plan
-        layout = (f"dpa{p.dp} ep{p.ep}" if p.dp_attention else f"tp{p.tp} pp{p.pp} x{p.dp}" + (f" ep{p.ep}" if p.ep > 1
-                                                                                                else ""))
-        layout += " tbo" if p.two_batch_overlap else ""
-        t.add_row(str(i), layout, str(p.num_gpus), f"{e.job.batch:,}/{e.memory.max_concurrent_seqs:,}",
+        t.add_row(str(i), serve_layout(p), str(p.num_gpus), f"{e.job.batch:,}/{e.memory.max_concurrent_seqs:,}",
                   f"{float(e.timing.ttft) * 1e3:,.1f}", f"{float(e.timing.tpot) * 1e3:,.2f}",
                   f"{e.tokens_per_s:,.0f}", f"{e.tokens_per_s / p.num_gpus:,.0f}")
     dtypes = {(e.plan.weight_dtype, e.plan.kv_dtype) for e in rows}
     iv = serving_interval(rows[0]) if rows else None
     band = (f"; 80% interval: tokens/s x{iv['tokens_per_s'][0] / rows[0].tokens_per_s:.2f}-"
             f"{iv['tokens_per_s'][1] / rows[0].tokens_per_s:.2f}, TTFT/TPOT inversely" if iv else "")
-    wide = any(e.plan.dp_attention or e.plan.two_batch_overlap for e in rows)
-    t.caption = ("layout: tp, pp, x replicas, ep" + ("; dpaN: DP attention on N GPUs, experts over them; tbo: "
-                                                     "two-batch overlap" if wide else "")
+    t.caption = ("layout: tp, pp, x replicas, ep" + wide_layout_note([e.plan for e in rows])
                  + "; batch: running sequences / the most the KV cache admits" + band
                  + (f"; weights {rows[0].plan.weight_dtype}, KV {rows[0].plan.kv_dtype}" if len(dtypes) == 1 else ""))
     return t
@@ -431,6 +451,8 @@ def serve_search_view(console: Console, res: ServeSearchResult, model: ModelSpec
     console.print(f"evaluated {res.considered} layouts in {res.seconds:.2f} s; {res.feasible} fit")
     if res.ranked:
         console.print(serve_search_table("Best serving plans", res.ranked))
+        for w in res.ranked[0].warnings:
+            console.print(f"[yellow]warning[/] (#1): {w}")
         console.print(queue_note(res.ranked[0].queue_wait_s, res.ranked[0].job.request_rate)
                       .replace("TTFT includes", "TTFT (#1) includes"))
     if not res.ranked and res.misses:
@@ -507,12 +529,6 @@ def disagg_json(res: DisaggResult, model: ModelSpec, cluster: ClusterSpec, job: 
             "winner": res.winner, "why": res.why}
 
 
-def _layout(pool: Pool) -> str:
-    p = pool.estimate.plan
-    one = f"dpa ep{p.ep}" if p.dp_attention else f"tp{p.tp}" + (f" ep{p.ep}" if p.ep > 1 else "")
-    return f"{one} x{pool.instances}"
-
-
 def disagg_view(console: Console, res: DisaggResult, model: ModelSpec, cluster: ClusterSpec, job: ServeJob) -> None:
     slo = f", SLOs {slo_text(job)}" if job.ttft_slo_s is not None or job.tpot_slo_s is not None else ""
     console.print(f"[bold]{model.name}[/] disaggregated serving on up to {cluster.num_gpus} x "
@@ -526,7 +542,7 @@ def disagg_view(console: Console, res: DisaggResult, model: ModelSpec, cluster: 
         for col in ("P:D GPUs", "TTFT ms", "TPOT ms", "per GPU"):
             t.add_column(col, justify="right")
         for i, x in enumerate(res.plans, 1):
-            t.add_row(str(i), _layout(x.prefill), _layout(x.decode), f"{x.prefill.gpus}:{x.decode.gpus}",
+            t.add_row(str(i), instance_layout(x.prefill), instance_layout(x.decode), f"{x.prefill.gpus}:{x.decode.gpus}",
                       f"{x.ttft_s * 1e3:,.0f}", f"{x.tpot_s * 1e3:,.1f}", f"{x.tokens_per_s / x.gpus:,.0f}")
         queue = (f"mean queueing wait at {res_rate:g} requests/s (M/G/1) + " if (res_rate := job.request_rate)
                  else "")
@@ -538,8 +554,6 @@ def disagg_view(console: Console, res: DisaggResult, model: ModelSpec, cluster: 
                       f"{b.kv_seconds * 1e3:,.2f} ms over {b.kv_link}")
     co = res.colocated
     if co is not None:
-        layout = (f"dpa{co.plan.dp} ep{co.plan.ep}" if co.plan.dp_attention
-                  else f"tp{co.plan.tp} pp{co.plan.pp} x{co.plan.dp}")
-        console.print(f"best co-located: {layout}, "
+        console.print(f"best co-located: {serve_layout(co.plan)}, "
                       f"{co.tokens_per_s / co.plan.num_gpus:,.0f} output tokens/s per GPU")
     console.print(f"[bold]{res.winner}[/]: {res.why}")

@@ -30,8 +30,8 @@ from llmplan.search.disagg import (
     refuse_speculation,
 )
 from llmplan.errors import LlmplanError
-from llmplan.search.serve import (ServeSearchResult, pinned_ep_refusal, refuse_no_layout, search_serving,
-                                 sub_cluster)
+from llmplan.search.serve import (ServeSearchResult, pinned_ep_refusal, refuse_dp_attention, refuse_no_layout,
+                                  search_serving, sub_cluster)
 from llmplan.serving import ServeEstimate, estimate_serving
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import MemoryAllowance
@@ -74,7 +74,7 @@ class PoolShare:
 
     pool: int
     estimate: ServeEstimate
-    """The pool's plan with the replicas it runs (plan.dp) at their batch."""
+    """The pool's plan with the copies it runs (plan.copies: replicas, or DP-attention servers) at their batch."""
     capacity_requests_per_s: float
     """Requests/s of every replica the pool holds, at the largest concurrency meeting the SLOs."""
     requests_per_s: float
@@ -123,6 +123,7 @@ def search_colocated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_
     pool running the fewest replicas of its layout that carry its share. Without a rate every replica of every
     pool serves. A rate above the pools' total capacity gives no shares."""
     t0 = time.perf_counter()
+    refuse_pools_dp_attention(m, pc, pins or {}, moe or {})
     per_pool = [search_serving(m, p.cluster, job, weight_dtype, kv_dtype, "throughput", 5, None, allowance, pins, moe,
                                refuse_pins=False) for p in pc.pools]
     best = [(g, r.ranked[0]) for g, r in enumerate(per_pool) if r.ranked]
@@ -136,10 +137,10 @@ def search_colocated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_
     if best and (request_rate is None or request_rate <= total):
         rates = caps if request_rate is None else rate_shares(request_rate, caps)
         for (g, e), cap, r in zip(best, caps, rates, strict=True):
-            per_replica = cap / e.plan.dp
-            replicas = e.plan.dp if request_rate is None else min(e.plan.dp, max(1, math.ceil(r / per_replica
-                                                                                             - 1e-12)))
-            est = e if replicas == e.plan.dp else resized(e, replicas, allowance)
+            per_replica = cap / e.plan.copies  # a replica, or a DP-attention server of ep GPUs
+            replicas = e.plan.copies if request_rate is None else min(e.plan.copies, max(1, math.ceil(
+                r / per_replica - 1e-12)))
+            est = e if replicas == e.plan.copies else resized(e, replicas, allowance)
             shares.append(PoolShare(g, est, cap, r))
     return PoolServeResult(shares, per_pool, request_rate, total, time.perf_counter() - t0)
 
@@ -157,13 +158,30 @@ def refuse_pinned_ep(m: ModelSpec, pc: PoolCluster, job: ServeJob, weight_dtype:
         raise LlmplanError(" | ".join(f"pool {p.name}: {w}" for p, w in zip(pc.pools, why, strict=True)))
 
 
+def refuse_pools_dp_attention(m: ModelSpec, pc: PoolCluster, pins: dict, moe: dict) -> None:
+    """--dp-attention follows a pinned --ep over pools: each pool takes it as its system alone would
+    (search.serve.refuse_dp_attention), a pool with no DP-attention layout serves nothing (its search's
+    `refusal` says why), and the search is refused only when no pool has one, naming every pool and its reason.
+    The disaggregated search applies the same rule to its instances: a role (prefill or decode) needs a pool
+    with a DP-attention layout, and both roles may sit on any pool that has one."""
+    why: dict[str, list[str]] = {}
+    for p in pc.pools:
+        try:
+            refuse_dp_attention(m, p.cluster, pins, moe)
+        except LlmplanError as e:
+            why.setdefault(str(e), []).append(f"{p.name} ({p.nodes} x {p.system.name}, {p.num_gpus} GPUs)")
+    if sum(len(ps) for ps in why.values()) == len(pc.pools):
+        raise LlmplanError(" | ".join(f"pool{'s' * (len(ps) > 1)} {', '.join(ps)}: {w}" for w, ps in why.items()))
+
+
 def resized(e: ServeEstimate, replicas: int, allowance: MemoryAllowance | None) -> ServeEstimate:
-    """The estimate with at least `replicas` replicas of its layout, rounded up to fill whole nodes when they
-    take more than one (as the single-system search's sub-clusters), re-estimated on those GPUs."""
-    gpn, gpr = e.cluster.gpus_per_node_used, e.plan.gpus_per_replica
+    """The estimate with at least `replicas` copies of its layout (replicas; DP-attention servers of ep GPUs),
+    rounded up to fill whole nodes when they take more than one (as the single-system search's sub-clusters),
+    re-estimated on those GPUs."""
+    gpn, gpr = e.cluster.gpus_per_node_used, e.plan.gpus_per_copy
     if replicas * gpr > gpn:
-        replicas = min(e.plan.dp, math.ceil(replicas * gpr / gpn) * gpn // gpr)
-    plan = e.plan.model_copy(update={"dp": replicas})
+        replicas = min(e.plan.copies, math.ceil(replicas * gpr / gpn) * gpn // gpr)
+    plan = e.plan.model_copy(update={"dp": replicas * e.plan.attn_dp})
     sub = sub_cluster(e.cluster, plan.num_gpus)
     return e if sub.num_gpus != plan.num_gpus else estimate_serving(e.model, sub, plan, e.job, allowance)
 
@@ -213,6 +231,7 @@ def search_disaggregated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, wei
     `moe`: the MoE serving options given, applied to every pool's instance layouts and to the co-located search
     as search.disagg applies them (moe_plans)."""
     refuse_speculation(m, job)
+    refuse_pools_dp_attention(m, pc, {}, moe or {})
     t0 = time.perf_counter()
     rated, job = job, job.model_copy(update={"request_rate": None})  # instances priced idle; the queue per split
     prefills = [[e for e in (price_prefill(m, p.cluster, x, job, allowance)

@@ -53,6 +53,9 @@ class ServeSearchResult:
     request_rate: float | None = None
     misses: list[Miss] = field(default_factory=list)
     """Layouts that fit but miss an SLO or the GPU budget, best first (shown when nothing is served)."""
+    refusal: str | None = None
+    """Why this system tried no layout when a search over pools goes on without it (refuse_pins False): the
+    --dp-attention refusal of refuse_dp_attention, which one system raises (None otherwise)."""
 
 
 def _count(pruned: dict[str, list], rule: str, example: str) -> None:
@@ -95,18 +98,21 @@ def wide_ep_sizes(cluster: ClusterSpec) -> list[int]:
 
 def wide_ep_plans(m: ModelSpec, cluster: ClusterSpec, pins: dict, base: ServePlan, moe: dict) -> list[ServePlan]:
     """DP-attention wide-EP layouts of a MoE model (as the disaggregated search's instances): tp 1, attention on
-    every GPU of g, experts over ep = g with DeepEP, two-batch overlap when the group leaves the NVLink domain,
-    EPLB's redundant experts (the given number, else 0 or 32) where they make ep divide the experts."""
+    every GPU of a group of g (wide_ep_sizes, or a pinned --ep above 1 dividing the GPUs), experts over ep = g
+    with DeepEP, two-batch overlap when the group leaves the NVLink domain, EPLB's redundant experts (the given
+    number, else 0 or 32) where they make ep divide the experts; as many groups (independent servers, dp = g x
+    copies) as the GPUs hold, as the TP / PP layouts' replicas fill them."""
     if not m.is_moe or pins.get("tp") not in (None, 1) or pins.get("pp") not in (None, 1):
         return []
-    out = []
-    for g in wide_ep_sizes(cluster):
+    out, n, pinned = [], cluster.num_gpus, pins.get("ep")
+    sizes = wide_ep_sizes(cluster) + ([pinned] if pinned and 1 < pinned < n and n % pinned == 0 else [])
+    for g in sorted(set(sizes)):
         given = moe.get("redundant_experts")
         red = given if given is not None else next(
             (r for r in WIDE_EP_REDUNDANT if (m.num_experts + r) % g == 0), None)
         if red is None or pins.get("ep") not in (None, g):
             continue
-        out.append(base.model_copy(update={"tp": 1, "pp": 1, "dp": g, "ep": g, "dp_attention": True,
+        out.append(base.model_copy(update={"tp": 1, "pp": 1, "dp": n // g * g, "ep": g, "dp_attention": True,
                                            "moe_dispatcher": "deepep", "redundant_experts": red,
                                            "two_batch_overlap": g > cluster.system.domain_gpus}))
     return out
@@ -167,8 +173,9 @@ def refuse_dp_attention(m: ModelSpec, cluster: ClusterSpec, pins: dict, moe: dic
     """The serving search's up-front refusal of --dp-attention on a MoE model when no DP-attention layout it
     tries fits the pins (wide_ep_plans: tp 1, pp 1, ep over every GPU of the group): the SERVE_MOE_RULES that
     `estimate --mode infer` meets with the same pins on the budget (tp and pp pinned or 1, dp filling the GPUs,
-    ep pinned or over them all), as check_serve_plan words them, rather than a search that finds no plan. A dense
-    model's --dp-attention is check_search_moe's (rule dp_attention_moe)."""
+    ep pinned or over them all), as check_serve_plan words them, or where those hold (one GPU; no group size
+    dividing the experts) the group sizes tried, rather than a search that finds no plan. A dense model's
+    --dp-attention is check_search_moe's (rule dp_attention_moe)."""
     if not (m.is_moe and moe.get("dp_attention")):
         return
     base = ServePlan()
@@ -181,6 +188,11 @@ def refuse_dp_attention(m: ModelSpec, cluster: ClusterSpec, pins: dict, moe: dic
     bad = serve_moe_violations(m, plan)
     if bad:
         raise PlanViolationError(bad)
+    sizes = ", ".join(map(str, wide_ep_sizes(cluster))) or "none: one GPU"
+    raise LlmplanError(f"--dp-attention: no DP-attention layout of {m.name} on {cluster.num_gpus} GPUs: the search "
+                       f"tries wide-EP groups of whole nodes, doubling, and every GPU ({sizes}), each with ep over "
+                       f"its GPUs dividing the {m.num_experts} experts (with --redundant-experts, else 0 or "
+                       f"{WIDE_EP_REDUNDANT[-1]} redundant); add GPUs or drop --dp-attention")
 
 
 EP_RULES = ("ep_experts", "ep_serve", "ep_serve_engine")
@@ -271,15 +283,23 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
     """Rank the serving layouts (serve_candidates) of a GPU budget; `moe` the MoE serving options given. A job
     whose speculation no layout can run is refused up front (refuse_speculation); a pinned --ep that no layout
     takes (pinned_ep_refusal) is refused when nothing is served, and pins that leave no layout at all up front
-    (refuse_no_layout), where `refuse_pins` (the search over pools refuses a pinned --ep only when no pool takes it)."""
+    (refuse_no_layout), where `refuse_pins` (the search over pools refuses a pinned --ep only when no pool takes it).
+    --dp-attention with no DP-attention layout for these GPUs and pins (refuse_dp_attention) is refused up front
+    on one system; over pools (`refuse_pins` False) the pool tries nothing and `refusal` says why."""
     refuse_speculation(m, job)
     t0 = time.perf_counter()
     pins = pins or {}
-    refuse_dp_attention(m, cluster, pins, moe or {})
+    refusal = None
+    try:
+        refuse_dp_attention(m, cluster, pins, moe or {})
+    except LlmplanError as e:
+        if refuse_pins:
+            raise
+        refusal = str(e)
     pruned: dict[str, list] = {}
     found: list[ServeEstimate] = []
     misses: list[Miss] = []
-    layouts = serve_candidates(m, cluster, pins, weight_dtype, kv_dtype, moe)
+    layouts = [] if refusal else serve_candidates(m, cluster, pins, weight_dtype, kv_dtype, moe)
     if not layouts and refuse_pins:
         refuse_no_layout(m, cluster, pins)
     lm = loaded_model(m, job)
@@ -326,6 +346,7 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
         pruned=[Pruned(rule, count, example) for rule, (count, example) in pruned.items()],
         ranked=found[:top], objective=objective, seconds=time.perf_counter() - t0, request_rate=request_rate,
         misses=sorted(misses, key=lambda x: (x.rule != "gpus", x.gpus_needed, x.tpot_s + x.ttft_s)),
+        refusal=refusal,
     )
 
 
@@ -338,27 +359,23 @@ def slo_text(job: ServeJob) -> str:
 
 def _min_gpus(found: list[ServeEstimate], rate: float | None, budget: int,
               allowance: MemoryAllowance | None) -> tuple[list[ServeEstimate], list[Miss]]:
-    """Each layout with just enough replicas for `rate` requests/s (one replica without a rate), estimated
-    with the same memory allowance as the search; and the layouts whose replicas exceed the budget."""
+    """Each layout with just enough copies (replicas; DP-attention servers of ep GPUs) for `rate` requests/s
+    (one without a rate), estimated with the same memory allowance as the search; and the layouts whose copies
+    exceed the budget."""
     out, over = [], []
     for e in found:
-        per_replica = float(e.timing.tokens_per_s_replica) / e.job.output_len  # requests/s
-        replicas = max(1, math.ceil(rate / per_replica)) if rate else 1
-        if e.plan.dp_attention:  # one wide-EP instance: its attention ranks are its EP group, fixed by the layout
-            if replicas > e.plan.dp:
-                over.append(Miss(e.plan.tp, e.plan.pp, e.plan.ep, "gpus", float(e.timing.ttft),
-                                 float(e.timing.tpot), replicas))
-            else:
-                out.append(e)
-            continue
-        if replicas * e.plan.gpus_per_replica > budget:
+        unit = e.plan.gpus_per_copy
+        # requests/s of one copy (tokens_per_s_replica: one attention rank's under DP attention)
+        per_copy = float(e.timing.tokens_per_s_replica) * e.plan.attn_dp / e.job.output_len
+        replicas = max(1, math.ceil(rate / per_copy)) if rate else 1
+        if replicas * unit > budget:
             over.append(Miss(e.plan.tp, e.plan.pp, e.plan.ep, "gpus", float(e.timing.ttft), float(e.timing.tpot),
-                             replicas * e.plan.gpus_per_replica))
+                             replicas * unit))
         else:
             est = _at_replicas(e, replicas, allowance)
             # The queue before prefill shrinks as replicas are added: add them, within the budget, until the
             # queued TTFT meets the SLO (cost.queueing).
-            more = iter(range(replicas + 1, budget // e.plan.gpus_per_replica + 1))
+            more = iter(range(replicas + 1, budget // unit + 1))
             while est is not None and _queued_miss(est) and (r := next(more, None)) is not None:
                 est = _at_replicas(e, r, allowance) or est
             if est is not None and _queued_miss(est):
@@ -375,7 +392,7 @@ def _queued_miss(e: ServeEstimate) -> bool:
 
 
 def _at_replicas(e: ServeEstimate, replicas: int, allowance: MemoryAllowance | None) -> ServeEstimate | None:
-    """The estimate's layout with `replicas` replicas (None when they do not fill whole nodes)."""
-    plan = e.plan.model_copy(update={"dp": replicas})
+    """The estimate's layout with `replicas` copies (ServePlan.copies; None when they do not fill whole nodes)."""
+    plan = e.plan.model_copy(update={"dp": replicas * e.plan.attn_dp})
     cluster = sub_cluster(e.cluster, plan.num_gpus)
     return estimate_serving(e.model, cluster, plan, e.job, allowance) if cluster.num_gpus == plan.num_gpus else None

@@ -260,9 +260,11 @@ SERVE_MOE_RULES: tuple[Rule, ...] = (
     Rule("dp_attention_layout", lambda m, p, c: (not p.dp_attention) | ((p.tp == 1) & (p.pp == 1)),
          lambda m, p, c: f"--dp-attention runs attention whole on every GPU (tp 1, pp 1), but the plan has tp {p.tp} "
                          f"pp {p.pp}; use --tp 1 --pp 1 with --dp and --ep set to the GPUs of the pool"),
-    Rule("dp_attention_ep", lambda m, p, c: (not p.dp_attention) | (p.ep == p.tp * p.pp * p.dp),
-         lambda m, p, c: f"--dp-attention shards the experts over every GPU of the pool: ep ({p.ep}) must equal the "
-                         f"{p.tp * p.pp * p.dp} GPUs (tp x pp x dp); use --ep {p.tp * p.pp * p.dp}"),
+    Rule("dp_attention_ep", lambda m, p, c: (not p.dp_attention) | (p.ep == p.tp * p.pp * p.dp)
+         | ((p.ep > 1) & ((p.tp * p.pp * p.dp) % p.ep == 0)),
+         lambda m, p, c: f"--dp-attention shards the experts over every GPU of a server: ep ({p.ep}) must equal the "
+                         f"{p.tp * p.pp * p.dp} GPUs (tp x pp x dp), or divide them (dp / ep servers of ep > 1 GPUs); "
+                         f"use --ep {p.tp * p.pp * p.dp}"),
     Rule("moe_serving_needs_ep",
          lambda m, p, c: (p.ep > 1) | ((p.moe_dispatcher == "alltoall") & (not p.two_batch_overlap)
                                        & (p.redundant_experts == 0)),
@@ -325,19 +327,32 @@ def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob,
     if plan.ep > 1 and plan.ep > plan.tp * plan.dp:
         out.append(Violation("ep_serve", f"ep ({plan.ep}) cannot exceed tp x dp ({plan.tp * plan.dp}): serving "
                              "engines spread experts over the TP ranks of all replicas"))
-    if m.is_moe and plan.ep > plan.tp and not plan.dp_attention and job.engine != "vllm":
-        # SGLang splits its TP ranks into EP groups (--ep-size divides --tp-size) and TensorRT-LLM its TP ranks
-        # (moe_ep_size x moe_tp_size = tp_size); only vLLM's DP + EP spans replicas without attention DP.
-        out.append(Violation("ep_serve_engine", f"ep ({plan.ep}) above tp ({plan.tp}) spreads experts over several "
-                             f"replicas, which {job.engine} does only with attention data parallel; add "
-                             f"--dp-attention (tp 1, ep = GPUs), lower --ep to at most {plan.tp}, or use "
-                             "--engine vllm"))
+    if m.is_moe and plan.tp % plan.ep != 0 and not plan.dp_attention and job.engine != "vllm":
+        out.append(Violation("ep_serve_engine", ep_serve_engine_message(m, plan, job)))
     if job.context > m.max_position_embeddings:
         scaling = f" (rope_scaling: {m.rope_scaling})" if m.rope_scaling else ""
         out.append(Violation("context", f"input_len + output_len ({job.input_len} + {job.output_len} = "
                              f"{job.context}) exceeds max_position_embeddings ({m.max_position_embeddings}) of "
                              f"{m.name}{scaling}; lower --input-len or --output-len"))
     return out + speculative_violations(m, plan, job) + sglang_graph_violations(plan, job)
+
+
+def ep_serve_engine_message(m: ModelSpec, plan: ServePlan, job: ServeJob) -> str:
+    """Why an EP degree that does not divide tp breaks SGLang or TensorRT-LLM without attention DP: both split a
+    replica's TP ranks into EP groups (moe_tp = tp / ep), so ep must divide tp; only vLLM's DP + EP spans replicas.
+    Source: sgl-project/sglang v0.5.23 (PyPI wheel), python/sglang/srt/runtime_context.py, derive_parallel_widths
+    (moe_tp_size = tp_size // moe_ep_size // moe_dp_size) and _validate_parallel (tp_size == moe_ep_size x
+    moe_dp_size x moe_tp_size); NVIDIA/TensorRT-LLM @b35ac1b6, tensorrt_llm/mapping.py, MappingBase.__init__
+    (moe_tp_size x moe_ep_size must equal tp_size)."""
+    experts = max(m.num_experts, 1) + plan.redundant_experts
+    valid = [d for d in divisors(plan.tp) if experts % d == 0]
+    fix = f"valid ep at tp {plan.tp}: {bounded_list(valid)}"
+    if plan.ep > plan.tp:
+        return (f"ep ({plan.ep}) above tp ({plan.tp}) spreads experts over several replicas, which {job.engine} "
+                f"does only with attention data parallel; add --dp-attention (tp 1, ep = GPUs), lower --ep ({fix}) or use "
+                "--engine vllm")
+    return (f"ep ({plan.ep}) must divide tp ({plan.tp}) under {job.engine}: it splits each replica's {plan.tp} TP "
+            f"ranks into EP groups (MoE TP width tp / ep), so {plan.ep} leaves no whole width; {fix}")
 
 
 def sglang_graph_violations(plan: ServePlan, job: ServeJob) -> list[Violation]:

@@ -1,4 +1,5 @@
-"""The workload defaults the commands share, written once: sequence length and tokens per step."""
+"""The workload defaults the commands share, written once: sequence length, tokens per step and the serving
+runtime allowance."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ DEFAULT_BATCH_TOKENS = 4 * 1024**2
 """Tokens per optimizer step when neither --global-batch nor --batch-tokens is given (4M, as Llama 2/3)."""
 BATCH_ROUNDING = 0.05
 """--batch-tokens becomes the nearby global batch (within 5%) that the most data-parallel degrees divide."""
+SERVE_RUNTIME_GIB = 1.5
+"""The stated per-GPU allowance for a serving engine's runtime (CUDA context, NCCL, CUDA graphs) where
+--overhead-gib is not given (docs/formulas.md#mem.other): the training side prices its runtime instead."""
 
 
 def default_seq_len(m: ModelSpec) -> int:

@@ -66,8 +66,12 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     out["name"] = str(cfg.get("_name_or_path") or default_name).rstrip("/").split("/")[-1] or default_name
     out["source"] = f"Hugging Face config.json ({cfg.get('_name_or_path') or default_name})"
     out["model_type"] = mt
-    act = cfg.get("mlp_hidden_act", "relu2") if mt == "nemotron_h" else next(
-        (cfg[k] for k in ("hidden_act", "hidden_activation", "activation_function") if isinstance(cfg.get(k), str)), None)
+    # Nemotron-H names its MLP's activation mlp_hidden_act (none named: the spec implies relu2, model.mlp_activation);
+    # Gemma's configs carry both hidden_act and hidden_activation, and transformers' Gemma MLPs read hidden_activation
+    act_keys = (("mlp_hidden_act",) if mt == "nemotron_h" else
+                ("hidden_activation", "hidden_act") if str(mt).startswith("gemma") else
+                ("hidden_act", "hidden_activation", "activation_function"))
+    act = next((cfg[k] for k in act_keys if isinstance(cfg.get(k), str)), None)
     if isinstance(act, str):
         out["hidden_act"] = act
     out.setdefault("tie_word_embeddings", mt in TIED_BY_DEFAULT)

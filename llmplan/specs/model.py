@@ -399,7 +399,7 @@ class ModelSpec(Spec):
     @property
     def mlp_activation(self) -> str:
         """The MLP's activation in words: hidden_act where the spec names it, else what the spec implies: a
-        Nemotron-H ungated MLP is squared ReLU (relu2, its config's default; hf.py reads it so), another ungated
+        Nemotron-H ungated MLP is squared ReLU (relu2, its config's default; hf.py then names none), another ungated
         MLP GELU (gated_mlp's plain two-matrix MLP), a gated one SwiGLU / GeGLU unnamed."""
         if self.hidden_act:
             return f"{self.hidden_act} (hidden_act)"

@@ -255,7 +255,10 @@ class ParallelPlan(PlanQuantities, Spec):
     overlap_grad_reduce: bool = True
     """Reduce gradients in buckets during the last micro-batch's backward (Megatron --overlap-grad-reduce)."""
     overlap_param_gather: bool = True
-    """All-gather updated weights during the next forward (Megatron --overlap-param-gather; needs zero >= 1)."""
+    """All-gather updated weights during the next forward (Megatron --overlap-param-gather; needs zero >= 1).
+    Without overlap_grad_reduce Megatron-Core's DDP keeps each model chunk one bucket, so the first forward waits
+    for the first chunk's whole gather (docs/formulas.md#step.dp_one_bucket); Megatron-Bridge runs that,
+    Megatron-LM's validate_args refuses it (export --to megatron then leaves the flag out)."""
     overlap_param_gather_with_optimizer_step: bool = False
     """Megatron-Core --overlap-param-gather-with-optimizer-step (interleaved pipeline, distributed optimizer,
     overlap_param_gather): the first model chunk is one DP bucket with an optimizer of its own, stepped first;
@@ -499,7 +502,8 @@ class ParallelPlan(PlanQuantities, Spec):
     Programming Guide, CUDA Environment Variables: 1-32, default 8). At 1 every stream's kernels run in launch
     order on one queue, so the EP overlap's communication kernels wait behind the compute launched before them and
     the overlap hides part of what it hides with more queues (docs/formulas.md#moe.overlap_queues). None: as the
-    launcher leaves it, priced as more than one queue (the exports write 1 only where Megatron-LM asks for it)."""
+    launcher leaves it, priced as more than one queue (the exports write 1 only where Megatron-LM asks for it),
+    except beside Transformer Engine's userbuffer TP overlap before Blackwell, priced and exported as one queue."""
     delay_wgrad: bool = False
     """Under the EP overlap (ep_comm_overlap), defer each MoE layer's weight-gradient GEMMs (the routed experts',
     and the attention node's: attention projections and shared experts) out of their node's backward, so the

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
+import numpy as np
+
 from llmplan.arith import maximum, minimum, where
 
 if TYPE_CHECKING:
@@ -91,16 +93,37 @@ def cp_ring_size(p: Any) -> Any:
 
 
 def param_gather_optstep_axes(p: Any) -> Any:
-    """Elementwise: the plan has what Megatron-LM runs overlap_param_gather_with_optimizer_step with (the
-    distributed optimizer, both DP overlaps, an interleaved pipeline: core_v0.14.0 megatron/training/arguments.py
-    validate_args). The flag acts only there: its check_plan rule and its pricing read this one predicate.
-    Derived: docs/formulas.md#step.dp_optstep_gather"""
-    return p.overlap_param_gather & p.overlap_grad_reduce & (p.zero == 1) & (p.pp > 1) & (p.vpp > 1)
+    """Elementwise: the plan has what Megatron-Core runs overlap_param_gather_with_optimizer_step with (the
+    distributed optimizer, the parameter-gather overlap, an interleaved pipeline: core_v0.14.0
+    megatron/training/arguments.py validate_args). The gradient-reduce overlap is not among them: validate_args
+    asks it only through --overlap-param-gather, and Megatron-Core's own get_megatron_optimizer and
+    ChainedOptimizer do not read it, so Megatron-Bridge, which never calls validate_args, runs the flag without
+    it (perf_recipes/deepseek/h100/deepseek_v3.py at 79308d0d9: overlap_grad_reduce False, then
+    _enable_overlap_param_gather_with_optimizer_step). The flag acts only there: its check_plan rule and its
+    pricing read this one predicate. Derived: docs/formulas.md#step.dp_optstep_gather"""
+    return p.overlap_param_gather & (p.zero == 1) & (p.pp > 1) & (p.vpp > 1)
 
 
 def param_gather_optstep(p: Any) -> Any:
-    """Elementwise: overlap_param_gather_with_optimizer_step set and acting (param_gather_optstep_axes)."""
+    """Elementwise: overlap_param_gather_with_optimizer_step set and acting (param_gather_optstep_axes). The
+    switch is one value for all plans (a workload field of the search's plan arrays): off, plain False, so the
+    callers skip the pricing it gates instead of selecting from an all-False array."""
+    if not p.overlap_param_gather_with_optimizer_step:
+        return False
     return p.overlap_param_gather_with_optimizer_step & param_gather_optstep_axes(p)
+
+
+def dp_first_chunk_unbucketed(p: Any) -> Any:
+    """Elementwise: Megatron-Core's DDP builds the first model chunk of a plan's ranks as one bucket per
+    buffer, as it does every later chunk: without the gradient-reduce overlap (bucket_size None, "Set
+    bucket_size to infinity if overlap_grad_reduce is False") or under overlap_param_gather_with_optimizer_step
+    (disable_bucketing for every chunk). Both the reduction and the weight gather run per bucket, so neither is
+    then cut into buckets. Source: NVIDIA/Megatron-LM 14346b65a (Megatron-Bridge 79308d0d9's pin)
+    megatron/core/distributed/distributed_data_parallel.py (DistributedDataParallel.__init__ lines 70-72),
+    megatron/training/models/dist_utils.py (disable_bucketing); core_v0.14.0 training/training.py get_model.
+    Derived: docs/formulas.md#comm.dp_bucket"""
+    return np.logical_not(np.asarray(p.overlap_grad_reduce, dtype=bool)) | np.asarray(param_gather_optstep(p),
+                                                                                      dtype=bool)
 
 
 class PlanLike(Protocol):

@@ -79,8 +79,9 @@ class ServePlan(Spec):
     deployment: prefill (prompts only; the KV cache leaves for the decode pool) or decode (KV received)."""
     dp_attention: bool = False
     """Data-parallel attention for MoE models: every GPU runs attention, the dense layers and the LM head on its
-    own sequences (tp x pp = 1 per attention rank, dp ranks), and the routed experts are sharded over ep = dp
-    GPUs; the experts of every MoE layer see the tokens of all dp ranks."""
+    own sequences (tp x pp = 1 per attention rank, dp ranks), and the routed experts are sharded over the ep GPUs
+    of one server (its attention ranks); the experts of every MoE layer see the tokens of its ep ranks. dp a
+    multiple of ep runs dp / ep independent servers of ep GPUs (copies)."""
     moe_dispatcher: ServeDispatcher = "alltoall"
     """How tokens reach their experts' ranks: alltoall (every routed copy in 16 bits) or deepep (DeepEP: fp8
     dispatch, 16-bit combine; prefill steps use the normal kernels, one copy per destination node over the
@@ -110,6 +111,22 @@ class ServePlan(Spec):
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def attn_dp(self) -> int:
+        """Attention data-parallel ranks of one server: its EP group (ep) under DP attention, else 1."""
+        return self.ep if self.dp_attention else 1
+
+    @property
+    def copies(self) -> int:
+        """Independent copies of the layout the plan runs: the replicas (dp), or under DP attention its servers
+        of ep GPUs each (dp / ep)."""
+        return self.dp // self.ep if self.dp_attention else self.dp
+
+    @property
+    def gpus_per_copy(self) -> int:
+        """GPUs of one copy: tp x pp, or under DP attention one server's ep GPUs."""
+        return self.ep if self.dp_attention else self.tp * self.pp
 
     @property
     def etp_resolved(self) -> int:

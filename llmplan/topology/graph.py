@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from llmplan.errors import LlmplanError
 from llmplan.specs.hardware import SystemSpec
+
+if TYPE_CHECKING:
+    import networkx as nx  # imported where a graph is built or walked: `llmplan --help` does not load it
 
 
 def gpu(node: int, local: int) -> tuple:
@@ -25,6 +27,7 @@ def gpu(node: int, local: int) -> tuple:
 
 def build_graph(system: SystemSpec, num_nodes: int) -> nx.Graph:
     """The graph of `num_nodes` nodes of `system`. Derived: docs/formulas.md#topo.graph"""
+    import networkx as nx
     g = nx.Graph()
     s = system
     gpn = s.gpus_per_node
@@ -84,6 +87,7 @@ def _scale_out(g: nx.Graph, s: SystemSpec, n: int) -> None:
 
 def validate(system: SystemSpec, num_nodes: int) -> None:
     """Every GPU must reach every other; bad shapes are one clear error."""
+    import networkx as nx
     if num_nodes > 1 and not system.nics_per_node:
         raise LlmplanError(f"{system.name} has no scale-out NICs (nics_per_node 0), so {num_nodes} nodes cannot "
                            "be connected; use --nodes 1 or give the profile nics_per_node and nic_gbit_per_s")
@@ -110,6 +114,7 @@ class PathShare:
 
 def path_share(g: nx.Graph, a: tuple, b: tuple) -> PathShare:
     """Bottleneck share (min over edges of bw / sharers) and summed latency of the shortest path a -> b."""
+    import networkx as nx
     path = nx.shortest_path(g, a, b)
     edges = [g.edges[u, v] for u, v in pairwise(path)]
     return PathShare(bw=min(e["bw"] / e["sharers"] for e in edges), latency=sum(e["latency"] for e in edges),

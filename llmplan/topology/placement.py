@@ -8,6 +8,7 @@ the expert grid is etp, ep, expert-dp, pp (Megatron-LM's expert grid). Source: M
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -65,7 +66,14 @@ class GroupSpan:
 
 
 def axis_dims(plan: Degrees, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, tuple[tuple[int, int], ...]]:
-    """For each axis, the (size, stride) of the rank dimensions its groups run along (dpcp: two dims)."""
+    """For each axis, the (size, stride) of the rank dimensions its groups run along (dpcp: two dims). A new dict
+    each call, from _axis_dims' cache: each of a command's searches asks for the same rank layouts again."""
+    return dict(_axis_dims(plan, order))
+
+
+@lru_cache(maxsize=4096)
+def _axis_dims(plan: Degrees, order: tuple[str, ...]) -> dict[str, tuple[tuple[int, int], ...]]:
+    """axis_dims, once per (degrees, order); the caller copies it (the values are tuples)."""
     dense_order = [a for a in order if a != "ep"]  # innermost first
     sizes = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}
     stride, strides = 1, {}
