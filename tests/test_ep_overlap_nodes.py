@@ -55,9 +55,9 @@ def test_dsv3_h100_pairing_overlaps_what_the_published_ablation_measured(row_set
     seen: list[tuple] = []
     real = step_mod.ep_exposed
 
-    def spy(p, ep, window, kappa, pair=(), layers=1, deferred=(0.0, 0.0), *rest):
+    def spy(p, ep, window, kappa, pair=(), layers=1, deferred=(0.0, 0.0), compute_capability=None):
         seen.append((float(ep), tuple(float(w) for w in pair), float(layers), tuple(float(d) for d in deferred)))
-        return real(p, ep, window, kappa, pair, layers, deferred, *rest)
+        return real(p, ep, window, kappa, pair, layers, deferred, compute_capability)
 
     monkeypatch.setattr(step_mod, "ep_exposed", spy)
     estimate_training(model, cluster, plan)

@@ -244,7 +244,8 @@ def plan_and_more_comm(draw):
                         recompute=draw(st.sampled_from(["none", "selective", "full"])), global_batch=dp * 8,
                         tp_comm_overlap=draw(st.booleans()), ep_comm_overlap=draw(st.booleans()),
                         overlap_grad_reduce=draw(st.booleans()), overlap_param_gather=draw(st.booleans()))
-    factors = {f.name: draw(st.floats(1.0, 5.0)) for f in dataclasses.fields(CommSeconds) if f.name != "dp_stages"}
+    factors = {f.name: draw(st.floats(1.0, 5.0)) for f in dataclasses.fields(CommSeconds)
+               if f.name not in ("dp_stages", "tp_edge_stages")}
     return m, plan, factors
 
 
@@ -259,7 +260,9 @@ def test_more_communication_never_shortens_the_step(case):
     e = estimate_training(m, cluster, plan)
     base = comm_seconds(e.comm, cluster.system)
     more = CommSeconds(**{k: getattr(base, k) * f for k, f in factors.items()},  # each stage's dp too
-                       dp_stages=tuple((r * factors["dp_reduce"], g * factors["dp_gather"]) for r, g in base.dp_stages))
+                       dp_stages=tuple((r * factors["dp_reduce"], g * factors["dp_gather"]) for r, g in base.dp_stages),
+                       tp_edge_stages=tuple((s * factors["tp_edge"], a * factors["tp_edge_async"])
+                                            for s, a in base.tp_edge_stages))  # each stage's TP edge too
     t0 = step_time(m, plan, cluster.system.gpu, base)
     t1 = step_time(m, plan, cluster.system.gpu, more)
     assert float(t1.total) >= float(t0.total) * (1 - 1e-12)

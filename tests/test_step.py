@@ -288,7 +288,11 @@ def test_synchronous_tp_exposes_every_collective():
                         dtype="fp16", flash_attention=False)
     on = estimate_training(m, cluster, base)
     off = estimate_training(m, cluster, base.model_copy(update={"tp_backward_overlap": False}))
-    assert float(off.time.exposed["tp"]) == pytest.approx(float(off.comm.axes["tp"].seconds))
+    # the slowest stage (the last: 12 layers and the output layer) adds its collectives outside the decoder
+    # layers (docs/formulas.md#comm.tp_edge), exposed whole too
+    edge = sum(a.seconds for a in off.comm.tp_edge_stages[-1])
+    assert edge > 0
+    assert float(off.time.exposed["tp"]) == pytest.approx(float(off.comm.axes["tp"].seconds) + edge)
     assert float(on.time.exposed["tp"]) < float(off.time.exposed["tp"])
     assert float(off.comm.axes["tp"].seconds) == pytest.approx(float(on.comm.axes["tp"].seconds))
     assert off.time.total > on.time.total

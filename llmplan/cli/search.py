@@ -209,8 +209,9 @@ def search_disagg(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: 
 
 def tp_overlap_loses(res: SearchResult) -> bool:
     """Whether a plan the search ranks prices its userbuffer TP overlap slower than without it
-    (TrainingEstimate.tp_overlap_gain < 0; docs/formulas.md#step.ub_loses)."""
-    return any(e.tp_overlap_gain is not None and e.tp_overlap_gain < 0 for e in res.ranked)
+    (TrainingEstimate.tp_overlap_gain < 0; docs/formulas.md#step.ub_loses), among the rows of its tie pool
+    whatever --top cut (SearchResult.tp_overlap_loses) or those it shows."""
+    return res.tp_overlap_loses or any(e.tp_overlap_gain is not None and e.tp_overlap_gain < 0 for e in res.ranked)
 
 
 class TrainSearch(NamedTuple):

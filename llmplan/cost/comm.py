@@ -38,11 +38,11 @@ from llmplan.cost.params import (
     stepped_rank_params,
 )
 from llmplan.cost.runtime_memory import userbuffers_on
-from llmplan.cost.stages import attention_rerun_share, most_moe_layers
+from llmplan.cost.stages import attention_rerun_share, most_moe_layers, stage_mtp_modules
 from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, zero3_gathers
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ParallelPlan, cp_a2a_group, cp_ring_size
+from llmplan.specs.plan import ParallelPlan, cp_a2a_group, cp_ring_size, has_layout
 from llmplan.specs.plan_choices import MoeFlexBackend
 from llmplan.specs.quantities import dp_first_chunk_unbucketed, param_gather_optstep
 from llmplan.specs.rule import as_bool
@@ -159,6 +159,9 @@ class CommBreakdown:
     host_attn_bytes: Any = 0.0
     """Bytes one attention layer's fine-grained offload groups copy to host memory per micro-batch, each way
     (cost.offload.attention_offload_bytes). 0 without attention modules in ParallelPlan.offload_modules."""
+    tp_edge_stages: tuple[tuple[AxisComm, AxisComm], ...] = ()
+    """(synchronous, asynchronous) TP collectives outside the decoder layers of a rank of each candidate stage
+    (cost.memory.candidate_stages, in order; tp_edge_transfers), not in axes["tp"]. Empty: none."""
     dp_stages: tuple[AxisComm, ...] = ()
     """The dp axis of a rank of each candidate stage (cost.memory.candidate_stages, in order): each stage
     reduces and gathers its own parameters (docs/formulas.md#step.stage_tail); `axes["dp"]` is the first
@@ -392,6 +395,7 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
         host=comm.host_layer_bytes / system.host_bytes_per_s,
         host_moe_act=comm.host_moe_act_bytes / system.host_bytes_per_s,
         host_attn=comm.host_attn_bytes / system.host_bytes_per_s,
+        tp_edge_stages=tuple((a.seconds, b.seconds) for a, b in comm.tp_edge_stages),
         dp_stages=tuple(each_stage(comm.dp_stages, lambda a: split(a.transfers))),  # a stage class's axis: once
         dp_host=sum(t.calls * t.host_s for t in dp),
     )
@@ -474,6 +478,103 @@ def tp_step_end_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Tr
     g = plan.grad_bytes
     return [Transfer("all-reduce", where(x > 0, 1, 0), g * x, group, copy_bytes=TP_SYNC_COPIES * g * x, step_end=True)
             for x in (summed, averaged)]
+
+
+def tp_edge_roles(plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
+    """(holds the embedding, holds the output layer) for pipeline stage `stage`: the first and the last stage
+    (both at pp 1). Per stage, as the step prices a stage's micro-batch (a DualPipe rank runs its two stages'
+    passes apart, each priced as its stage). Elementwise. Derived: docs/formulas.md#comm.tp_edge"""
+    return stage == 0, stage == plan.pp - 1
+
+
+def tp_embedding_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: Any) -> list[Transfer[G]]:
+    """A step's TP collectives of `count` vocab-parallel embedding lookups a micro-batch (the input embedding;
+    an MTP module's): with SP a reduce-scatter of sbh forward (an all-reduce and a split with learned positions)
+    and an all-gather of its gradient backward (the reduce-scatter's or the split's backward), synchronous;
+    without SP one all-reduce forward. bf16 (the embedding's dtype). Megatron-Core TP only (tp_impl megatron).
+    Source: NVIDIA/Megatron-LM at core_v0.14.0 and d98e8a64dd, megatron/core/tensor_parallel/layers.py
+    (VocabParallelEmbedding.forward), models/common/embeddings/language_model_embedding.py
+    (reduce_scatter_embeddings, scatter_to_sequence_parallel_region), tensor_parallel/mappings.py
+    (_ReduceScatterToSequenceParallelRegion.backward). Derived: docs/formulas.md#comm.tp_edge"""
+    S = ACT_BYTES * plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size
+    calls = where((plan.tp > 1) & (plan.tp_impl == "megatron"), plan.num_microbatches * count, 0)
+    rs = where(plan.sp & (not m.learned_position_embeddings), calls, 0)
+    return [Transfer("reduce-scatter", rs, S, group),
+            Transfer("all-reduce", calls - rs, S, group),
+            Transfer("all-gather", where(plan.sp, calls, 0), S, group)]
+
+
+def tp_head_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: Any) -> list[Transfer[G]]:
+    """A step's synchronous TP collectives of `count` output heads a micro-batch (the output layer, once more per
+    MTP module): with SP the ColumnParallelLinear's all-gather of its bf16 input forward, and the vocab-parallel
+    cross-entropy's all-reduces of fp32 per-token values, forward only, with or without SP: fused (the "native"
+    impl, Megatron's default) the row max, then the predicted logit and the exp sum concatenated (1 and 2 floats);
+    unfused the three apart (1 each). The head's backward collectives run asynchronously
+    (tp_head_async_transfers). Megatron-Core TP only. Source: NVIDIA/Megatron-LM at core_v0.14.0 and d98e8a64dd,
+    megatron/core/models/gpt/gpt_model.py (output_layer = tensor_parallel.ColumnParallelLinear;
+    TELMHeadColumnParallelLinear at d98e8a6 only under an MXFP8 output projection), tensor_parallel/layers.py
+    (LinearWithGradAccumulationAndAsyncCommunication.forward), fusions/fused_cross_entropy.py
+    (_VocabParallelCrossEntropy.forward), tensor_parallel/cross_entropy.py (VocabParallelCrossEntropy.forward).
+    Derived: docs/formulas.md#comm.tp_edge"""
+    T = plan.seq_len / plan.cp * plan.micro_batch
+    calls = where((plan.tp > 1) & (plan.tp_impl == "megatron"), plan.num_microbatches * count, 0)
+    fused = where(plan.fused_loss, calls, 0)
+    loss = [Transfer("all-reduce", calls, 4.0 * T, group), Transfer("all-reduce", fused, 8.0 * T, group),
+            Transfer("all-reduce", 2 * (calls - fused), 4.0 * T, group)]
+    return [Transfer("all-gather", where(plan.sp, calls, 0), ACT_BYTES * T * m.hidden_size, group)] + loss
+
+
+def tp_head_async_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: Any) -> list[Transfer[G]]:
+    """A step's backward TP collectives of `count` output heads a micro-batch that run beside the head's own GEMMs
+    (async_op): with SP the re-gather of the saved input (beside the input-gradient GEMM) and the input gradient's
+    reduce-scatter (beside the weight-gradient GEMM), without SP the input gradient's all-reduce; bf16 sbh each.
+    Source: NVIDIA/Megatron-LM at core_v0.14.0 and d98e8a64dd, megatron/core/tensor_parallel/layers.py
+    (LinearWithGradAccumulationAndAsyncCommunication.backward: all_gather / reduce_scatter / all_reduce with
+    async_op=True). Derived: docs/formulas.md#comm.tp_edge"""
+    S = ACT_BYTES * plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size
+    calls = where((plan.tp > 1) & (plan.tp_impl == "megatron"), plan.num_microbatches * count, 0)
+    sp = where(plan.sp, calls, 0)
+    return [Transfer("all-gather", sp, S, group), Transfer("reduce-scatter", sp, S, group),
+            Transfer("all-reduce", calls - sp, S, group)]
+
+
+def tp_mtp_transfers(m: ModelSpec, plan: ParallelPlan, group: G,
+                     count: Any) -> tuple[list[Transfer[G]], list[Transfer[G]]]:
+    """(synchronous, asynchronous) TP collectives of a step's `count` MTP modules a micro-batch beyond their
+    transformer layer (priced among the stage's layers) and output head (tp_head_transfers): the embedding
+    (tp_embedding_transfers); eh_proj, a column-parallel TE linear of [s, b, 2h] without output gather, its input
+    all-gathered forward with SP, its backward's re-gather and input-gradient reduce-scatter (without SP an
+    all-reduce) asynchronous; then the output gathered over TP along the hidden dimension (an all-gather of sbh
+    forward) and, with SP, split into sequence shards (an all-gather of its gradient backward). bf16 throughout (an
+    over-count under fp8, whose TE gathers move quantised inputs). Source: NVIDIA/Megatron-LM at core_v0.14.0 and
+    d98e8a64dd, megatron/core/transformer/multi_token_prediction.py (MultiTokenPredictionLayer._get_embeddings,
+    _concat_embeddings: eh_proj(gather_output=False), gather_from_tensor_model_parallel_region,
+    scatter_to_sequence_parallel_region). Derived: docs/formulas.md#comm.tp_edge"""
+    S = ACT_BYTES * plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size
+    calls = where((plan.tp > 1) & (plan.tp_impl == "megatron"), plan.num_microbatches * count, 0)
+    sp = where(plan.sp, calls, 0)
+    sync = tp_embedding_transfers(m, plan, group, count) + [
+        Transfer("all-gather", sp, 2 * S, group),  # eh_proj's input, forward
+        Transfer("all-gather", calls, S, group),  # eh_proj's output over the hidden dimension, forward
+        Transfer("all-gather", sp, S, group)]  # the sequence split's backward
+    return sync, [Transfer("all-gather", sp, 2 * S, group), Transfer("reduce-scatter", sp, 2 * S, group),
+                  Transfer("all-reduce", calls - sp, 2 * S, group)]
+
+
+def tp_edge_transfers(m: ModelSpec, plan: ParallelPlan, group: G,
+                      stage: Any) -> tuple[list[Transfer[G]], list[Transfer[G]]]:
+    """(synchronous, asynchronous) TP collectives of a step on a rank of pipeline stage `stage` outside its
+    decoder layers (tp_transfers): the input embedding on the first stage, the output head (its loss included) on
+    the one that holds the output layer (tp_edge_roles), the MTP modules on the stage a pp_layout places them on,
+    else on that one. The asynchronous ones run beside the heads' GEMMs (step.tp_edge).
+    Derived: docs/formulas.md#comm.tp_edge"""
+    first, last = tp_edge_roles(plan, stage)
+    mtp = where(last, m.num_nextn_predict_layers, 0) if not has_layout(plan) else stage_mtp_modules(m, plan, stage)
+    heads = where(last, 1, 0) + mtp
+    mtp_sync, mtp_async = tp_mtp_transfers(m, plan, group, mtp)
+    sync = tp_embedding_transfers(m, plan, group, where(first, 1, 0)) + tp_head_transfers(m, plan, group, heads)
+    sync = sync + mtp_sync
+    return sync, tp_head_async_transfers(m, plan, group, heads) + mtp_async
 
 
 def mla_latent_widths(m: ModelSpec) -> tuple[int, int, int]:
@@ -1466,4 +1567,6 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
            if m.is_moe else {}),
     }, host_layer_bytes=offload_layer_bytes(m, plan),
         host_moe_act_bytes=moe_layer_offload_bytes(m, plan), host_attn_bytes=attention_offload_bytes(m, plan),
-        dp_stages=tuple(dp))
+        dp_stages=tuple(dp),
+        tp_edge_stages=tuple(each_stage(candidate_stages(m, plan), lambda i: tuple(
+            _timed("tp", x, system) for x in tp_edge_transfers(m, plan, spans["tp"], i)))))

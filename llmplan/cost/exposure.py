@@ -66,6 +66,16 @@ class CommSeconds:
     tp_step_end: Any = 0.0
     """Seconds per step of the TP all-reduces of the whole-on-every-rank parameters' gradients that Megatron-Core
     runs once a step after the DP reduction, serial with the step (cost.comm.tp_step_end_transfers); not in tp."""
+    tp_edge: Any = 0.0
+    """Seconds per step of the synchronous TP collectives outside the decoder layers on the rank of the stage
+    being priced (cost.comm.tp_edge_transfers: embedding, output heads, their loss, MTP modules; step.stage_comm
+    picks them from tp_edge_stages); not in tp."""
+    tp_edge_async: Any = 0.0
+    """Seconds per step of the output heads' asynchronous backward TP collectives on that rank (tp_edge_transfers);
+    not in tp."""
+    tp_edge_stages: tuple[tuple[Any, Any], ...] = ()
+    """(tp_edge, tp_edge_async) of a rank of each candidate stage (cost.memory.candidate_stages, in order).
+    Empty: none (docs/formulas.md#comm.tp_edge)."""
     dp_stages: tuple[tuple[Any, Any], ...] = ()
     """(dp_reduce, dp_gather) of a rank of each candidate stage (cost.memory.candidate_stages, in order), each
     of its own parameters (docs/formulas.md#step.stage_tail); dp_reduce / dp_gather are the first stage's.
@@ -196,6 +206,17 @@ def tp_exposed(plan: ParallelPlan, tp: Any, sc: StageCompute, kappa: float, r: A
     ub = where(megatron, kappa if ub_kappa is None else ub_kappa, kappa)
     chunked = unfused + waits + overlap(tp - unfused - waits, sc.gemm, ub)
     return where(plan.tp_comm_overlap & plan.sp, chunked, default)
+
+
+def tp_edge_exposed(plan: ParallelPlan, sync: Any, async_: Any, window: Any, kappa: float) -> Any:
+    """Exposed seconds of one micro-batch's TP collectives outside the decoder layers on one stage
+    (cost.comm.tp_edge_transfers): the synchronous ones whole (the embedding's, the loss's, the heads' forward
+    gathers: no userbuffers outside the TE decoder linears); the heads' backward collectives, issued async_op,
+    beside `window`, the heads' weight-gradient GEMMs (one pass of their forward GEMMs), at NCCL's contention;
+    all exposed with tp_backward_overlap off. Source: NVIDIA/Megatron-LM at core_v0.14.0 and d98e8a64dd,
+    megatron/core/tensor_parallel/layers.py (LinearWithGradAccumulationAndAsyncCommunication.backward).
+    Derived: docs/formulas.md#step.tp_edge"""
+    return sync + where(plan.tp_backward_overlap, overlap(async_, window, kappa), async_)
 
 
 def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,

@@ -26,6 +26,7 @@ from llmplan.cost.compute import (
     grad_accumulation_seconds,
     model_flops_per_step,
     optimizer_step_seconds,
+    output_seconds,
     recompute_flops_per_step,
 )
 from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was this module)
@@ -38,6 +39,7 @@ from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was 
     dp_exposed_per_mb,
     dp_exposed_per_step,
     overlap,
+    tp_edge_exposed,
     tp_exposed,
 )
 from llmplan.cost.comm import (
@@ -342,7 +344,8 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
             per_mb.append(done[key][0])
             parts.append(done[key][1])
             continue
-        g_i, c_i = per_stage[stage] if per_stage is not None else (default[0], stage_comm(default[1], j))
+        g_i, c_i = (per_stage[stage][0], edge_comm(per_stage[stage][1], stage)) if per_stage is not None \
+            else (default[0], stage_comm(default[1], j))
         k_i = g_i.contention
         r_i = recomputed_share(plan, layers)
         tp_s = c_i.tp / n * layers / l_max
@@ -351,7 +354,9 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
                           ub_kappa=tp_overlap_contention(m, plan, r_i, g_i.sm_count),
                           step_waits=tp_chunk_step_waits(m, plan, tp_s, sc.gemm, r_i)) \
             + symm_mem_tp_seconds(m, plan, g_i, layers, r_i) \
-            + tp_sm_margin_seconds(m, plan, sc.gemm, r_i, g_i.sm_count)  # set_sm_margin's slower GEMMs
+            + tp_sm_margin_seconds(m, plan, sc.gemm, r_i, g_i.sm_count) \
+            + tp_edge_exposed(plan, c_i.tp_edge / n, c_i.tp_edge_async / n, output_seconds(m, plan, g_i)[0], k_i)
+        # set_sm_margin's slower GEMMs; the embedding's, heads' and MTP modules' TP collectives (step.tp_edge)
         # the ring hides behind the attention; a hybrid's mixer all-to-alls run in line (comm.cp_mixers)
         cp_i = cp_exposed(plan, (c_i.cp - c_i.cp_mixers) / n * layers / l_max, sc.attention, k_i,
                           attention_rerun_share(plan, layers), c_i.cp_a2a / n * layers / l_max) \
@@ -441,11 +446,22 @@ def pp_blocking_exchanges(plan: ParallelPlan) -> Any:
 
 
 def stage_comm(comm: CommSeconds, j: int) -> CommSeconds:
-    """comm with the DP reduction and gather of the rank of candidate stage j (CommSeconds.dp_stages)."""
+    """comm with the DP reduction and gather of the rank of candidate stage j (CommSeconds.dp_stages) and its TP
+    collectives outside the decoder layers (edge_comm)."""
+    comm = edge_comm(comm, j)
     if not comm.dp_stages:
         return comm
     reduce, gather = comm.dp_stages[j]
     return replace(comm, dp_reduce=reduce, dp_gather=gather)
+
+
+def edge_comm(comm: CommSeconds, j: int) -> CommSeconds:
+    """comm with the TP collectives outside the decoder layers of the rank of candidate stage j
+    (CommSeconds.tp_edge_stages; docs/formulas.md#comm.tp_edge)."""
+    if not comm.tp_edge_stages:
+        return comm
+    sync, async_ = comm.tp_edge_stages[j]
+    return replace(comm, tp_edge=sync, tp_edge_async=async_)
 
 
 def stage_tails(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,

@@ -15,7 +15,8 @@ import numpy as np
 from llmplan.cost.comm import (aux_loss_transfers, copy_seconds, cp_mixer_split, cp_transfers, dispatch_coeffs,
                                dp_transfers, te_cp_split, ep_transfers, mxfp8_amax_transfers, pp_transfers,
                                torchao_amax_transfers,
-                               reduce_gather_split, tp_step_end_transfers, tp_transfers)
+                               reduce_gather_split, tp_edge_transfers, tp_step_end_transfers,
+                               tp_transfers)
 from llmplan.cost.memory import (ActivationBytes, TrainingMemory, candidate_stages, each_stage, stage_memory,
                                  training_memory)
 from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_bytes, offload_layer_bytes
@@ -201,6 +202,8 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         dp_reduce=dp_stages[0][0],
         dp_gather=dp_stages[0][1],
         dp_stages=tuple(dp_stages),
+        tp_edge_stages=tuple(each_stage(candidate_stages(m, plans.as_plan), lambda i: tuple(
+            total(x) for x in tp_edge_transfers(m, plans.as_plan, "tp", i)))),
         host=offload_layer_bytes(m, plans.as_plan) / cluster.system.host_bytes_per_s,
         host_moe_act=moe_layer_offload_bytes(m, plans.as_plan) / cluster.system.host_bytes_per_s,
         host_attn=attention_offload_bytes(m, plans.as_plan) / cluster.system.host_bytes_per_s,

@@ -195,7 +195,8 @@ def rank(res: Any, pool: int) -> Any:
     TIE_POOL of them (search.ties.resolve_pool), whose last key is this order: the faster prediction
     (docs/validation.md#headroom-tiers). Scores were compared to 4 significant digits, which left two layouts
     0.005% apart in the vectorised pass's order, i.e. by more headroom to 0.1 GiB (search.run._order), a rule
-    the tie resolution gives headroom only through the out-of-memory tier."""
+    the tie resolution gives headroom only through the out-of-memory tier. Its top_score is raised to the best
+    layout's score where a balanced-layout plan beats every plan of the vectorised pass."""
     if not res.ranked:
         return res
     # each layout placed by its best plan's score (the one shown may be a more robust one tied with it)
@@ -208,8 +209,12 @@ def rank(res: Any, pool: int) -> Any:
 
         new, tied_with, notes = resolve_pool([res.ranked[i] for i in idx], res.resolution)
         idx = [idx[k] for k in new]
+    # the fastest plan that fits, the balanced-layout plans priced included, whatever --top later cuts: the
+    # settings' comparison (search.run.first_setting, win_floor) reads it from the result's shown rows' search
+    top_score = max(res.top_score, max(lead))
     return dataclasses.replace(res, ranked=[res.ranked[i] for i in idx], equivalents=[res.equivalents[i] for i in idx],
-                               variants=[res.variants[i] for i in idx], tied_with=tied_with, tie_notes=notes)
+                               variants=[res.variants[i] for i in idx], tied_with=tied_with, tie_notes=notes,
+                               top_score=top_score)
 
 
 def _front(estimates: list[TrainingEstimate]) -> list[TrainingEstimate]:

@@ -121,6 +121,9 @@ class SearchResult:
     """The best objective score of any plan that fits, before the tie rules (0 where none fits)."""
     outrun: bool = False
     """search(beat=...): no plan scored above `beat`, and the search stopped before ranking (ranked empty)."""
+    tp_overlap_loses: bool = False
+    """A plan of the tie pool (the rows ranked before --top cuts them) prices its userbuffer TP overlap slower than
+    without it (TrainingEstimate.tp_overlap_gain < 0; cli.search.tp_overlap_loses reads it whatever --top is)."""
     pending: "SidePlans | None" = None
     """search(sides=False): the side outputs (pareto, conventional, without_cp, with_ep, wide_ep) not yet priced;
     complete_sides prices them. None once priced, or where the search priced them itself."""
@@ -493,7 +496,8 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     rows = _scored_rows(job, plans, ev, score, ranking, objective, max(top, TIE_POOL))
     res = _rows_result(job, rows, considered, pruned, objective, top_score, sides)
     res = _finished(job, rows, res, pins, keep_plans, sides)
-    return dataclasses.replace(shown(res, top), seconds=time.perf_counter() - t0)
+    loses = any(e.tp_overlap_gain is not None and e.tp_overlap_gain < 0 for e in res.ranked)
+    return dataclasses.replace(shown(res, top), seconds=time.perf_counter() - t0, tp_overlap_loses=loses)
 
 
 def _prepared(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, vpp_pin: int | None,
