@@ -487,6 +487,13 @@ def tp_edge_roles(plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
     return stage == 0, stage == plan.pp - 1
 
 
+def tp_edge_calls(plan: ParallelPlan, count: Any) -> Any:
+    """Calls a step of one TP collective that `count` edge modules (embeddings, output heads, MTP modules) issue
+    once a micro-batch each: Megatron-Core's TP (tp_impl megatron) at tp > 1 only (DTensor's edge plans are not
+    priced; a degree-1 axis sends nothing). Elementwise. Derived: docs/formulas.md#comm.tp_edge"""
+    return where((plan.tp > 1) & (plan.tp_impl == "megatron"), plan.num_microbatches * count, 0)
+
+
 def tp_embedding_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: Any) -> list[Transfer[G]]:
     """A step's TP collectives of `count` vocab-parallel embedding lookups a micro-batch (the input embedding;
     an MTP module's): with SP a reduce-scatter of sbh forward (an all-reduce and a split with learned positions)
@@ -497,7 +504,7 @@ def tp_embedding_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: An
     (reduce_scatter_embeddings, scatter_to_sequence_parallel_region), tensor_parallel/mappings.py
     (_ReduceScatterToSequenceParallelRegion.backward). Derived: docs/formulas.md#comm.tp_edge"""
     S = ACT_BYTES * plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size
-    calls = where((plan.tp > 1) & (plan.tp_impl == "megatron"), plan.num_microbatches * count, 0)
+    calls = tp_edge_calls(plan, count)
     rs = where(plan.sp & (not m.learned_position_embeddings), calls, 0)
     return [Transfer("reduce-scatter", rs, S, group),
             Transfer("all-reduce", calls - rs, S, group),
@@ -517,7 +524,7 @@ def tp_head_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: Any) ->
     (_VocabParallelCrossEntropy.forward), tensor_parallel/cross_entropy.py (VocabParallelCrossEntropy.forward).
     Derived: docs/formulas.md#comm.tp_edge"""
     T = plan.seq_len / plan.cp * plan.micro_batch
-    calls = where((plan.tp > 1) & (plan.tp_impl == "megatron"), plan.num_microbatches * count, 0)
+    calls = tp_edge_calls(plan, count)
     fused = where(plan.fused_loss, calls, 0)
     loss = [Transfer("all-reduce", calls, 4.0 * T, group), Transfer("all-reduce", fused, 8.0 * T, group),
             Transfer("all-reduce", 2 * (calls - fused), 4.0 * T, group)]
@@ -532,7 +539,7 @@ def tp_head_async_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: A
     (LinearWithGradAccumulationAndAsyncCommunication.backward: all_gather / reduce_scatter / all_reduce with
     async_op=True). Derived: docs/formulas.md#comm.tp_edge"""
     S = ACT_BYTES * plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size
-    calls = where((plan.tp > 1) & (plan.tp_impl == "megatron"), plan.num_microbatches * count, 0)
+    calls = tp_edge_calls(plan, count)
     sp = where(plan.sp, calls, 0)
     return [Transfer("all-gather", sp, S, group), Transfer("reduce-scatter", sp, S, group),
             Transfer("all-reduce", calls - sp, S, group)]
@@ -551,7 +558,7 @@ def tp_mtp_transfers(m: ModelSpec, plan: ParallelPlan, group: G,
     _concat_embeddings: eh_proj(gather_output=False), gather_from_tensor_model_parallel_region,
     scatter_to_sequence_parallel_region). Derived: docs/formulas.md#comm.tp_edge"""
     S = ACT_BYTES * plan.seq_len / plan.cp * plan.micro_batch * m.hidden_size
-    calls = where((plan.tp > 1) & (plan.tp_impl == "megatron"), plan.num_microbatches * count, 0)
+    calls = tp_edge_calls(plan, count)
     sp = where(plan.sp, calls, 0)
     sync = tp_embedding_transfers(m, plan, group, count) + [
         Transfer("all-gather", sp, 2 * S, group),  # eh_proj's input, forward
@@ -573,8 +580,7 @@ def tp_edge_transfers(m: ModelSpec, plan: ParallelPlan, group: G,
     heads = where(last, 1, 0) + mtp
     mtp_sync, mtp_async = tp_mtp_transfers(m, plan, group, mtp)
     sync = tp_embedding_transfers(m, plan, group, where(first, 1, 0)) + tp_head_transfers(m, plan, group, heads)
-    sync = sync + mtp_sync
-    return sync, tp_head_async_transfers(m, plan, group, heads) + mtp_async
+    return sync + mtp_sync, tp_head_async_transfers(m, plan, group, heads) + mtp_async
 
 
 def mla_latent_widths(m: ModelSpec) -> tuple[int, int, int]:

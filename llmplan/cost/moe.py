@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from llmplan.arith import expected_max_normal, maximum, minimum, where
+from llmplan.cost.runtime_memory import userbuffers_on
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.schedule import schedule_of
@@ -65,8 +66,6 @@ def overlap_queues(plan: ParallelPlan, compute_capability: float | None = None) 
     if plan.cuda_max_connections == 1:  # a workload switch: one value for all plans of a search
         return EP_OVERLAP_ONE_QUEUE
     if plan.cuda_max_connections is None and compute_capability is not None and compute_capability < 10:
-        from llmplan.cost.runtime_memory import userbuffers_on
-
         return where(userbuffers_on(plan), EP_OVERLAP_ONE_QUEUE, 1.0)
     return 1.0
 
