@@ -120,3 +120,14 @@ def test_tp_overlap_on_hopper_takes_the_one_queue(cli, tmp_path):
     b200 = [("dgx-b200" if a == "dgx-h100" else a) for a in base]
     unset, one = (cli(*b200, *extra, "--json").json()["time"]["step_s"] for extra in ((), ("--cuda-max-connections", "1")))
     assert unset < one
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("--cuda-max-connections", "0", "must be from 1 to 32"),
+    ("--cuda-max-connections", "64", "must be from 1 to 32"),
+    ("--mxfp8-modules", "bogus", "not a module llmplan can run in MXFP8"),
+])
+def test_bad_values_of_the_new_switches_are_one_line_and_exit_2(cli, flag, value, words):
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", flag, value)
+    assert r.code == 2 and words in r.err and "Traceback" not in r.err, r.err
+    assert len(r.err.strip().splitlines()) == 1, r.err
