@@ -16,7 +16,7 @@ from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap,
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count, pattern_variable
 from llmplan.cost.comm import TE_UB_SMS, te_default_margin_sms
 from llmplan.cost.params import stage_layer_list
-from llmplan.cost.runtime_memory import mla_turns_tp_overlap_off
+from llmplan.cost.runtime_memory import mla_turns_tp_overlap_off, userbuffers_on
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.quantities import bf16_layer_counts
@@ -702,9 +702,10 @@ def connections_refusal(pf: PlanFile) -> tuple[str, bool, str]:
 
 def tp_userbuffers_before_blackwell(pf: PlanFile) -> bool:
     """Whether the script runs Transformer Engine's userbuffer TP overlap (--tp-comm-overlap: TP > 1 with SP) on a
-    GPU before Blackwell (compute capability < 10), where it wants CUDA_DEVICE_MAX_CONNECTIONS=1."""
-    p, cc = pf.plan, pf.cluster.system.gpu.compute_capability
-    return bool(p.tp_comm_overlap and p.sp and p.tp > 1 and cc is not None and cc < 10)
+    GPU before Blackwell (compute capability < 10), where it wants CUDA_DEVICE_MAX_CONNECTIONS=1: the predicate
+    cost.moe.overlap_queues prices the one queue by (cost.runtime_memory.userbuffers_on)."""
+    cc = pf.cluster.system.gpu.compute_capability
+    return bool(userbuffers_on(pf.plan)) and cc is not None and cc < 10
 
 
 def tp_overlap_queues_refusal(pf: PlanFile) -> tuple[str, bool, str]:
