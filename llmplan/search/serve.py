@@ -195,7 +195,7 @@ def refuse_dp_attention(m: ModelSpec, cluster: ClusterSpec, pins: dict, moe: dic
                        f"{WIDE_EP_REDUNDANT[-1]} redundant); add GPUs or drop --dp-attention")
 
 
-EP_RULES = ("ep_experts", "ep_serve", "ep_serve_engine")
+EP_RULES = ("ep_experts", "ep_serve", "ep_serve_engine", "dp_attention_nodes")
 """check_serve_plan's rules on the EP degree itself (a pinned --ep that breaks one of them on every layout the
 search tries is refused by pinned_ep_refusal)."""
 

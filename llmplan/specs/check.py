@@ -329,12 +329,44 @@ def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob,
                              "engines spread experts over the TP ranks of all replicas"))
     if m.is_moe and plan.tp % plan.ep != 0 and not plan.dp_attention and job.engine != "vllm":
         out.append(Violation("ep_serve_engine", ep_serve_engine_message(m, plan, job)))
+    if cluster is not None and not dp_attention_server_nodes_ok(plan, cluster, job.engine):
+        out.append(Violation("dp_attention_nodes", dp_attention_nodes_message(plan, cluster)))
     if job.context > m.max_position_embeddings:
         scaling = f" (rope_scaling: {m.rope_scaling})" if m.rope_scaling else ""
         out.append(Violation("context", f"input_len + output_len ({job.input_len} + {job.output_len} = "
                              f"{job.context}) exceeds max_position_embeddings ({m.max_position_embeddings}) of "
                              f"{m.name}{scaling}; lower --input-len or --output-len"))
     return out + speculative_violations(m, plan, job) + sglang_graph_violations(plan, job)
+
+
+def dp_attention_server_nodes_ok(plan: ServePlan, cluster: ClusterSpec, engine: str) -> bool:
+    """Whether SGLang can start each DP-attention server of the plan where llmplan places it: on consecutive GPUs
+    (topology.placement), a server of ep GPUs over nodes of G GPUs is whole nodes (ep a multiple of G) or an even
+    share of one node (ep dividing G). SGLang starts tp-size / nnodes ranks on every node of a server, on
+    consecutive GPUs from --base-gpu-id (sgl-project/sglang @001067ff, python/sglang/srt/entrypoints/engine.py,
+    _calculate_rank_ranges and _launch_scheduler_processes), so it cannot start a server of whole nodes and part
+    of another. vLLM takes the ranks of each node as given (--data-parallel-size-local and
+    --data-parallel-start-rank per node: vllm-project/vllm @01e4fce0, docs/serving/data_parallel_deployment.md),
+    so the placement is one it starts, priced as placed. Other engines: not read, not refused."""
+    if not plan.dp_attention or engine != "sglang" or cluster.num_nodes <= 1:
+        return True
+    g, per_node = plan.ep, cluster.gpus_per_node_used
+    return g % per_node == 0 or per_node % g == 0
+
+
+def dp_attention_nodes_message(plan: ServePlan, cluster: ClusterSpec) -> str:
+    """Why SGLang cannot start a DP-attention server straddling node boundaries (dp_attention_server_nodes_ok),
+    with the ep values it can start on these GPUs."""
+    g, per_node, n = plan.ep, cluster.gpus_per_node_used, plan.num_gpus
+    valid = [e for e in divisors(n) if e > 1 and (e % per_node == 0 or per_node % e == 0)]
+    k = next(k for k in range(n // g) if k * g // per_node != ((k + 1) * g - 1) // per_node and g % per_node)
+    return (f"--dp-attention under sglang: servers of ep {g} GPUs on consecutive GPUs of nodes of {per_node} straddle "
+            f"node boundaries with uneven ranks per node (server {k + 1} takes GPUs {k * g}-{(k + 1) * g - 1}); "
+            "SGLang starts "
+            "tp-size / nnodes ranks on every node of a server (entrypoints/engine.py _calculate_rank_ranges), so a "
+            f"server must be whole nodes (ep a multiple of {per_node}) or an even share of one (ep dividing "
+            f"{per_node}); use --ep {bounded_list(valid)} on these {n} GPUs (the experts permitting), or --engine "
+            "vllm, which takes uneven ranks per node")
 
 
 def ep_serve_engine_message(m: ModelSpec, plan: ServePlan, job: ServeJob) -> str:
