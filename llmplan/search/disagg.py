@@ -13,7 +13,7 @@ import numpy as np
 
 from llmplan.cost.inference import job_tpot, kv_bytes_per_token, serve_memory, slo_met
 from llmplan.cost.queueing import prefill_queue_seconds
-from llmplan.search.serve import refuse_speculation, search_serving, sub_cluster, with_moe_options
+from llmplan.search.serve import refuse_speculation, search_serving, sub_cluster, wide_ep_sizes, with_moe_options
 from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans, slo_batch_of
 from llmplan.specs.check import check_serve_plan, valid_tp
 from llmplan.specs.model import ModelSpec
@@ -101,24 +101,25 @@ class DisaggResult:
 
 
 def instance_plans(m: ModelSpec, cluster: ClusterSpec, weight_dtype: WeightDtype, kv_dtype: KvDtype,
-                   phase: Phase) -> list[ServePlan]:
+                   phase: Phase, other_pool: bool = False) -> list[ServePlan]:
     """One instance's candidate layouts for `phase`: TP instances inside the NVLink domain (EP over their TP
-    ranks or not, for MoE) and, for MoE, DP-attention wide-EP instances of whole nodes (doubling) with DeepEP,
-    two-batch overlap when the group leaves the NVLink domain, and EPLB's redundant experts where the GPUs
-    do not divide the experts."""
-    n, dom, gpn = cluster.num_gpus, cluster.system.domain_gpus, cluster.gpus_per_node_used
+    ranks or not, for MoE) and, for MoE, DP-attention wide-EP instances of the co-located search's sizes
+    (search.serve.wide_ep_sizes: whole nodes, doubling, and the whole pool; SGLang --nnodes, vLLM's DP over
+    nodes) with DeepEP, two-batch overlap when the group leaves the NVLink domain, and EPLB's redundant experts
+    where the GPUs do not divide the experts. A DP-attention instance leaves the other phase at least one GPU
+    of the pool unless `other_pool` (the other phase may sit on another pool of a PoolCluster), when it may
+    take the whole pool."""
+    n, dom = cluster.num_gpus, cluster.system.domain_gpus
     out = []
     for tp in valid_tp(m, min(n, dom)):
         for ep in ([1, tp] if m.is_moe and tp > 1 else [1]):
             out.append(ServePlan(tp=tp, ep=ep, phase=phase, weight_dtype=weight_dtype, kv_dtype=kv_dtype))
-    g = gpn
-    while m.is_moe and g <= n - 1:
+    for g in (wide_ep_sizes(cluster) if m.is_moe else []):
         red = next((r for r in REDUNDANT_CHOICES if (m.num_experts + r) % g == 0), None)
-        if red is not None and g > 1:
+        if red is not None and (other_pool or g <= n - 1):
             out.append(ServePlan(tp=1, dp=g, ep=g, phase=phase, dp_attention=True, moe_dispatcher="deepep",
                                  two_batch_overlap=g > dom, redundant_experts=red, weight_dtype=weight_dtype,
                                  kv_dtype=kv_dtype))
-        g *= 2
     return out
 
 

@@ -235,11 +235,13 @@ def search_disaggregated_pools(m: ModelSpec, pc: PoolCluster, job: ServeJob, wei
     t0 = time.perf_counter()
     rated, job = job, job.model_copy(update={"request_rate": None})  # instances priced idle; the queue per split
     prefills = [[e for e in (price_prefill(m, p.cluster, x, job, allowance)
-                             for x in moe_plans(m, instance_plans(m, p.cluster, weight_dtype, kv_dtype, "prefill"), moe))
+                             for x in moe_plans(m, instance_plans(m, p.cluster, weight_dtype, kv_dtype, "prefill",
+                                                        len(pc.pools) > 1), moe))
                   if e is not None]
                 for p in pc.pools]
     decodes = [[e for e in (price_decode(m, p.cluster, x, job, allowance)
-                            for x in moe_plans(m, instance_plans(m, p.cluster, weight_dtype, kv_dtype, "decode"), moe))
+                            for x in moe_plans(m, instance_plans(m, p.cluster, weight_dtype, kv_dtype, "decode",
+                                                        len(pc.pools) > 1), moe))
                  if e is not None]
                for p in pc.pools]
     new_input = max(job.uncached_input, 1.0)
