@@ -23,7 +23,7 @@ from llmplan.specs.plan import ETP_SAME_AS_TP, PLAN_FILE_ONLY, ClusterSpec, Memo
 from llmplan.specs.check import check_plan, check_pools, check_serve_plan
 from llmplan.specs.check_switches import unused_switches
 from llmplan.specs.registry import (
-    build, builtin_models, builtin_systems, load_model_file, load_system_file, looks_like_path, read_document,
+    build, builtin_gpus, builtin_models, builtin_systems, load_model_file, load_system_file, looks_like_path, read_document,
 )
 from llmplan.specs.pools import HeteroPlan, PoolCluster
 from llmplan.specs.serve import ServeJob, ServePlan
@@ -272,11 +272,50 @@ def current_specs(doc: PlanDocument, path: Path) -> tuple[ModelSpec, SystemSpec,
 
 
 def snapshot_system(doc: PlanDocument, path: Path) -> SystemSpec:
-    """The hardware a plan file snapshots, with SNAPSHOT_GPU_DEFAULTS for a GPU saved without those keys."""
+    """The hardware a plan file snapshots, with SNAPSHOT_GPU_DEFAULTS for a GPU saved without those keys, and the
+    compute capability of an NVIDIA GPU saved without one taken from its hardware profile (profile_capability)."""
     hardware = dict(doc.hardware)
     if isinstance(hardware.get("gpu"), dict):
         hardware["gpu"] = {**SNAPSHOT_GPU_DEFAULTS, **hardware["gpu"]}
+        if hardware["gpu"].get("compute_capability") is None and hardware["gpu"].get("vendor", "nvidia") == "nvidia":
+            cc = profile_capability(doc, path, str(hardware["gpu"].get("name")))
+            if cc is not None:
+                hardware["gpu"]["compute_capability"] = cc
     return build(SystemSpec, hardware, f"{path} (hardware)")
+
+
+def profile_capability(doc: PlanDocument, path: Path, gpu: str) -> float | None:
+    """The compute capability of the NVIDIA GPU `gpu` whose snapshot has none (a plan saved before the key, or
+    from a profile without it): the one the profiles of that GPU name give (the plan's hardware_ref, when it
+    still resolves, and the built-in GPU and system profiles), so that the rules reading it (the Hopper
+    hardware-queue rules: cost.moe.overlap_queues, the Megatron-LM export's CUDA_DEVICE_MAX_CONNECTIONS) apply
+    as they do to the profile. None where no profile names that GPU (priced as a profile without the key).
+    Ambiguous input is refused in one line: profiles of that name that disagree, or a hardware_ref whose GPU
+    is now another one with a capability."""
+    ref_gpu = None
+    if doc.hardware_ref:
+        try:
+            ref_gpu = _resolve_ref(doc.hardware_ref, path, "hardware")[0].gpu
+        except LlmplanError:  # the reference is gone: the built-in profiles below, by name
+            ref_gpu = None
+    named = [g for g in [ref_gpu, *builtin_gpus().values(), *(s.gpu for s in builtin_systems().values())]
+             if g is not None and g.name == gpu and g.compute_capability is not None]
+    found = sorted({g.compute_capability for g in named if g.compute_capability is not None})
+    fix = (f"add hardware.gpu.compute_capability to {path} (NVIDIA's table, developer.nvidia.com/cuda-gpus: "
+           "H100 9.0, B200 10.0), or re-save the plan")
+    if len(found) > 1:
+        raise LlmplanError(f"{path}: the hardware snapshot's GPU {gpu} has no compute_capability and the profiles "
+                           f"named {gpu} give {', '.join(map(str, found))}: the rules that read it (CUDA queues "
+                           f"beside TE's TP overlap before Blackwell) cannot tell which; {fix}")
+    if found:
+        return found[0]
+    if ref_gpu is not None and ref_gpu.compute_capability is not None:
+        raise LlmplanError(f"{path}: the hardware snapshot's GPU {gpu} has no compute_capability, and its "
+                           f"hardware_ref {doc.hardware_ref} now has GPU {ref_gpu.name} (compute capability "
+                           f"{ref_gpu.compute_capability}): llmplan cannot tell which GPU the plan runs on, and the "
+                           f"rules that read it (CUDA queues beside TE's TP overlap before Blackwell) depend on it; "
+                           f"{fix}")
+    return None
 
 
 def _resolve_ref(ref: str | None, plan_path: Path, kind: str) -> tuple[Any, Path | None]:
