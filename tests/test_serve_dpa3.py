@@ -19,10 +19,12 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from llmplan.specs.registry import builtin_systems
 from llmplan.topology.placement import place
 
+ROOT = Path(__file__).resolve().parents[1]
 QWEN = ("search", "--mode", "infer", "--model", "qwen3-30b-a3b")
 POOLS = "pools:\n  - {system: dgx-h100, nodes: 2, name: big}\n  - {system: dgx-a100, nodes: 1, name: a100}\n" \
         "fabric: {gb_per_s: 50}\n"
@@ -173,3 +175,21 @@ def test_an_unknown_gpu_whose_reference_names_another_is_refused(cli, tmp_path: 
     doc.pop("hardware_ref")
     bad.write_text(json.dumps(doc))
     assert cli("estimate", "--plan", bad).code == 0
+
+
+def test_profiles_of_the_gpu_name_that_disagree_are_refused(cli, tmp_path: Path):
+    """The plan's hardware_ref is a system file whose GPU is named h100-sxm with compute capability 8.0, the
+    built-in h100-sxm says 9.0: which one the snapshot was is not known."""
+    gpu = yaml.safe_load((ROOT / "hardware_profiles/gpus/h100-sxm.yaml").read_text())
+    gpu["compute_capability"] = 8.0
+    system = yaml.safe_load((ROOT / "hardware_profiles/systems/dgx-h100.yaml").read_text())
+    system.update(name="my-h100", gpu=gpu)
+    (tmp_path / "my.yaml").write_text(yaml.safe_dump(system))
+    path = tmp_path / "p.json"
+    assert cli(*TRAIN, "--save", path).code == 0
+    doc = json.loads(path.read_text())
+    doc["hardware_ref"] = "my.yaml"
+    path.write_text(json.dumps(doc))
+    line = cli("estimate", "--plan", _strip_cc(path)).refusal()
+    assert "the hardware snapshot's GPU h100-sxm has no compute_capability and the profiles named h100-sxm give " \
+           "8.0, 9.0" in line, line
