@@ -366,7 +366,10 @@ ASSUMPTIONS = {
 
 TWO_BYTE_GRADS = ("nemo2407", "narayanan2021", "megatron2020", "bridge", "bridgecard", "nemocp", "mbridge-dense",
                   "mbridge-moe", "dgxc")
-"""Families whose gradients are accumulated and reduced in 2 bytes: NeMo's bf16 gradient buckets, and fp16
+"""Families whose gradients are accumulated and reduced in 2 bytes: NeMo's bf16 gradient buckets (NeMo 24.07's
+launcher configs set no grad_sync_dtype; its own H100 fp8 GPT-3 20B example, NVIDIA/NeMo-Framework-Launcher tag 24.07
+examples/training/gpt/h100/20b_fp8_8node.sh, runs the table's TP 2 / micro-batch 2 with
++training.model.optim.grad_sync_dtype=bf16, as gpt3/175b_fp8.yaml does), and fp16
 Megatron-LM up to 2021 (its --accumulate-allreduce-grads-in-fp32 is opt-in and forced for bf16 only:
 NVIDIA/Megatron-LM megatron/arguments.py at 50a4b5fa02, the release of Narayanan et al. 2021)."""
 
@@ -2051,6 +2054,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # Apex's DistributedFusedAdam keeps each bucket's gradient shard until NeMo's zero_grad at the start of the
         # next training_step (NEMO_APEX_OPTIMIZER; docs/formulas.md#mem.kept_grad_shards)
         kept_grad_shards=fam in NEMO_APEX_OPTIMIZER and zero == 1,  # zero 2: the shard is the priced gradient
+        # NeMo r2.0.0rc1's with_fp32_embedding_grads (default True; no 24.07 launcher config sets it) puts the word
+        # and position embeddings in Apex buckets with fp32 gradients (NEMO_APEX_OPTIMIZER;
+        # docs/formulas.md#mem.fp32_embedding_grads)
+        fp32_embedding_grads=fam in NEMO_APEX_OPTIMIZER and zero == 1 and fam in TWO_BYTE_GRADS,
         param_remainders=((fam in BRIDGE_FAMILIES and dtype == "bf16") or fam in NEMO_APEX_REMAINDERS)
                          and zero == 1 and par.get("optimizer_master_dtype", "fp32") == "fp32"
                          and not par.get("fp8_all_gather", False),

@@ -24,8 +24,11 @@ TRAIN_FILES = {  # estimate --save of each: a dense, an MoE, a hybrid (Mamba) an
     "mla": ["--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "32", "--pp", "8", "--pp-first-layers", "7", "--pp-last-layers", "6", "--ep", "32"],
 }
 SKIP = {"tp", "pp", "dp", "cp", "ep", "global_batch", "seq_len", "pp_layers", "pp_layout", "tp_overlap_sms",
-        "tp_overlap_margin_sms"}
-"""Fields the draw leaves as saved (the layout; tuples of numbers) or sets below (degrees)."""
+        "tp_overlap_margin_sms", "fp32_embedding_grads"}
+"""Fields the draw leaves as saved (the layout; tuples of numbers) or sets below (degrees). fp32_embedding_grads
+(NeMo / Apex only; every export refuses it, tests/test_fp32_embedding_grads.py) is left out so that the seeded
+draws stay the ones the module-recipe check below was written against: drawn, it shifts the sequence and the
+NVFP4 hybrid's 60 plans reach no mxfp8_modules."""
 
 
 def full_render(pf, target: str) -> str | None:

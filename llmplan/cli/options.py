@@ -55,6 +55,9 @@ PARAM_REMAINDERS = typer.Option(_plan("param_remainders"), "--param-remainders/-
 KEPT_GRAD_SHARDS = typer.Option(_plan("kept_grad_shards"), "--kept-grad-shards/--no-kept-grad-shards",
                                 help="Each bucket's reduce-scattered gradient shard is a new tensor kept until the "
                                      "next zero_grad (Apex DistributedFusedAdam, NeMo 1.x).")
+FP32_EMBEDDING_GRADS = typer.Option(_plan("fp32_embedding_grads"), "--fp32-embedding-grads/--no-fp32-embedding-grads",
+                                    help="The embeddings' gradients stay fp32 whatever --grad-dtype (NeMo 1.x "
+                                         "with_fp32_embedding_grads under Apex DistributedFusedAdam).")
 FP8_PARAMS = typer.Option(_plan("fp8_params"), "--fp8-params/--no-fp8-params", help="With fp8, keep weights in fp8.")
 FLASH_ATTENTION = typer.Option(_plan("flash_attention"), "--flash-attention/--no-flash-attention", help="Fused attention (no s x s scores).")
 RECOMPUTE_LAYERS = typer.Option(None, "--recompute-layers", min=1,
@@ -343,7 +346,7 @@ SWITCHES = Flags("Training switches", {
     "fp8_params": FP8_PARAMS,
     "optimizer": OPTIMIZER,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
-    "param_remainders": PARAM_REMAINDERS, "kept_grad_shards": KEPT_GRAD_SHARDS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
+    "param_remainders": PARAM_REMAINDERS, "kept_grad_shards": KEPT_GRAD_SHARDS, "fp32_embedding_grads": FP32_EMBEDDING_GRADS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
     "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,
     "zero3_copy_out": ZERO3_COPY_OUT, "pp_blocking_sends": PP_BLOCKING_SENDS, "norm_kernel": NORM_KERNEL,
     "softmax_kernel": SOFTMAX_KERNEL,

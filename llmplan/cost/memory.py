@@ -28,7 +28,8 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     model_state_bytes,
 )
 from llmplan.cost.model_states import (after_backward_peak, bf16_gathered_params, bf16_kept_params,
-                                       bf16_parts_extra_bytes, fp32_shards_are_master, gradient_params,
+                                       bf16_parts_extra_bytes, fp32_embedding_grad_bytes, fp32_shards_are_master,
+                                       gradient_params,
                                        stored_weight_bytes,
                                        kept_copy_extra_bytes)
 from llmplan.cost.grad_lifetime import pipelined_gradient_bytes
@@ -307,6 +308,9 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, state_w, grad_b, state_o, plan.optimizer_shard)
     expert = model_state_bytes(rp.expert, plan.expert_shard, plan.zero, state_w, grad_b, state_o,
                                plan.expert_optimizer_shard)
+    # NeMo 1.x under Apex: the embeddings' gradients in fp32 buckets. Derived: docs/formulas.md#mem.fp32_embedding_grads
+    emb32 = fp32_embedding_grad_bytes(m, plan, stage)
+    dense = ModelStateBytes(weights=dense.weights, gradients=dense.gradients + emb32, optimizer=dense.optimizer)
 
     def stage_act(s: Any) -> ActivationBytes:
         return per_distinct(plan, ALL_BUT_ZERO, s, lambda p, s: activation_bytes(
@@ -337,7 +341,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     piped = plan.pp > 1
     # Sharded gradients under an interleaved pipeline: each chunk's unsharded gradients live from its first
     # backward to its reduce-scatter (FSDP). Derived: docs/formulas.md#mem.grad_lifetime
-    gradients = pipelined_gradient_bytes(m, plan, stage, gradient_params(plan, rp) * grad_b, grad_b)
+    gradients = pipelined_gradient_bytes(m, plan, stage, gradient_params(plan, rp) * grad_b, grad_b) + emb32
     tensors = tensors + gradients - (dense.gradients + expert.gradients)
     wide = bf16_gathered_params(m, plan, stage).total  # gathered at 2 B under fp8_params (torchao: the experts too)
     gathered = where(plan.zero >= 3, where(piped, rp.total, live) * weight_b

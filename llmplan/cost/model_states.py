@@ -15,7 +15,7 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compressed import hc_head_params
 from llmplan.cost.memo import memoized
 from llmplan.cost.params import (RankParams, mtp_projection_params, nonmatrix_layer_params, norm_params, param_counts,
-                                 rank_params, router_params, stage_end_params, stepped_rank_params)
+                                 rank_params, router_params, stage_end_params, stepped_rank_params, vocab_shard_params)
 from llmplan.cost.quantize import torchao_float8, torchao_fp8_params
 from llmplan.cost.stages import stage_layers
 from llmplan.specs.model import ModelSpec
@@ -161,6 +161,34 @@ def grad_shards_reduce_scattered(plan: Any) -> Any:
     apex/contrib/optimizers/distributed_fused_adam.py @f3f049246e5bdf6fdddf251ebe6b65dd4ca1ee29
     (_finish_bucket_grad_sync). Derived: docs/formulas.md#mem.kept_grad_shards"""
     return (plan.zero == 1) & (plan.grad_reduce == "reduce-scatter")
+
+
+def fp32_embedding_grads_act(plan: Any) -> Any:
+    """Whether fp32_embedding_grads changes what a plan holds: Apex's layout (zero 1 with grad_reduce
+    reduce-scatter, grad_shards_reduce_scattered) with 2-byte gradients (fp32 ones are fp32 already). The one
+    condition fp32_embedding_grad_bytes prices and check_plan's rule fp32_embedding_grads_zero holds.
+    Derived: docs/formulas.md#mem.fp32_embedding_grads"""
+    return grad_shards_reduce_scattered(plan) & (plan.grad_bytes < 4.0)
+
+
+def fp32_embedding_grad_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any) -> Any:
+    """Bytes fp32_embedding_grads adds to the gradients of one rank of `stage`: (4 - grad bytes) x the word
+    embedding's vocabulary shard (vocab_shard_params) and the learned position table on the first stage, and the
+    tied output layer's copy of the word embedding on the last stage of a pipeline (at pp 1 the same tensor); 0
+    where the switch does not act (fp32_embedding_grads_act).
+    Source: NVIDIA/NeMo @579983fbfc85533df0fb53b30b5e9fca1a1159c9 (r2.0.0rc1, NeMo 24.07),
+    nemo/collections/nlp/models/language_modeling/megatron_gpt_model.py configure_optimizers
+    (with_fp32_embedding_grads, default True: _with_fp32_optimizer on the first stage's word and position
+    embeddings and the last stage's shared_embedding_or_output_weight), nemo/core/optim/distributed_adam.py
+    init_params_bucket (those parameters bucketed with grad_sync_dtype torch.float32); NVIDIA/apex
+    @810ffae374 apex/contrib/optimizers/distributed_fused_adam.py _init_grad_buffer (a zeroed buffer per bucket
+    dtypes, in its grad_sync_dtype). Derived: docs/formulas.md#mem.fp32_embedding_grads"""
+    vocab = vocab_shard_params(m, plan.tp)
+    positions = m.max_position_embeddings * m.hidden_size if m.learned_position_embeddings else 0
+    first = where(stage == 0, vocab + positions, 0.0)
+    tied_copy = where((stage == plan.pp - 1) & (plan.pp > 1) & bool(m.tie_word_embeddings), vocab, 0.0)
+    on = plan.fp32_embedding_grads & fp32_embedding_grads_act(plan)
+    return where(on, (4.0 - plan.grad_bytes) * (first + tied_copy), 0.0)
 
 
 def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradients: Any) -> tuple[Any, Any]:

@@ -322,6 +322,16 @@ def kept_grad_shards_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             "re-plan with --no-kept-grad-shards")
 
 
+def fp32_embedding_grads_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for the embeddings' fp32 gradient buckets of NeMo 1.x under Apex
+    DistributedFusedAdam (fp32_embedding_grads): no training target here runs Apex's optimizer, whose buckets
+    carry the per-parameter gradient dtype, so the run would not hold what the plan prices
+    (docs/formulas.md#mem.fp32_embedding_grads)."""
+    return ("the embeddings' gradients in fp32 beside 2-byte ones (fp32_embedding_grads: Apex DistributedFusedAdam "
+            "under NeMo 1.x; this launcher's optimizer keeps one gradient dtype)", pf.plan.fp32_embedding_grads,
+            "re-plan with --no-fp32-embedding-grads")
+
+
 def parallel_block_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for a model with the parallel transformer block
     (ModelSpec.parallel_block: attention and MLP side by side on one norm's output) on a launcher that builds the

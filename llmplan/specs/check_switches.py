@@ -13,7 +13,7 @@ from typing import Any, Callable, Collection
 
 import numpy as np
 
-from llmplan.cost.model_states import grad_shards_reduce_scattered
+from llmplan.cost.model_states import fp32_embedding_grads_act, grad_shards_reduce_scattered
 from llmplan.cost.muon import muon_unpriced
 from llmplan.cost.memory import inflight_microbatches
 from llmplan.cost.offload import fine_grained_host_bytes, host_offload_bytes
@@ -336,6 +336,13 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         "the whole gradient buffer, so it acts only with zero 1 and grad_reduce reduce-scatter (under "
                         "zero 2 the shard is the gradient already priced); use --zero 1 with --grad-reduce "
                         "reduce-scatter, or drop --kept-grad-shards"),
+    SwitchUse("fp32_embedding_grads_zero", ("fp32_embedding_grads",),
+              fp32_embedding_grads_act,
+              lambda p: f"fp32_embedding_grads with zero {p.zero}, grad_reduce {p.grad_reduce}, grad_dtype "
+                        f"{p.grad_dtype}: it keeps the embeddings' gradients in fp32 buckets of Apex "
+                        "DistributedFusedAdam beside 2-byte ones, so it acts only with zero 1, grad_reduce "
+                        "reduce-scatter and 2-byte gradients; use --zero 1 with --grad-reduce reduce-scatter and "
+                        "--grad-dtype bf16, or drop --fp32-embedding-grads"),
     SwitchUse("pp_blocking_sends_pp", ("pp_blocking_sends",), lambda p: p.pp > 1,
               lambda p: f"pp_blocking_sends with pp {p.pp}: it makes the sends between pipeline stages wait, so it "
                         "acts only with pp > 1; use --pp 2 or more or drop --pp-blocking-sends"),

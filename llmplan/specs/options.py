@@ -186,6 +186,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.param_remainders."""
     kept_grad_shards: bool
     """ParallelPlan.kept_grad_shards."""
+    fp32_embedding_grads: bool
+    """ParallelPlan.fp32_embedding_grads."""
     grad_reduce: str
     """ParallelPlan.grad_reduce."""
     grad_accumulation: str

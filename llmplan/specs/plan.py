@@ -236,6 +236,13 @@ class ParallelPlan(PlanQuantities, Spec):
     parameters / the optimizer's shards; none over one rank: the shard is then a view of the bucket). False:
     Megatron-Core's distributed optimizer, which reduce-scatters in place. Needs zero 1 with grad_reduce
     reduce-scatter (under zero 2 the priced gradients are that shard already; docs/formulas.md#mem.kept_grad_shards)."""
+    fp32_embedding_grads: bool = False
+    """The word embedding, the learned position table and, on the last stage of a pipeline, the tied output layer's
+    copy of the word embedding keep fp32 gradients whatever grad_dtype: NeMo 1.x's with_fp32_embedding_grads
+    (default True) under Apex DistributedFusedAdam gives those parameters buckets of their own with grad_sync_dtype
+    fp32, and Apex keeps one contiguous gradient buffer per bucket dtype. Priced: (4 - grad bytes) per such parameter
+    of the rank, in the gradients. Needs zero 1 with grad_reduce reduce-scatter (Apex's layout, as kept_grad_shards)
+    and 2-byte gradients (docs/formulas.md#mem.fp32_embedding_grads)."""
     flash_attention: bool = True
     """Fused attention that never stores the s x s score matrix (Korthikanti's 5as^2b term vanishes)."""
     attention_kernel: AttentionKernel = "native"

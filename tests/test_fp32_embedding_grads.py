@@ -1,0 +1,125 @@
+"""The embeddings' fp32 gradients of NeMo 1.x under Apex DistributedFusedAdam (ParallelPlan.fp32_embedding_grads,
+docs/formulas.md#mem.fp32_embedding_grads; docs/validation.md#nemo20b-switches).
+
+Published source: NVIDIA/NeMo @579983fbfc (r2.0.0rc1, NeMo 24.07) megatron_gpt_model.py configure_optimizers reads
+with_fp32_embedding_grads (default True) and sets _with_fp32_optimizer on the first stage's word embedding and
+learned position embedding and on the last stage's shared_embedding_or_output_weight when the embeddings are tied;
+nemo/core/optim/distributed_adam.py init_params_bucket buckets those parameters with grad_sync_dtype torch.float32;
+NVIDIA/apex @810ffae374 distributed_fused_adam.py _init_grad_buffer allocates one zeroed buffer per bucket dtypes, in
+its grad_sync_dtype. NeMo-Framework-Launcher tag 24.07 conf/training/gpt3/20b.yaml sets no
+with_fp32_embedding_grads, make_vocab_size_divisible_by 128 (GPT-2 BPE 50,257 -> 50,432 at TP 2),
+max_position_embeddings 2048, hidden 6144; examples/training/gpt/h100/20b_fp8_8node.sh adds grad_sync_dtype=bf16.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import islice
+from types import SimpleNamespace
+
+import pytest
+
+import accuracy
+from agreement import assert_arrays_agree
+from llmplan.cost.memory import training_memory
+from llmplan.cost.model_states import fp32_embedding_grad_bytes
+from llmplan.estimate import estimate_training
+from llmplan.export.common import fp32_embedding_grads_refusal
+from llmplan.specs.check import check_plan
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
+from llmplan.units import GIB
+
+ROW = "nemo2407-pretrain-gpt3-20b-64gpu-gbs256"
+
+
+def test_the_gpt3_20b_row_by_hand(row_setup) -> None:
+    # word embedding: 50,432 x 6144 / TP 2 = 154,927,104; positions 2048 x 6144 = 12,582,912 (replicated over TP);
+    # bf16 buckets elsewhere, so 4 - 2 = 2 B more each: 335,020,032 B
+    m, cluster, plan = row_setup(ROW)
+    assert plan.fp32_embedding_grads and plan.grad_bytes == 2.0 and plan.pp == 1
+    assert float(fp32_embedding_grad_bytes(m, plan, 0)) == 2 * (50_432 * 6144 // 2 + 2048 * 6144) == 335_020_032
+    on = training_memory(m, plan, 80 * GIB, MemoryAllowance(), nccl_channels=16, compute_capability=9.0)
+    off = training_memory(m, plan.model_copy(update={"fp32_embedding_grads": False}), 80 * GIB, MemoryAllowance(),
+                          nccl_channels=16, compute_capability=9.0)
+    assert float(on.gradients) - float(off.gradients) == pytest.approx(335_020_032, abs=1.0)
+    # a held buffer like the other gradients: the total rises by it and its 5% fragmentation allowance
+    assert float(on.total) - float(off.total) == pytest.approx(335_020_032 * 1.05, abs=1.0)
+
+
+def test_stages_of_a_pipeline() -> None:
+    # GPT 18.4B (tied, learned positions; vocabulary 51,200, hidden 6144) at tp 2 pp 4: the first stage holds the
+    # word embedding's shard and the position table, the last the output layer's copy of the tied word embedding,
+    # the middle ones neither; an untied model (Llama 3.1 8B, RoPE) only the first stage's word embedding
+    gpt = builtin_models()["gpt-18.4b"]
+    plan = ParallelPlan(tp=2, pp=4, dp=2, zero=1, grad_dtype="bf16", fp32_embedding_grads=True, global_batch=8)
+    vocab = 51_200 * 6144 // 2
+    assert [float(fp32_embedding_grad_bytes(gpt, plan, s)) for s in range(4)] == [
+        2.0 * (vocab + 2048 * 6144), 0.0, 0.0, 2.0 * vocab]
+    llama = builtin_models()["llama-3.1-8b"]
+    assert [float(fp32_embedding_grad_bytes(llama, plan, s)) for s in range(4)] == [
+        2.0 * 128_256 * 4096 / 2, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("update,applies", [({}, True), ({"grad_dtype": "fp32"}, False), ({"zero": 2}, False),
+                                            ({"zero": 0}, False), ({"grad_reduce": "all-reduce"}, False)])
+def test_where_it_acts(update, applies) -> None:
+    m = builtin_models()["gpt-18.4b"]
+    plan = ParallelPlan(dp=8, zero=1, grad_dtype="bf16", fp32_embedding_grads=True, global_batch=8)
+    plan = plan.model_copy(update=update)
+    assert (float(fp32_embedding_grad_bytes(m, plan, 0)) > 0) == applies
+    rules = {v.rule: v.message for v in check_plan(m, plan)}
+    assert ("fp32_embedding_grads_zero" not in rules) == applies
+    if not applies:
+        assert "or drop --fp32-embedding-grads" in rules["fp32_embedding_grads_zero"]
+
+
+def test_off_adds_nothing() -> None:
+    m = builtin_models()["gpt-18.4b"]
+    plan = ParallelPlan(dp=8, zero=1, grad_dtype="bf16", global_batch=8)
+    assert float(fp32_embedding_grad_bytes(m, plan, 0)) == 0.0
+
+
+def test_launchers_refuse_it() -> None:
+    what, bad, fix = fp32_embedding_grads_refusal(SimpleNamespace(plan=ParallelPlan(fp32_embedding_grads=True)))
+    assert bad and "Apex DistributedFusedAdam" in what and fix == "re-plan with --no-fp32-embedding-grads"
+    assert not fp32_embedding_grads_refusal(SimpleNamespace(plan=ParallelPlan()))[1]
+
+
+def test_the_rows_that_read_it(published_runs) -> None:
+    # every nemo2407 row at zero 1 (Apex DistributedFusedAdam, 2-byte gradient buckets), no other family
+    on = []
+    for rid, rec in published_runs.items():
+        fam = accuracy.family(rid)
+        if fam not in accuracy.TRAIN_FAMILIES:
+            continue
+        setup = accuracy.record_setup(rec, fam)
+        if setup is not None and setup[2].fp32_embedding_grads:
+            on.append(rid)
+    assert on and all(r.startswith("nemo2407-") for r in on) and ROW in on
+
+
+def test_vectorised_search_prices_it_as_the_scalar_estimate() -> None:
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    m, cluster = builtin_models()["gpt-18.4b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=2)
+    w = Workload(global_batch=64, seq_len=2048, grad_dtype="bf16", fp32_embedding_grads=True)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    ok = (i for i in range(len(plans)) if plans.plan(i).zero == 1 and not check_plan(m, plans.plan(i), cluster))
+    idx = list(islice(ok, 0, 200, 10))
+    moved = [i for i in idx if float(estimate_training(m, cluster, plans.plan(i)).memory.total) != float(
+        estimate_training(m, cluster, plans.plan(i).model_copy(update={"fp32_embedding_grads": False})).memory.total)]
+    assert len(moved) >= 3
+    assert_arrays_agree(m, cluster, plans, idx)
+
+
+FLAG = ("estimate", "--model", "gpt-18.4b", "--hardware", "dgx-h100", "--global-batch", "64", "--zero", "1",
+        "--grad-dtype", "bf16", "--fp32-embedding-grads")
+
+
+def test_every_megatron_export_refuses_the_flag_in_one_line(cli, tmp_path) -> None:
+    path = tmp_path / "plan.json"
+    assert cli(*FLAG, "--save", path).code == 0
+    assert json.loads(path.read_text())["plan"]["fp32_embedding_grads"] is True
+    msg = cli("export", path, "--to", "megatron", "-o", tmp_path / "out").refusal()
+    assert "fp32_embedding_grads" in msg and "re-plan with --no-fp32-embedding-grads" in msg
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
