@@ -631,9 +631,10 @@ def quant_padding_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     (moe_router_padding_for_quantization, off in the presets this prices), where HybridEP's dispatch pads to the
     alignment itself (moe_flex_backend hybridep), and where the rows are padded to a capacity the alignment
     divides (received rows an expert: ep x ceil(tokens x k x c / E)). Otherwise (dropless, forced-balance routing:
-    random counts) 4 passes of QUANT_PADDING_BYTES on the k routed copies of width w a token. Only the per-expert
-    TEGroupedMLP path (expert_gemm per-expert) is Megatron-Core's; the probs' fp32 column (4 of 2w bytes a row)
-    is left out. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py TEGroupedMLP.forward
+    random counts) 4 passes of QUANT_PADDING_BYTES on the k routed copies of width w a token. Megatron-Core's
+    expert paths pad: TEGroupedMLP (expert_gemm per-expert) and, at d0b3b775, the op-fuser's fused grouped MLP
+    (fused_grouped_mlp); other grouped kernels (DeepGEMM, torch._grouped_mm) align in their own permute and pay
+    none here. The probs' fp32 column (4 of 2w bytes a row) is left out. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py TEGroupedMLP.forward
     (quantization_padding) at 0d8e0714 / b0cc2706 / d0b3b775, moe_utils.py skip_routed_expert_padding at
     d0b3b775; NVIDIA/TransformerEngine transformer_engine/pytorch/module/fp8_padding.py (Fp8Padding.forward:
     "no padding needed"). Derived: docs/formulas.md#moe.quant_padding"""
@@ -641,7 +642,8 @@ def quant_padding_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     if not (m.is_moe and plan.low_precision) or hybridep:
         return 0.0  # workload switches: one value for all plans of a search
     k, w = m.num_experts_per_tok, m.expert_width
-    passes = where(plan.expert_gemm == "per-expert", (2 + 2) * QUANT_PADDING_BYTES * k * w / 3, 0.0)
+    megatron_experts = (plan.expert_gemm == "per-expert") | fused_grouped_mlp(m, plan)
+    passes = where(megatron_experts, (2 + 2) * QUANT_PADDING_BYTES * k * w / 3, 0.0)
     if plan.moe_capacity_factor is None:
         return passes
     align = 32 if plan.gemm_format in ("mxfp8", "nvfp4") else 16
