@@ -53,3 +53,16 @@ def test_26_08_gb200_recipe_recomputes_the_mla_up_projections_gb300_none(acc, pu
     # gb300/deepseek_v3.py deepseek_v3_pretrain_256gpu_gb300_fp8mx_config: recompute_modules []
     assert acc.mbridge_recompute_modules(published_runs[GB200_2608]) == ("mla_up_proj",)
     assert acc.mbridge_recompute_modules(published_runs[GB300_2608]) == ()
+
+
+def test_the_probe_lines_the_variant_rows_up_with_their_gpu_and_layout():
+    # benchmarks/dsv3_variants.py: the B200 PP16 EP8 series runs from 25.09's token-drop row through 25.11's w/ MTP
+    # row to the unlabelled 26.02 - 26.04 rows (the tables at 067f987df list five), oldest first
+    import dsv3_variants as V
+
+    got = V.rows()
+    gpu, layout = V.SERIES["B200 PP16 EP8 MBS1"]
+    series = [rec["model"]["name"] for rec, _ in got if gpu in rec["id"] and layout in rec["id"]]
+    assert len(series) == 5
+    assert "tokendrop" in series[0] and "w/ MTP" in series[1]
+    assert all(s.endswith("[DeepSeekV3]") for s in series[2:])
