@@ -1248,6 +1248,10 @@ MBRIDGE_RECOMPUTE_MODULES = {
     # 25.09 H100 (v0.1.0rc4 run_script.py: recompute_modules ["mla_up_proj", "mlp"]; Megatron-Core 0.14's
     # transformer_layer.py applies "mlp" to the dense layers only, as module_recompute_flops prices it)
     ("deepseekv3", (25, 9), "h100"): ("mla_up_proj", "mlp"),
+    # 25.09 B200 / GB200 (the token-drop rows; same run_script.py: recompute_modules ["mla_up_proj"] on b200 and on
+    # gb200 with use_tokendrop, the default there; recompute_granularity "selective" from
+    # configs/deepseek/deepseek_v3_llm_pretrain.yaml and the recipe's default)
+    **{("deepseekv3", (25, 9), g): ("mla_up_proj",) for g in ("b200", "gb200")},
     **{("deepseekv3", (25, 11), g): m for g, m in (("gb300", ("moe_act",)), ("gb200", ("mla_up_proj",)),
                                                    ("b200", ("mla_up_proj",)))},
     **{("deepseekv3", (26, 2), g): ("mla_up_proj",) for g in ("gb300", "gb200", "b300", "b200")},
@@ -1256,6 +1260,10 @@ MBRIDGE_RECOMPUTE_MODULES = {
     ("deepseekv3", (26, 4, 1), "b200"): ("mla_up_proj", "mlp"),
     **{("deepseekv3", (26, 6), g): m for g, m in (("gb200", ("mla_up_proj",)), ("b300", ("mla_up_proj",)),
                                                   ("b200", ("mla_up_proj", "mlp")))},
+    # 26.08 GB200 MXFP8 (v0.6.0 perf_recipes/deepseek/gb200/deepseek_v3.py deepseek_v3_pretrain_256gpu_gb200_fp8mx_config:
+    # recompute_modules ["mla_up_proj"], kept by _enable_deepseek_full_iteration_mxfp8; granularity "selective" in
+    # perf_recipes/deepseek/common.py _deepseek_v3_common); its GB300 MXFP8 recipe sets [] (left out)
+    ("deepseekv3", (26, 8), "gb200"): ("mla_up_proj",),
     # Nemotron-3 Super, MXFP8 / NVFP4 presets (scripts/performance/configs/nemotronh/nemotron_3_workload_base_configs.py
     # at v0.4.0, v0.4.2, v0.5.0; perf_recipes/nemotronh/{b200,b300}/nemotronh.py at v0.6.0, the same): B200 MXFP8
     # and B300 NVFP4 recompute moe_act and layernorm; GB300, GB200 (TP2), B300 MXFP8 and B200 NVFP4 (TP2) none
@@ -1279,9 +1287,10 @@ MBRIDGE_RECOMPUTE_MODULES = {
 (scripts/performance/configs/{gpt_oss,deepseek}/*workload_base_configs.py, recompute_modules=, at the tag of
 each release's container; the presets' layouts match the table rows). Left out, so no module is recomputed:
 GPT-OSS at 25.11 (v0.2.0's set_recompute_overrides sets the modules but not recompute_granularity, which the
-GPT-OSS recipe leaves None, so Megatron-Core applies none), DeepSeek-V3 on GB300 at 26.06 (its MXFP8 presets
-set []), 25.09 but DeepSeek-V3's H100 row (the other presets were not read), 26.08 (v0.6.0 moved the presets out of scripts/performance; not
-read) and Qwen3 (no preset sets any: qwen3_llm_pretrain.py sets recompute_granularity None)."""
+GPT-OSS recipe leaves None, so Megatron-Core applies none), DeepSeek-V3 on GB300 at 26.06 and 26.08 (its MXFP8
+presets set []), 25.09's Qwen3 token-drop rows (run_script.py at v0.1.0rc4 sets no modules for Qwen3), 26.08 but
+DeepSeek-V3 / V4 (v0.6.0 moved the presets to src/megatron/bridge/perf_recipes; the others not read) and Qwen3 (no
+preset sets any: qwen3_llm_pretrain.py sets recompute_granularity None)."""
 
 
 def bridge_bf16_layers(rec: dict, fam: str, dtype: str) -> tuple[int | None, int | None]:
@@ -1462,8 +1471,9 @@ def mbridge_cuda_graphs(rec: dict) -> str:
     mbridge_moe_recipe: full-iteration (cuda_graph_impl "full_iteration", with the MoE layers' static
     moe_expert_rank_capacity_factor) for the MXFP8 presets on Blackwell from 26.06, the releases that add the EP
     overlap with it; layers (cuda_graph_impl "transformer_engine", scope attn / moe_router / moe_preprocess) for
-    Qwen3-30B-A3B off H100, Qwen3-235B-A22B, DeepSeek-V3 and GPT-OSS on GB200 / GB300, and GPT-OSS on B300
-    (scripts/performance/configs/*/*workload_base_configs.py at v0.2.0 ... v0.4.0); none for the rest and for
+    Qwen3-30B-A3B off H100, Qwen3-235B-A22B, DeepSeek-V3 (from 25.11) and GPT-OSS on GB200 / GB300, and GPT-OSS on
+    B300 (scripts/performance/configs/*/*workload_base_configs.py at v0.2.0 ... v0.4.0; 25.09: the perf_matrix of
+    configs/{qwen3,deepseek}/*_llm_pretrain.yaml at v0.1.0rc4); none for the rest and for
     other families; and the full-iteration graph (cuda_graph_impl "local", cuda_graph_scope "full_iteration") of
     the Llama 3 8B pretrain presets on B200 / GB200 / GB300 / B300 from 25.11 on (bridge_llama3_8b_graphs)."""
     if bridge_llama3_8b_graphs(rec):
@@ -1488,7 +1498,10 @@ def mbridge_cuda_graphs(rec: dict) -> str:
         return "full-iteration"
     gb = gpu.startswith("gb")
     ref = source_ref(rec)
-    layers = (("qwen3-30b" in rid and "h100" not in gpu) or (("qwen3-235b" in rid or "deepseekv3" in rid) and gb)
+    # DeepSeek-V3 at 25.09 ran none on GB200 (v0.1.0rc4 configs/deepseek/deepseek_v3_llm_pretrain.yaml perf_matrix:
+    # cuda_graphs false for h100, b200 and gb200; the Qwen3 matrices there agree with the rule below)
+    ds_graphs = "deepseekv3" in rid and ref >= (25, 11)
+    layers = (("qwen3-30b" in rid and "h100" not in gpu) or (("qwen3-235b" in rid or ds_graphs) and gb)
               # GPT-OSS: the GB300 / B300 presets set TE graphs; the GB200 / B200 ones leave the recipe's "none"
               # (gpt_oss_workload_base_configs.py at v0.2.0 - v0.5.0: GB200 sets recompute_modules instead)
               or ("gpt-oss" in rid and ("gb300" in gpu or "b300" in gpu))

@@ -35,6 +35,7 @@ from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home w
     GLU_CLAMP_BYTES,
     SINK_RESCALE_BYTES,
     alltoall_sort_bytes,
+    quant_padding_bytes,
     alltoall_sort_layer_bytes,
     elementwise_bytes,
     expert_activation_extra_bytes,
@@ -189,7 +190,7 @@ def expert_node_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple
     def compute() -> tuple[Any, Any]:
         fwd, bwd = layer_gemm_seconds(m, plan, gpu, True, only="expert")
         T = plan.seq_len / plan.cp * plan.micro_batch
-        sorts = alltoall_sort_bytes(m, plan) * T / where(plan.sp, plan.tp, 1)
+        sorts = (alltoall_sort_bytes(m, plan) + quant_padding_bytes(m, plan)) * T / where(plan.sp, plan.tp, 1)
         mem = (memory_seconds(expert_node_bytes(m, plan), sorts, gpu, jit_routed_bytes(m, plan))
                + expert_gemm_seconds(m, plan)
                + moe_kernel_seconds(m, plan, ("sort_map",)))

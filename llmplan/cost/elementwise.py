@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from llmplan.arith import where
 from llmplan.cost.compressed import compressor_token_bytes, hc_memory_bytes
 from llmplan.cost.flops import attention_head_dims
@@ -614,13 +616,50 @@ def alltoall_sort_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     return where(sorted_rows, (2 + 2) * per_sort / 3, 0.0)
 
 
+QUANT_PADDING_BYTES = 4.0
+"""HBM bytes per element of one routed row (bf16) of one pass of Transformer Engine's Fp8Padding / Fp8Unpadding
+(fused_multi_row_padding / _unpadding: each row read once and written once into the padded or unpadded buffer).
+Derived: docs/formulas.md#moe.quant_padding"""
+
+
+def quant_padding_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes per token of TEGroupedMLP's quantisation padding in an fp8 / fp4 recipe, in the forward-equivalent
+    units of elementwise_bytes (the stage charges three times them). Megatron-Core pads each local expert's rows
+    to the recipe's GEMM alignment before the grouped linears (Fp8Padding, 16 rows; 32 for MXFP8 / NVFP4) and
+    unpads the output (Fp8Unpadding); backward unpads the input's gradient and pads the output's. Transformer
+    Engine skips both where every expert's count is aligned already: where the router pads the routing map
+    (moe_router_padding_for_quantization, off in the presets this prices), where HybridEP's dispatch pads to the
+    alignment itself (moe_flex_backend hybridep), and where the rows are padded to a capacity the alignment
+    divides (received rows an expert: ep x ceil(tokens x k x c / E)). Otherwise (dropless, forced-balance routing:
+    random counts) 4 passes of QUANT_PADDING_BYTES on the k routed copies of width w a token. Megatron-Core's
+    expert paths pad: TEGroupedMLP (expert_gemm per-expert) and, at d0b3b775, the op-fuser's fused grouped MLP
+    (fused_grouped_mlp); other grouped kernels (DeepGEMM, torch._grouped_mm) align in their own permute and pay
+    none here. The probs' fp32 column (4 of 2w bytes a row) is left out. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py TEGroupedMLP.forward
+    (quantization_padding) at 0d8e0714 / b0cc2706 / d0b3b775, moe_utils.py skip_routed_expert_padding at
+    d0b3b775; NVIDIA/TransformerEngine transformer_engine/pytorch/module/fp8_padding.py (Fp8Padding.forward:
+    "no padding needed"). Derived: docs/formulas.md#moe.quant_padding"""
+    hybridep = plan.moe_dispatcher == "deepep" and plan.moe_flex_backend == "hybridep"
+    if not (m.is_moe and plan.low_precision) or hybridep:
+        return 0.0  # workload switches: one value for all plans of a search
+    k, w = m.num_experts_per_tok, m.expert_width
+    megatron_experts = (plan.expert_gemm == "per-expert") | fused_grouped_mlp(m, plan)
+    passes = where(megatron_experts, (2 + 2) * QUANT_PADDING_BYTES * k * w / 3, 0.0)
+    if plan.moe_capacity_factor is None:
+        return passes
+    align = 32 if plan.gemm_format in ("mxfp8", "nvfp4") else 16
+    tokens = plan.seq_len / plan.cp * plan.micro_batch / where(plan.sp, plan.tp, 1)
+    received = plan.ep * np.ceil(tokens * k * plan.moe_capacity_factor / m.num_experts)
+    return where(received % align == 0, 0.0, passes * plan.expert_padding)
+
+
 def alltoall_sort_layer_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
-    """The sort-by-local-expert copies' share of one MoE layer's elementwise_bytes, one micro-batch, one rank:
-    expert_node_bytes' alltoall_sort_bytes on the T/t_sp tokens the layer holds, and with `moe` recomputed the
-    rerun's forward half of it (moe_recompute_bytes). cost.compute prices these bytes at the copy bandwidth.
+    """The streaming copies' share of one MoE layer's elementwise_bytes, one micro-batch, one rank: the sort by
+    local expert and the quantisation padding (expert_node_bytes' alltoall_sort_bytes and quant_padding_bytes) on
+    the T/t_sp tokens the layer holds, and with `moe` recomputed the rerun's forward half of them
+    (moe_recompute_bytes). cost.compute prices these bytes at the copy bandwidth.
     Derived: docs/formulas.md#compute.copy_bandwidth"""
     T = plan.seq_len / plan.cp * plan.micro_batch
-    sorts = alltoall_sort_bytes(m, plan) * T / where(plan.sp, plan.tp, 1)
+    sorts = (alltoall_sort_bytes(m, plan) + quant_padding_bytes(m, plan)) * T / where(plan.sp, plan.tp, 1)
     rerun = where(plan.recomputes("moe"), 0.5, 0.0) if plan.recompute_modules else 0.0
     return sorts * (1 + rerun)
 
@@ -693,7 +732,8 @@ def moe_recompute_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     routed_act = ((one * (1.0 - fused) + where(plan.glu_clamp_fusion, 0.0, clamp))
                   * m.expert_ffn * m.num_experts_per_tok / t)
     shared_act = one * (m.shared_ffn or 0) / t
-    sorts = alltoall_sort_bytes(m, plan) * 3 / 2 / where(plan.sp, t, 1)  # forward's two of the four
+    # forward's two of the four sorts and of the four padding passes
+    sorts = (alltoall_sort_bytes(m, plan) + quant_padding_bytes(m, plan)) * 3 / 2 / where(plan.sp, t, 1)
     return where(plan.recomputes("moe"), (sorts + routed_act + shared_act) * T / 3, 0.0)
 
 
@@ -708,7 +748,7 @@ def expert_node_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     T, t = plan.seq_len / plan.cp * plan.micro_batch, plan.tp
     act = (eager_activation_bytes(m, plan) + expert_activation_extra_bytes(m, plan) + expert_fc1_bias_bytes(m, plan)
            - fused_expert_activation_bytes(m, plan)) * T * m.expert_ffn * m.num_experts_per_tok / t
-    return act + (expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan)
+    return act + (expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan) + quant_padding_bytes(m, plan)
                   + hybridep_prob_permute_bytes(m, plan)) * T / where(plan.sp, t, 1)
 
 
