@@ -691,8 +691,8 @@ def fsdp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
 def fsdp_zero2_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     """(what, whether the plan has it, fix) for the ZeRO-2 plans that Megatron-FSDP's optim_grads (fsdp_pairs)
     refuses or does not run as llmplan priced them. Source: NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py
-    validate_args (under --use-megatron-fsdp: `assert args.optimizer in ('sgd', 'adam')`, `assert
-    os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1"`); megatron/core/distributed/fsdp/src/megatron_fsdp/
+    validate_args (under --use-megatron-fsdp: `assert os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1"`; its
+    `assert args.optimizer in ('sgd', 'adam')` is check_plan's muon_zero rule, met before any export); megatron/core/distributed/fsdp/src/megatron_fsdp/
     megatron_fsdp.py (optim_grads forces overlap_grad_reduce on; its backward hook reduces every backward,
     grad_reduce_every_bprop; param.overwrite_main_grad: each micro-batch's gradient written, not added, into the
     bucket). Derived: docs/formulas.md#comm.dp (a pipeline's ZeRO-2 priced once per step)."""
@@ -700,8 +700,6 @@ def fsdp_zero2_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     on = p.zero == 2
     z2 = "ZeRO-2 (Megatron-FSDP optim_grads)"
     return [
-        (f"{z2} with the {p.optimizer} optimizer (Megatron-LM asserts --optimizer sgd or adam with "
-         "--use-megatron-fsdp)", on and p.optimizer != "adam", "re-plan with --zero 1, or --optimizer adam"),
         (f"{z2} under a pipeline (PP {p.pp}): llmplan prices its gradients reduced once per step and Megatron-FSDP "
          "reduce-scatters them after every micro-batch's backward", on and p.pp > 1,
          "re-plan with --zero 1, or with --pp 1"),

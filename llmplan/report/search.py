@@ -361,7 +361,7 @@ def exports_lines(exports: dict[str, str | None] | None) -> list[str]:
         return [f"#1 exports to {', '.join(ok)}" + (f"; not to {', '.join(no)} (search --target NAME for the best "
                                                      "plan NAME writes)" if no else "")]
     return ["#1 exports to no target; search --target NAME for the best plan NAME writes:",
-            *(f"  {why}" for why in exports.values() if why)]
+            *(f"  {why}" for why in dict.fromkeys(exports.values()) if why)]  # torchrun / slurm: a wrapped one's
 
 
 def target_lines(target: str, dropped: int, walk: Walk | None = None, sides: Sides | None = None,
