@@ -491,7 +491,8 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     from llmplan.cli.inputs import with_hardware_options
     from llmplan.cli.pools import search_pools_cli, single_pool_options
     from llmplan.cli.systems import search_systems, wants_comparison
-    from llmplan.planfile import plan_document, save_refs
+    from llmplan.export import exports
+    from llmplan.planfile import document_plan, plan_document, save_refs
     from llmplan.specs.registry import is_pool_file
     if is_pool_file(c.hardware):  # a cluster file: one pool is that system's search, several are cli.pools'
         one = single_pool_options(c, goal)
@@ -505,6 +506,11 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                                                                         checkpoints, output, named, target)
     console = Console(width=max(out.width, 160)) if goal.wide else out
     advice = advise_training(res.ranked[0], allowance, order) if goal.explain_opt and res.ranked else None
+    refs = save_refs(c.model, c.hardware, output.save)
+    best_doc = lambda: {**plan_document(res.ranked[0], allowance, order,  # noqa: E731
+                                        report.estimate_json(res.ranked[0]), refs), **with_hardware_options(chosen)}
+    if target is None and res.ranked:  # which targets write the #1 shown (report.search.exports_lines)
+        res = dataclasses.replace(res, exports=exports(document_plan(best_doc())))
 
     emit(report.search_json(res, w, cluster, m, tokens, advice), output.json_mode,
          lambda: report.search_view(console, res, w, cluster, m, tokens, goal.explain_opt, advice, goal.wide))
@@ -513,11 +519,7 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                     + (f"; it would fit with {'; '.join(res.suggestions)}" if res.suggestions else ""))
         raise typer.Exit(EXIT_NO_FIT)
     if output.save is not None:
-        best = res.ranked[0]
-        refs = save_refs(c.model, c.hardware, output.save)
-        doc = plan_document(best, allowance, order, report.estimate_json(best), refs)
-        save_best(output.save, {**doc, **with_hardware_options(chosen), "search": report.search_points(res)},
-                  output.force, output.json_mode)
+        save_best(output.save, {**best_doc(), "search": report.search_points(res)}, output.force, output.json_mode)
 
 
 def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOptions,

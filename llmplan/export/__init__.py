@@ -250,6 +250,12 @@ def refusal(pf: PlanFile, target: str) -> str | None:
     return None
 
 
+def exports(pf: PlanFile) -> dict[str, str | None]:
+    """Each target of the plan's mode and its answer for the plan: None where `export --to target` writes it, else
+    its refusal (`refusal`: the checks alone, nothing rendered)."""
+    return {t: refusal(pf, t) for t in (TRAIN_TARGETS if pf.mode == "train" else SERVE_TARGETS)}
+
+
 def _expresses(pf: PlanFile, target: str) -> bool:
     try:
         checker(target)(pf)

@@ -275,11 +275,12 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     ]
     if m.is_moe:
         pairs += [("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp_resolved)]
-    pairs += [("--use-distributed-optimizer", p.zero == 1), ("--overlap-grad-reduce", p.overlap_grad_reduce),
+    pairs += [("--use-distributed-optimizer", p.zero in (1, 2)), ("--overlap-grad-reduce", p.overlap_grad_reduce),
+              *fsdp_pairs(pf),
               # megatron/training/arguments.py (2a75ac12c): the distributed optimizer sharded within each of N
               # partial data-parallel groups, the gradients all-reduced across them (docs/formulas.md#mem.hsdp)
               ("--num-distributed-optimizer-instances", p.dp_replicate if p.dp_replicate > 1 else None),
-              ("--overlap-param-gather", p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
+              ("--overlap-param-gather", p.overlap_param_gather and p.zero in (1, 2) and p.overlap_grad_reduce),
               # core_v0.14.0 arguments.py: needs the distributed optimizer, --overlap-param-gather and
               # --num-layers-per-virtual-pipeline-stage (check_plan: param_gather_optstep_interleaved); and since
               # --overlap-param-gather asserts --overlap-grad-reduce there, written only beside both (a plan with
@@ -295,7 +296,8 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               # the DDP bucket the plan priced (exposure.bucket_params); unset: Megatron-Core's max(40M, 1M x dp)
               ("--ddp-bucket-size", p.dp_bucket_params),
               # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM
-              ("--no-gradient-accumulation-fusion", p.grad_accumulation == "add"),
+              # copy: Megatron-FSDP's optim_grads without the fusion, each gradient copied into its bucket
+              ("--no-gradient-accumulation-fusion", p.grad_accumulation in ("add", "copy")),
               ("--no-rope-fusion", not p.rope_fusion),  # Megatron-Core's eager rotary (apply_rope_fusion off)
               # batch_p2p_comm: the interleaved exchanges waited for and synchronised (step.pp_blocking)
               ("--no-overlap-p2p-communication", p.pp_blocking_sends and p.pp > 1 and p.vpp > 1),
@@ -590,10 +592,13 @@ def check(pf: PlanFile) -> None:
     check_router(pf)
     check_ep_overlap(pf, TARGET)  # check_plan's EP-overlap rules (common.EP_OVERLAP_RULES)
     p = pf.plan
-    if p.zero >= 2:
-        raise refuse(TARGET, f"ZeRO stage {p.zero} (Megatron-LM's distributed optimizer shards only the optimizer "
-                     "states, i.e. ZeRO-1)", "re-plan with --zero 1 (or 0)" + (
-                         "" if pf.model.is_hybrid else ", or export to deepspeed / torchtitan"))  # they refuse hybrids
+    if p.zero >= 3:
+        raise refuse(TARGET, f"ZeRO stage {p.zero} (this export writes the distributed optimizer, ZeRO-1, and "
+                     "Megatron-FSDP's optim_grads, ZeRO-2; not its optim_grads_params)", "re-plan with --zero 2, 1 "
+                     "or 0" + ("" if pf.model.is_hybrid else ", or export to deepspeed / torchtitan"))  # they refuse hybrids
+    for what, bad, fix in fsdp_zero2_refusals(pf):
+        if bad:
+            raise refuse(TARGET, what, fix)
     if context_pairs(pf) and (pf.model.is_mla or pf.model.rope_scaling):
         raise refuse(TARGET, f"seq_len {p.seq_len} past max_position_embeddings {pf.model.max_position_embeddings} "
                      f"of {pf.model.name}, which already scales RoPE "
@@ -662,6 +667,57 @@ def check(pf: PlanFile) -> None:
                      "fp8-tensorwise, or export to torchtitan")
 
 
+FSDP_SOURCE = "NVIDIA/Megatron-LM@d98e8a6"
+"""The Megatron-LM commit whose Megatron-FSDP the ZeRO-2 export is read from (tests/data/launchers/megatron-lm.json's
+parser): megatron/training/arguments.py validate_args and megatron/core/distributed/fsdp/src/megatron_fsdp/."""
+
+
+def fsdp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """ZeRO-2 as Megatron-LM runs it: Megatron-FSDP with the optim_grads sharding strategy (param_and_grad_buffer.py
+    _init_each_parameter_group_buffers at d98e8a6: the optimizer's main weights and the gradient buffer sharded over
+    DP x CP, the model weights whole), with the checkpoint format validate_args asserts beside it (fsdp_dtensor),
+    the distributed optimizer its v1 requires (validate_args sets it; written so that it is not a warning), and the
+    plan's gradient and master dtypes (Megatron-FSDP's own: 'auto' keeps the gradients in the weights' dtype).
+    Nothing for other stages (fsdp_zero2_refusals: the ZeRO-2 plans it does not run as priced)."""
+    p = pf.plan
+    if p.zero != 2:
+        return []
+    grads = "bf16" if p.grad_dtype == "bf16" and p.dtype != "fp32" else "fp32"
+    return [("--use-megatron-fsdp", True), ("--data-parallel-sharding-strategy", "optim_grads"),
+            ("--ckpt-format", "fsdp_dtensor"), ("--megatron-fsdp-main-params-dtype", p.optimizer_master_dtype),
+            ("--megatron-fsdp-main-grads-dtype", grads), ("--megatron-fsdp-grad-comm-dtype", grads)]
+
+
+def fsdp_zero2_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
+    """(what, whether the plan has it, fix) for the ZeRO-2 plans that Megatron-FSDP's optim_grads (fsdp_pairs)
+    refuses or does not run as llmplan priced them. Source: NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py
+    validate_args (under --use-megatron-fsdp: `assert os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1"`; its
+    `assert args.optimizer in ('sgd', 'adam')` is check_plan's muon_zero rule, met before any export); megatron/core/distributed/fsdp/src/megatron_fsdp/
+    megatron_fsdp.py (optim_grads forces overlap_grad_reduce on; its backward hook reduces every backward,
+    grad_reduce_every_bprop; param.overwrite_main_grad: each micro-batch's gradient written, not added, into the
+    bucket). Derived: docs/formulas.md#comm.dp (a pipeline's ZeRO-2 priced once per step)."""
+    p, gpu = pf.plan, pf.cluster.system.gpu.name
+    on = p.zero == 2
+    z2 = "ZeRO-2 (Megatron-FSDP optim_grads)"
+    return [
+        (f"{z2} under a pipeline (PP {p.pp}): llmplan prices its gradients reduced once per step and Megatron-FSDP "
+         "reduce-scatters them after every micro-batch's backward", on and p.pp > 1,
+         "re-plan with --zero 1, or with --pp 1"),
+        (f"{z2} without the overlapped gradient reduction (Megatron-FSDP turns it on for sharded gradients)",
+         on and not p.overlap_grad_reduce, "re-plan with --overlap-grad-reduce, or --zero 1"),
+        (f"{z2} with hybrid sharding (dp_replicate {p.dp_replicate}: this export writes optim_grads over the whole "
+         "data-parallel group only)", on and p.dp_replicate > 1, "re-plan with --dp-replicate 1, or --zero 1"),
+        (f"{z2} with grad_accumulation {p.grad_accumulation} (Megatron-FSDP writes each micro-batch's sharded "
+         "gradient into its bucket: fused in the GEMM, or copied)", on and p.grad_accumulation in ("add", "cast-add"),
+         "re-plan with --grad-accumulation fused or copy, or --zero 1"),
+        (f"{z2} with CUDA_DEVICE_MAX_CONNECTIONS 1 (Megatron-LM asserts it is not 1 with --use-megatron-fsdp)",
+         on and p.cuda_max_connections == 1, "re-plan without --cuda-max-connections, or with --zero 1"),
+        (f"{z2} beside TP {p.tp}'s userbuffer overlap on {gpu} (Transformer Engine's TP overlap wants "
+         "CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell; Megatron-LM asserts it is not 1 with Megatron-FSDP)",
+         on and tp_userbuffers_before_blackwell(pf), "re-plan with --no-tp-comm-overlap, or with --zero 1"),
+    ]
+
+
 def ep_overlap_on(pf: PlanFile) -> bool:
     """Whether the script runs Megatron-Core's EP overlap (--overlap-moe-expert-parallel-comm)."""
     return pf.model.is_moe and pf.plan.ep_comm_overlap and pf.plan.ep > 1
@@ -682,6 +738,8 @@ def connections_lines(pf: PlanFile) -> list[str]:
                 "at one queue (docs/formulas.md#moe.overlap_queues)"]
     if ep_overlap_on(pf):
         return ["export CUDA_DEVICE_MAX_CONNECTIONS=32   # the EP overlap's streams side by side (Megatron-Core: > 1)"]
+    if p.zero == 2:  # Megatron-FSDP asserts it is not 1 (fsdp_zero2_refusals); with TP / CP Megatron-LM only warns
+        return ["unset CUDA_DEVICE_MAX_CONNECTIONS   # Megatron-FSDP (ZeRO-2) asserts it is not 1"]
     if p.tp > 1 or p.cp > 1:
         return ["export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron-LM expects it with TP/CP before Blackwell"]
     return []
@@ -694,7 +752,7 @@ def connections_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     p, cc = pf.plan, pf.cluster.system.gpu.compute_capability
     n = p.cuda_max_connections
     bad = (n is not None and n > 1 and (p.tp > 1 or p.cp > 1) and cc is not None and cc < 10
-           and not ep_overlap_on(pf))
+           and not ep_overlap_on(pf) and p.zero != 2)  # under Megatron-FSDP (ZeRO-2) it only warns
     return (f"CUDA_DEVICE_MAX_CONNECTIONS {n} with TP {p.tp} / CP {p.cp} on {pf.cluster.system.gpu.name} (Megatron-LM "
             "asserts 1 with TP or CP > 1 before Blackwell unless the EP overlap runs)", bad,
             "re-plan with --cuda-max-connections 1 (or leave it unset)")

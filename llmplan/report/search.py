@@ -341,6 +341,29 @@ def missing_side_line(target: str, what: str, s: Side | None) -> str | None:
     return f"no plan {what} that {target} accepts" + ("" if s.complete else f" (of the first {s.checked:,} asked)")
 
 
+def exports_json(exports: dict[str, str | None] | None) -> dict[str, Any]:
+    """Without --target (SearchResult.exports): the targets whose export writes #1, in export.TARGETS order, and the
+    refusal of each other one; {} where not asked."""
+    if exports is None:
+        return {}
+    return {"best_exports_to": [t for t, why in exports.items() if why is None],
+            "best_refusals": {t: why for t, why in exports.items() if why is not None}}
+
+
+def exports_lines(exports: dict[str, str | None] | None) -> list[str]:
+    """The table's note on which targets write #1 (exports_json); with none, each target's refusal, so that an
+    unexportable #1 is never shown without saying so."""
+    if exports is None:
+        return []
+    ok = [t for t, why in exports.items() if why is None]
+    if ok:
+        no = [t for t in exports if t not in ok]
+        return [f"#1 exports to {', '.join(ok)}" + (f"; not to {', '.join(no)} (search --target NAME for the best "
+                                                     "plan NAME writes)" if no else "")]
+    return ["#1 exports to no target; search --target NAME for the best plan NAME writes:",
+            *(f"  {why}" for why in dict.fromkeys(exports.values()) if why)]  # torchrun / slurm: a wrapped one's
+
+
 def target_lines(target: str, dropped: int, walk: Walk | None = None, sides: Sides | None = None,
                  unit: str = "plans") -> list[str]:
     """'target torchtitan: 12 better-ranked plans dropped as not exportable', then which rows show another plan
@@ -424,6 +447,7 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         **({"closest": estimate_json(res.closest), "suggestions": res.suggestions} if res.closest else {}),
         **refused_sides_json(res.sides),
         **target_json(res.target, res.not_exportable, res.walk, res.sides, res.walks),
+        **exports_json(res.exports),
     }
 
 
@@ -587,6 +611,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
     if res.target is not None:
         for line in target_lines(res.target, res.not_exportable, res.walk, res.sides):
             console.print(line, highlight=False)
+    for line in exports_lines(res.exports):
+        console.print(line, highlight=False)
 
 
 def search_points(res: SearchResult) -> dict[str, Any]:

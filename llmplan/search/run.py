@@ -100,6 +100,10 @@ class SearchResult:
     """Per ranked plan: the other plans of its layout (search.variants; each row is its layout's best)."""
     target: str | None = None
     """`search --target`: the launcher the ranked plans were kept for (cli.target); None without it."""
+    exports: dict[str, str | None] | None = None
+    """Without a target: each training target's answer for #1 (export.exports: None where `export --to` writes it,
+    else its refusal), so that an untargeted #1 no target writes is said, not shown silently; None with a target
+    (every row exports to it) or where not asked."""
     not_exportable: int = 0
     """With a target: the better-ranked plans dropped because `export --to target` refuses them."""
     refusals: dict[str, int] = field(default_factory=dict)

@@ -1,0 +1,124 @@
+"""ZeRO-2 exported to Megatron-LM as Megatron-FSDP's optim_grads (export.megatron.fsdp_pairs), the ZeRO-2 plans it
+refuses in one line (fsdp_zero2_refusals), and an untargeted search saying which targets write its #1.
+
+The flags are checked against NVIDIA/Megatron-LM at d98e8a64ddf34856e74b24714e3bedb2f5a39553 (the parser recorded in
+tests/data/launchers/megatron-lm.json): megatron/training/arguments.py --use-megatron-fsdp,
+--data-parallel-sharding-strategy {no_shard, optim, optim_grads, optim_grads_params}, and validate_args under
+--use-megatron-fsdp: `assert args.ckpt_format == "fsdp_dtensor"`, `assert os.environ.get(
+'CUDA_DEVICE_MAX_CONNECTIONS') != "1"`, `assert args.optimizer in ('sgd', 'adam')`, the distributed optimizer set
+for its v1; megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py
+_init_each_parameter_group_buffers: optim_grads shards the main weights and the gradients, not the model weights."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.test_export import parse_megatron
+
+BASE = ["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--micro-batch", "1",
+        "--global-batch", "64", "--seq-len", "4096", "--zero", "2"]
+
+
+def exported(cli, tmp_path, *extra: str) -> str:
+    plan = tmp_path / "plan.json"
+    assert cli("estimate", *BASE, *extra, "--save", plan).code in (0, 3)
+    r = cli("export", plan, "--to", "megatron", "-o", tmp_path / "out")
+    assert r.code == 0, r.err
+    return (tmp_path / "out" / "megatron_pretrain.sh").read_text()
+
+
+def test_zero2_is_megatron_fsdp_optim_grads(cli, tmp_path):
+    script = exported(cli, tmp_path, "--tp", "1", "--pp", "1")
+    ns, _ = parse_megatron(script)  # every flag parses with Megatron-LM d98e8a6's own arguments
+    assert ns.use_megatron_fsdp and ns.data_parallel_sharding_strategy == "optim_grads"
+    assert ns.ckpt_format == "fsdp_dtensor"  # validate_args asserts it beside --use-megatron-fsdp
+    assert ns.use_distributed_optimizer  # Megatron-FSDP v1's (validate_args sets it; written, not warned about)
+    assert ns.overlap_grad_reduce  # optim_grads reduce-scatters overlapped (megatron_fsdp.py asserts it)
+    # the plan's fp32 gradients and master: Megatron-FSDP's 'auto' would keep the gradients in the weights' bf16
+    assert (ns.megatron_fsdp_main_grads_dtype, ns.megatron_fsdp_grad_comm_dtype) == ("fp32", "fp32")
+    assert ns.megatron_fsdp_main_params_dtype == "fp32"
+    assert not re.search(r"^export CUDA_DEVICE_MAX_CONNECTIONS=1\b", script, re.M)
+    assert re.search(r"^unset CUDA_DEVICE_MAX_CONNECTIONS\b", script, re.M)
+
+
+def test_zero2_bf16_gradients_and_tp_without_one_queue(cli, tmp_path):
+    # TP 2 on H100 (before Blackwell): Megatron-LM only warns beside Megatron-FSDP, which asserts the queue count
+    # is not 1, so the script does not set the 1 it writes for TP otherwise
+    script = exported(cli, tmp_path, "--tp", "2", "--pp", "1", "--no-tp-comm-overlap", "--grad-dtype", "bf16")
+    ns, _ = parse_megatron(script)
+    assert ns.tensor_model_parallel_size == 2 and ns.use_megatron_fsdp
+    assert (ns.megatron_fsdp_main_grads_dtype, ns.megatron_fsdp_grad_comm_dtype) == ("bf16", "bf16")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" not in script
+
+
+def test_zero1_writes_no_fsdp_flag(cli, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert cli("estimate", *BASE[:-1], "1", "--tp", "1", "--pp", "1", "--save", plan).code in (0, 3)
+    assert cli("export", plan, "--to", "megatron", "-o", tmp_path / "out").code == 0
+    ns, _ = parse_megatron((tmp_path / "out" / "megatron_pretrain.sh").read_text())
+    assert not ns.use_megatron_fsdp and ns.ckpt_format != "fsdp_dtensor" and ns.use_distributed_optimizer
+
+
+@pytest.mark.parametrize("extra, rule, fix", [
+    (["--pp", "2", "--tp", "1"], "under a pipeline (PP 2)", "re-plan with --zero 1, or with --pp 1"),
+    (["--no-overlap-grad-reduce", "--tp", "1"], "without the overlapped gradient reduction",
+     "--overlap-grad-reduce"),
+    (["--grad-accumulation", "add", "--tp", "1"], "grad_accumulation add", "--grad-accumulation fused or copy"),
+    (["--cuda-max-connections", "1", "--tp", "1"], "CUDA_DEVICE_MAX_CONNECTIONS 1", "without --cuda-max-connections"),
+    (["--tp", "2", "--tp-comm-overlap"], "userbuffer overlap on", "--no-tp-comm-overlap"),
+])
+def test_zero2_refusals_are_one_line_exit_2(cli, tmp_path, extra, rule, fix):
+    plan = tmp_path / "plan.json"
+    pp = [] if "--pp" in extra else ["--pp", "1"]
+    assert cli("estimate", *BASE, *pp, *extra, "--save", plan).code in (0, 3)
+    line = cli("export", plan, "--to", "megatron", "-o", tmp_path / "out").refusal()
+    assert "ZeRO-2 (Megatron-FSDP optim_grads)" in line and rule in line and fix in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_zero3_refusal_names_zero2(cli, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert cli("estimate", *BASE[:-1], "3", "--pp", "1", "--save", plan).code in (0, 3)
+    line = cli("export", plan, "--to", "megatron", "-o", tmp_path / "out").refusal()
+    assert "ZeRO stage 3" in line and "re-plan with --zero 2, 1 or 0" in line
+
+
+def test_targeted_search_keeps_only_zero2_plans_megatron_runs(cli, tmp_path):
+    """--target megatron passes over exactly the ZeRO-2 plans fsdp_zero2_refusals refuses (the export's check is
+    the one place): pinned to ZeRO-2 and PP 2, none is kept, and the one line names the rule."""
+    line = cli("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--zero", "2",
+               "--pp", "2", "--target", "megatron").refusal()
+    assert "ZeRO-2 (Megatron-FSDP optim_grads) under a pipeline" in line, line
+
+
+NEMOTRON = ["search", "--model", "nemotron-3-super", "--hardware", "gb200-nvl72", "--nodes", "8", "--top", "2"]
+
+
+def test_untargeted_search_says_which_targets_write_its_first(cli, tmp_path):
+    """Without --target, #1 is labelled: best_exports_to holds the targets whose export writes it (added keys), and
+    each of them does write the saved #1 (here a ZeRO-2 plan of a hybrid model that only megatron runs)."""
+    saved = tmp_path / "plan.json"
+    r = cli(*NEMOTRON, "--save", saved, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    ok, refused = doc["best_exports_to"], doc["best_refusals"]
+    assert set(ok) | set(refused) == {"megatron", "megatron-bridge", "deepspeed", "torchtitan", "torchtitan-0.2",
+                                      "torchrun", "slurm"} and not set(ok) & set(refused)
+    assert "megatron" in ok  # the #1 of this search, ZeRO-2 or not, is one Megatron-LM runs
+    for target in ok:
+        assert cli("export", saved, "--to", target, "-o", tmp_path / target).code == 0, target
+    for target in refused:
+        assert cli("export", saved, "--to", target, "-o", tmp_path / target).code == 2, target
+    text = cli(*NEMOTRON).out
+    assert "#1 exports to megatron" in text
+
+
+def test_untargeted_first_that_no_target_writes_is_labelled(cli):
+    """Pinned to ZeRO-3 a hybrid model's #1 is written by no target: the JSON's best_exports_to is empty and the
+    table says so, with each refusal."""
+    doc = cli(*NEMOTRON, "--zero", "3", "--json").json()
+    assert doc["best_exports_to"] == [] and doc["plans"][0]["plan"]["zero"] == 3
+    text = " ".join(cli(*NEMOTRON, "--zero", "3").out.split())
+    assert "#1 exports to no target" in text and "ZeRO stage 3" in text and "search --target NAME" in text
