@@ -1805,6 +1805,21 @@ def bridge_comm_overlap(rec: dict, fam: str) -> bool:
     return True
 
 
+BRIDGE_NATIVE_LOSS_MODELS = ("deepseekv4", "glm5", "nemotron-3")
+"""Megatron-Bridge performance recipes that keep Megatron-Core's native fused loss (perf_recipes, at v0.6.0:
+_benchmark_common(cfg, cross_entropy_impl="native") in deepseek/*/deepseek_v4.py, glm_moe_dsa/*/glm5.py,
+nemotronh/common.py); every other performance recipe sets Transformer Engine's (scripts/performance/utils/
+overrides.py at v0.2.2 .. v0.6.0 and _benchmark_common's default: cross_entropy_fusion_impl "te")."""
+
+
+def bridge_loss_impl(rec: dict, fam: str) -> str:
+    """ParallelPlan.fused_loss_impl of a row: te on Megatron-Bridge's performance recipes (BRIDGE_FAMILIES) but
+    those of BRIDGE_NATIVE_LOSS_MODELS, else Megatron-Core's default native (the verification cards run the
+    library recipes, which leave it native unless a model's provider sets it)."""
+    native = any(x in rec["id"] for x in BRIDGE_NATIVE_LOSS_MODELS)
+    return "te" if fam in BRIDGE_FAMILIES and not native else "native"
+
+
 def bridge_bucket_params(rec: dict, fam: str, zero: int, reduce_ranks: int, overlap_grad_reduce: bool) -> int | None:
     """The record's DDP bucket (plan.dp_bucket_params): Megatron-Bridge's 128 x 2^20 where its recipe set
     cfg.comm_overlap (bridge_comm_overlap), under the distributed optimizer, over more than one data-parallel rank
@@ -1910,6 +1925,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # Megatron-Core r0.8: --cross-entropy-loss-fusion off by default, and not among the README's flags
         fused_loss=fam != "torchtitan" and "fp32 logits" not in str(par.get("loss", ""))
         and not rec["id"].startswith("megatron-core-r0.8-"),
+        fused_loss_impl=bridge_loss_impl(rec, fam),
         # PyTorch FSDP / FSDP2 mixed precision: the fp32 shard is the master copy (no bf16 shard beside it)
         fp32_param_shards=fam in ("mpt", "torchtitan", "automodel"),
         # Megatron-LM's own training loop with its defaults (core_r0.8.0 .. d98e8a6): every gradient bucket's

@@ -39,7 +39,7 @@ def modelzoo_pair(row_setup, overlap: bool, connections: int | None = 1):
         recompute="selective", recompute_modules=("moe_act", "layernorm"), moe_dispatcher="deepep",
         moe_flex_backend="deepep", moe_dispatch_sms=None, tp_comm_overlap=False, tp_overlap_margin_sms=None,
         pp_first=None, pp_last=None, pp_layout=("Ett",) + ("ttt",) * 30 + ("ttL",),
-        overlap_param_gather_with_optimizer_step=False, moe_router_fusion=False, fused_loss=False,
+        overlap_param_gather_with_optimizer_step=False, moe_router_fusion=False, fused_loss=False, fused_loss_impl="native",
         grad_dtype="fp32", param_remainders=False, ep_comm_overlap=overlap, delay_wgrad=overlap,
         cuda_max_connections=connections))
     return float(estimate_training(model, cluster, plan).time.total)

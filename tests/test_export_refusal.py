@@ -110,7 +110,9 @@ def test_refusal_agrees_with_the_render_on_random_training_plans(saved, name):
     """Every training target, on the saved plan and on up to 60 valid plans drawn from it: refusal (the checks)
     and the full render give the same answer and the same text. The draw meets both outcomes for each file."""
     pf = saved[name]
-    plans = [pf.plan, *drawn_plans(pf, random.Random(f"refusal-{name}"), 60)]
+    # 80 on the hybrid file: its MXFP8 / bf16 module lists are two of many drawn fields (each new plan field
+    # reshuffles the draw; with fused_loss_impl, 60 plans reach no mxfp8_modules there)
+    plans = [pf.plan, *drawn_plans(pf, random.Random(f"refusal-{name}"), 80 if name == "hybrid" else 60)]
     assert len(plans) > 20
     seen = set()
     for p in plans:

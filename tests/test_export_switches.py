@@ -72,6 +72,31 @@ def test_fused_loss_is_asked_for_in_the_megatron_export(cli, tmp_path):
         assert code == 0 and ("--cross-entropy-loss-fusion" in files) == want, err
 
 
+def test_fused_loss_impl_reaches_both_megatron_exports(cli, tmp_path):
+    # Megatron-Core cross_entropy_fusion_impl (ModelParallelConfig at d98e8a6, default native): Megatron-Bridge
+    # takes te (its performance recipes set it: scripts/performance/utils/overrides.py); Megatron-LM's
+    # arguments.py at d98e8a6 asserts against te with --cross-entropy-loss-fusion (NVIDIA/Megatron-LM #5115), so
+    # that export refuses it in one line and writes nothing.
+    native = saved(cli, tmp_path / "n")
+    te = saved(cli, tmp_path / "te", "--fused-loss-impl", "te")
+    code, files, err = export(cli, native, "megatron", tmp_path / "mn")
+    assert code == 0 and "--cross-entropy-fusion-impl native" in files, err
+    for plan, want in ((native, "native"), (te, "te")):
+        code, files, err = export(cli, plan, "megatron-bridge", plan.parent / "b")
+        assert code == 0 and f"model.cross_entropy_fusion_impl={want}" in files, err
+    code, files, err = export(cli, te, "megatron", tmp_path / "mt")
+    assert code == 2 and "fused_loss_impl te" in err and "--fused-loss-impl native" in err and files == ""
+    assert one_line(err)
+
+
+def test_fused_loss_impl_needs_the_fused_loss(cli, tmp_path):
+    # check_plan rule fused_loss_impl_fused: the impl picks which fused loss runs, so it acts only with fused_loss
+    r = cli(*ARGS, "--unfused-loss", "--fused-loss-impl", "te")
+    assert r.code == 2 and "fused_loss_impl te with fused_loss off" in one_line(r.err)
+    r = cli(*ARGS, "--fused-loss-impl", "bogus")
+    assert r.code == 2 and "--fused-loss-impl bogus" in r.err and "native, te" in r.err
+
+
 def test_expert_clamp_and_bias_follow_the_expert_gemm_path(cli, tmp_path):
     # Megatron-Core moe/experts.py (d98e8a6): the clamped GLU and the fc2 bias run inside Transformer Engine's
     # grouped MLP ops on the op-fuser path (use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1),

@@ -26,10 +26,12 @@ def test_the_step_steps_the_stage_with_the_most_parameters_not_the_fullest():
     activations in flight), the last the most parameters (8 layers and the untied output layer against 7 and the
     embedding). Every stage steps its own parameters at once, so the step's optimizer time is the last stage's:
     its parameters over the ZeRO-1 shard x (2 x optimizer + 4 x gradient + weight bytes) / HBM rate, the
-    optimizer-step formula (docs/formulas.md#compute.optimizer) written out here."""
+    optimizer-step formula (docs/formulas.md#compute.optimizer) written out here. The weight gather is synchronous
+    (overlap_param_gather off): overlapped on 1F1B, a later stage's gather and step wait on the warm-up's chain
+    behind the first stage's (docs/formulas.md#step.dp_later_stages)."""
     m = M["llama-3.1-8b"]
     plan = ParallelPlan(tp=2, pp=4, dp=2, pp_layers=(7, 9, 8, 8), global_batch=64, micro_batch=2, seq_len=8192,
-                        sp=True, zero=1)
+                        sp=True, zero=1, overlap_param_gather=False)
     assert not check_plan(m, plan, H100)
     e = estimate_training(m, H100, plan)
     params = [float(rank_params(m, plan, i).total) for i in range(plan.pp)]

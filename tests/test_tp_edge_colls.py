@@ -133,3 +133,34 @@ def test_exposed_in_tp_on_the_end_stages_and_the_search_agrees():
         vec = evaluate(m, cluster, from_plan(plan))
         assert float(vec.step.total[0]) == pytest.approx(float(est.time.total), rel=1e-9)
         assert float(vec.step.exposed["tp"][0]) == pytest.approx(float(est.time.exposed["tp"]), rel=1e-9)
+
+
+def test_te_fused_loss_one_all_gather_by_hand():
+    """fused_loss_impl te: Transformer Engine's parallel_cross_entropy (TransformerEngine d0067d0d
+    transformer_engine/pytorch/triton/cross_entropy.py cross_entropy_forward: m_d_X_y of n_rows * 3 fp32, one
+    all_gather_into_tensor over the TP group) in place of the native fused loss's two all-reduces. Last stage of
+    DeepSeek-V3 TP8 + SP, 2 heads x 8 micro-batches: 16 all-gathers of a 12 T x 8 byte buffer, a rank sending 7/8
+    of it; everything else as the native case (64 S of gathers)."""
+    m = resolve_model("deepseek-v3")
+    native = tp_edge_transfers(m, _plan(), _Span(8), 3)[0]
+    te = tp_edge_transfers(m, _plan(fused_loss_impl="te"), _Span(8), 3)[0]
+    assert _bytes(te) == pytest.approx(64 * S * 7 / 8 + 16 * 12 * T * 8 * 7 / 8)
+    assert _bytes(te) - 64 * S * 7 / 8 == 5_505_024  # against native's (16 x 4T + 16 x 8T) x 2 x 7/8 = 1,376,256
+    assert _bytes(native) - 64 * S * 7 / 8 == 1_376_256
+    loss = [(t.collective, float(t.calls)) for t in te if t.calls and t.message < S]
+    assert loss == [("all-gather", 16.0)]  # one call a head a micro-batch, no all-reduce left
+    # unfused: the impl does not act (three all-reduces of 4T either way)
+    unfused = _plan(fused_loss=False)
+    assert _bytes(tp_edge_transfers(m, unfused, _Span(8), 3)[0]) == _bytes(
+        tp_edge_transfers(m, unfused.model_copy(update={"fused_loss_impl": "te"}), _Span(8), 3)[0])
+
+
+def test_te_fused_loss_search_agrees_with_estimate():
+    m = resolve_model("deepseek-v3")
+    cluster = ClusterSpec(system=builtin_systems()["dgx-h800"], num_nodes=32)
+    plan = _plan(pp=4, pp_first=15, pp_last=14, global_batch=64, fused_loss_impl="te")
+    est = estimate_training(m, cluster, plan)
+    vec = evaluate(m, cluster, from_plan(plan))
+    assert float(vec.step.total[0]) == pytest.approx(float(est.time.total), rel=1e-9)
+    native = estimate_training(m, cluster, plan.model_copy(update={"fused_loss_impl": "native"}))
+    assert est.time.exposed["tp"] != native.time.exposed["tp"]

@@ -21,7 +21,7 @@ from llmplan.specs.options import (SERVE_PLAN_FLAGS, CheckpointOptions, ClusterO
 from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, MXFP8_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
                                 MOE_FLEX_BACKENDS,
                                 MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZERS, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
-                                RECOMPUTE_MODULES, OFFLOAD_MODULES, TP_IMPLS, CP_IMPLS, CP_COMM_TYPES, NORM_KERNELS, SOFTMAX_KERNELS, FP8_SCALINGS, ClusterSpec,
+                                RECOMPUTE_MODULES, OFFLOAD_MODULES, FUSED_LOSS_IMPLS, TP_IMPLS, CP_IMPLS, CP_COMM_TYPES, NORM_KERNELS, SOFTMAX_KERNELS, FP8_SCALINGS, ClusterSpec,
                                 MemoryAllowance,
                                 ParallelPlan)
 from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
@@ -143,6 +143,8 @@ def switches(s: SwitchOptions) -> dict:
     for flag, value, allowed, what in (("--attention-kernel", s.attention_kernel, ATTENTION_KERNELS, "a kernel"),
                                        ("--attention-release", s.attention_release, ATTENTION_RELEASES,
                                         "a release with a published attention rate"),
+                                       ("--fused-loss-impl", s.fused_loss_impl, FUSED_LOSS_IMPLS,
+                                        "a fused loss llmplan prices"),
                                        ("--tp-impl", s.tp_impl, TP_IMPLS, "a TP implementation"),
                                        ("--cp-impl", s.cp_impl, CP_IMPLS, "a CP ring"),
                                        ("--cp-comm-type", s.cp_comm_type, CP_COMM_TYPES,
@@ -179,6 +181,7 @@ def switches(s: SwitchOptions) -> dict:
 SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                      "pp_scatter_gather", "tp_backward_overlap", "ep_comm_overlap", "delay_wgrad", "moe_capacity_factor",
                      "pp_schedule", "attention_kernel", "attention_release", "recompute_layers", "fused_loss",
+                     "fused_loss_impl",
                      "tp_impl", "cp_impl", "cp_kv_repeated", "cp_comm_overlap", "fp32_param_shards", "swiglu_fp8_input",
                      "fp8_attention", "moe_dispatcher",
                      "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms", "cuda_max_connections",

@@ -514,10 +514,15 @@ def tp_embedding_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: An
 def tp_head_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: Any) -> list[Transfer[G]]:
     """A step's synchronous TP collectives of `count` output heads a micro-batch (the output layer, once more per
     MTP module): with SP the ColumnParallelLinear's all-gather of its bf16 input forward, and the vocab-parallel
-    cross-entropy's all-reduces of fp32 per-token values, forward only, with or without SP: fused (the "native"
-    impl, Megatron's default) the row max, then the predicted logit and the exp sum concatenated (1 and 2 floats);
-    unfused the three apart (1 each). The head's backward collectives run asynchronously
-    (tp_head_async_transfers). Megatron-Core TP only. Source: NVIDIA/Megatron-LM at core_v0.14.0 and d98e8a64dd,
+    cross-entropy's collectives of fp32 per-token values, forward only, with or without SP: fused native
+    (fused_loss_impl, Megatron's default) an all-reduce of the row max, then one of the predicted logit and the
+    exp sum concatenated (1 and 2 floats); fused te one all-gather of every rank's max, exp sum and target logit
+    (3 floats a rank, so 3 tp floats gathered); unfused three all-reduces of 1 each. The head's backward
+    collectives run asynchronously (tp_head_async_transfers). Megatron-Core TP only. Source: NVIDIA/
+    TransformerEngine d0067d0d transformer_engine/pytorch/triton/cross_entropy.py (cross_entropy_forward:
+    m_d_X_y, n_rows * 3 fp32, all_gather_into_tensor); NVIDIA/Megatron-LM d98e8a64dd
+    megatron/core/models/common/language_module/language_module.py (compute_language_model_loss: te ->
+    te_parallel_cross_entropy over the TP group). NVIDIA/Megatron-LM at core_v0.14.0 and d98e8a64dd,
     megatron/core/models/gpt/gpt_model.py (output_layer = tensor_parallel.ColumnParallelLinear;
     TELMHeadColumnParallelLinear at d98e8a6 only under an MXFP8 output projection), tensor_parallel/layers.py
     (LinearWithGradAccumulationAndAsyncCommunication.forward), fusions/fused_cross_entropy.py
@@ -526,8 +531,11 @@ def tp_head_transfers(m: ModelSpec, plan: ParallelPlan, group: G, count: Any) ->
     T = plan.seq_len / plan.cp * plan.micro_batch
     calls = tp_edge_calls(plan, count)
     fused = where(plan.fused_loss, calls, 0)
-    loss = [Transfer("all-reduce", calls, 4.0 * T, group), Transfer("all-reduce", fused, 8.0 * T, group),
-            Transfer("all-reduce", 2 * (calls - fused), 4.0 * T, group)]
+    te = where(plan.fused_loss_impl == "te", fused, 0)
+    native = fused - te
+    loss = [Transfer("all-reduce", calls - te, 4.0 * T, group), Transfer("all-reduce", native, 8.0 * T, group),
+            Transfer("all-reduce", 2 * (calls - fused), 4.0 * T, group),
+            Transfer("all-gather", te, 12.0 * T * plan.tp, group)]
     return [Transfer("all-gather", where(plan.sp, calls, 0), ACT_BYTES * T * m.hidden_size, group)] + loss
 
 

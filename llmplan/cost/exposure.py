@@ -362,6 +362,22 @@ def edge_buckets(plan: ParallelPlan, comm: CommSeconds, share: Any, optimizer_s:
     return last, first, where(optstep, optstep_gather_exposed(plan, comm.dp_gather, optimizer_s, kappa), first)
 
 
+def gathers_on_warmup_chain(plan: ParallelPlan) -> Any:
+    """Elementwise: a later pipeline stage's weight all-gather waits whole on the 1F1B warm-up's chain. Megatron-
+    Core's DDP builds every stage after the first unbucketed (one bucket per buffer); without interleaving
+    align_param_gather is off, so the gather is dispatched by the first forward pre-hook, which runs after the
+    stage has received its input: stage j's whole gather delays its first forward and, through the chain, every
+    later stage's (the step's). The distributed optimizer's overlapped gather (ZeRO-1, overlap_param_gather) on
+    Megatron-Core's 1F1B only. Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/
+    distributed_data_parallel.py (__init__: "if disable_bucketing or pp_rank > 0: self.bucket_size = None"),
+    param_and_grad_buffer.py (finish_param_sync: "If current bucket's param AG has not been dispatched,
+    dispatch it now"), training/arguments.py (align_param_gather False without interleaving),
+    pipeline_parallel/schedules.py (forward_backward_pipelining_without_interleaving: recv_forward, then
+    forward_step). Derived: docs/formulas.md#step.dp_later_stages"""
+    return ((plan.pp > 1) & (plan.vpp == 1) & (plan.pp_schedule == "1f1b") & (plan.zero == 1)
+            & plan.overlap_param_gather)
+
+
 def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
                         params_on_rank: Any, last_param: Any, optimizer_s: Any = 0.0) -> Any:
     """ZeRO 0-1 (distributed optimizer), and ZeRO 2-3 under a pipeline, per step: the gradient reduction

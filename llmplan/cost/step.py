@@ -38,6 +38,7 @@ from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was 
     cp_exposed,
     dp_exposed_per_mb,
     dp_exposed_per_step,
+    gathers_on_warmup_chain,
     overlap,
     tp_edge_exposed,
     tp_exposed,
@@ -473,13 +474,18 @@ def stage_tails(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSecond
     (pipeline stages included) sits between: every stage's update waits for the slowest reduction. The tail is
     the slowest stage's (buffer passes + reduction) plus the slowest stage's (optimizer + gather + copy-out or
 MXFP8 unstaging),
-    not the fullest stage's (memory's) nor the slowest compute's.
+    not the fullest stage's (memory's) nor the slowest compute's. On Megatron-Core's 1F1B with the overlapped
+    gather (gathers_on_warmup_chain) a later stage's whole gather sits on the warm-up's chain instead: out of
+    the tail, the later stages' gathers added (later_stage_chain).
     Source: NVIDIA/Megatron-LM megatron/core/optimizer/clip_grads.py at 0293807e53 (get_grad_norm_fp32:
-    all_reduce over grad_stats_parallel_group). Derived: docs/formulas.md#step.stage_tail"""
+    all_reduce over grad_stats_parallel_group). Derived: docs/formulas.md#step.stage_tail,
+    docs/formulas.md#step.dp_later_stages"""
     before: tuple[Any, ...] = ()
     after: tuple[Any, ...] = ()
-    done: dict[tuple, tuple[tuple, tuple]] = {}  # stages of one class with equal DP seconds: priced once
+    done: dict[tuple, tuple[tuple, tuple, Any]] = {}  # stages of one class with equal DP seconds: priced once
     classes = class_key(m, plan)
+    chain_on = gathers_on_warmup_chain(plan)
+    wholes: list[tuple[Any, Any]] = []  # (stage, its rank's whole gather seconds)
     for j, (stage, sc, _, _) in enumerate(stages):
         key = None if classes is None else classes(stage) + (id(sc),) + (comm.dp_stages[j] if comm.dp_stages else ())
         if key is None or key not in done:
@@ -495,13 +501,33 @@ MXFP8 unstaging),
             tail = ((reduce, grad_buffer_seconds(plan, rp.total, gpu)),
                     (gather, opt,
                      zero3_copy_out_seconds(plan, rp.total, gpu, bf16_gathered_params(m, plan, stage).total),
-                     mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, stage), gpu)))
+                     mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, stage), gpu)),
+                    c.dp_gather)
             if key is not None:
                 done[key] = tail
         else:
             tail = done[key]
-        before, after = _slower(before, tail[0]), _slower(after, tail[1])
-    return before[0] + after[0], after[1], before[1], after[2], after[3]
+        wholes.append((stage, tail[2]))
+        on_chain = chain_on & (stage > 0)  # its gather waits on the warm-up's chain, not in the tail
+        after_i = (where(on_chain, 0.0, tail[1][0]),) + tail[1][1:]
+        before, after = _slower(before, tail[0]), _slower(after, after_i)
+    chain = where(chain_on, later_stage_chain(plan, wholes, explicit_stages(plan) is not None), 0.0)
+    return before[0] + after[0] + chain, after[1], before[1], after[2], after[3]
+
+
+def later_stage_chain(plan: ParallelPlan, wholes: list[tuple[Any, Any]], every_stage: bool) -> Any:
+    """Seconds the later stages' whole weight gathers add to a 1F1B step on the warm-up's chain
+    (gathers_on_warmup_chain): the sum over stages 1 .. pp-1 of a rank's whole gather, of `wholes` ((stage,
+    seconds) of the candidate stages): every stage where `every_stage` (a plan that lists its stages), else the
+    pp - 2 middle stages at the largest middle candidate's and the last stage's own. Elementwise.
+    Derived: docs/formulas.md#step.dp_later_stages"""
+    if every_stage:
+        return sum((where(stage > 0, g, 0.0) for stage, g in wholes), 0.0 * plan.pp)
+    mid, last = 0.0 * plan.pp, 0.0 * plan.pp
+    for stage, g in wholes:
+        mid = where((stage > 0) & (stage < plan.pp - 1), maximum(mid, g), mid)
+        last = where((stage > 0) & (stage == plan.pp - 1), g, last)
+    return maximum(plan.pp - 2, 0) * mid + last
 
 
 def _slower(best: tuple[Any, ...], parts: tuple[Any, ...]) -> tuple[Any, ...]:

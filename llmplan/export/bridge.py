@@ -387,6 +387,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
     if not p.rope_fusion:  # TransformerConfig.apply_rope_fusion: Megatron-Core's eager rotary
         out.append(("model.apply_rope_fusion", False))
     out += [*recompute_overrides(pf), ("model.cross_entropy_loss_fusion", p.fused_loss),
+            # ModelParallelConfig.cross_entropy_fusion_impl (ParallelPlan.fused_loss_impl)
+            ("model.cross_entropy_fusion_impl", p.fused_loss_impl),
             ("model.seq_length", p.seq_len), ("dataset.seq_length", p.seq_len),
             ("train.micro_batch_size", p.micro_batch), ("train.global_batch_size", p.global_batch),
             # Muon's layer-wise optimizer runs beside an all-reducing DDP (muon_overrides)

@@ -304,6 +304,8 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               # the fused loss llmplan priced (Megatron-LM's default is the unfused vocab-parallel cross
               # entropy, docs/formulas.md#compute.loss); its default --cross-entropy-fusion-impl native
               ("--cross-entropy-loss-fusion", p.fused_loss),
+              # which fused loss (fused_loss_impl; te is refused below: d98e8a6 rejects it with the fusion)
+              ("--cross-entropy-fusion-impl", "native" if p.fused_loss else None),
               # Megatron-Core's backends: flash = the flash-attn package (FlashAttention-2), fused = cuDNN /
               # Transformer Engine (the native kernel, and the default it picks), unfused = scores in memory.
               ("--attention-backend", None if p.flash_attention and p.attention_kernel == "native"
@@ -604,6 +606,10 @@ def check(pf: PlanFile) -> None:
                      f"of {pf.model.name}, which already scales RoPE "
                      f"({'MLA YaRN' if pf.model.is_mla else 'rope_scaling'}; Megatron-LM takes one scaling)",
                      "re-plan with --seq-len at most max_position_embeddings")
+    if p.fused_loss and p.fused_loss_impl == "te":  # arguments.py at d98e8a6 asserts against it (#5115)
+        raise refuse(TARGET, "Transformer Engine's fused cross entropy (fused_loss_impl te: Megatron-LM at d98e8a6 "
+                     "rejects --cross-entropy-fusion-impl te with --cross-entropy-loss-fusion, NVIDIA/Megatron-LM "
+                     "#5115)", "re-plan with --fused-loss-impl native, or export to megatron-bridge")
     if p.dtype == "fp32":
         raise refuse(TARGET, "fp32 training (the script targets --bf16/--fp16 mixed precision)", "use --dtype bf16")
     if p.pp_unbatched_sends and p.pp > 1:  # Megatron-Core's 1F1B pairs a send and a receive per exchange

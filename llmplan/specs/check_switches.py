@@ -289,6 +289,13 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         f"tp_impl {p.tp_impl}, tp {p.tp}: it says whether torchao's per-tensor Float8Linear saves "
                         "its bf16 input (v0.9.0 on) or its fp8 copy, so it acts only with fp8 tensorwise, tp_impl "
                         "dtensor and tp 1 (float8 TP saves the fp8 copy at tp > 1); set those, or drop it"),
+    # which fused loss Megatron-Core runs (ParallelPlan.fused_loss_impl): its TP collectives
+    # (docs/formulas.md#comm.tp_edge); Megatron-Core's loss only, so not under DTensor TP (torchtitan, AutoModel)
+    SwitchUse("fused_loss_impl_fused", ("fused_loss_impl",), lambda p: p.fused_loss & (p.tp_impl == "megatron"),
+              lambda p: f"fused_loss_impl {p.fused_loss_impl} with fused_loss {'on' if p.fused_loss else 'off'} and "
+                        f"tp_impl {p.tp_impl}: it picks which of Megatron-Core's fused cross-entropy losses runs "
+                        "(cross_entropy_fusion_impl), so it acts only with fused_loss on the Megatron-Core stack; "
+                        "use --fused-loss with --tp-impl megatron, or drop --fused-loss-impl"),
     SwitchUse("cp_impl_cp", ("cp_impl",), lambda p: p.cp > 1,
               lambda p: f"cp_impl {p.cp_impl} with cp {p.cp}: it sets how the context-parallel ring passes K/V "
                         "between ranks, so it acts only with cp > 1; use --cp 2 or more, or drop --cp-impl"),

@@ -90,6 +90,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.attention_release; None: the GPU's attention_efficiency."""
     fused_loss: bool
     """ParallelPlan.fused_loss."""
+    fused_loss_impl: str = "native"
+    """ParallelPlan.fused_loss_impl."""
     tp_impl: str
     """ParallelPlan.tp_impl."""
     cp_impl: str

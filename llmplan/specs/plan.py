@@ -16,7 +16,7 @@ from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-
     MOE_ROUTINGS,
     OPTIMIZERS, Optimizer,
     OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, OPTIMIZER_STATE_BYTES, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES,
-    TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeFlexBackend,
+    FUSED_LOSS_IMPLS, FusedLossImpl, TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeFlexBackend,
     MoeRouting, FP8_SCALINGS, Fp8Scaling,
     OptimizerMasterDtype, OptimizerMomentDtype, Recipe, Recompute, RecomputeModule, TpImpl, TrainDtype,
     CP_IMPLS, CpImpl, CP_COMM_TYPES, CpCommType, NORM_KERNELS, NormKernel, SOFTMAX_KERNELS, SoftmaxKernel, OFFLOAD_MODULES, OffloadModule,
@@ -449,6 +449,15 @@ class ParallelPlan(PlanQuantities, Spec):
     eager cross_entropy (torchtitan up to its loss compilation), whose backward holds three fp32 copies at once
     (docs/formulas.md#mem.activations), or Megatron's unfused vocab-parallel cross entropy (its default), priced
     with the same memory though it works in place (about one fp32 copy: an over-count there)."""
+    fused_loss_impl: FusedLossImpl = "native"
+    """Which fused loss runs under fused_loss on Megatron-Core (cross_entropy_fusion_impl; Megatron-Core's
+    default native, as Megatron-LM runs it: d98e8a6 arguments.py rejects te with the fusion, #5115): native
+    (fused_vocab_parallel_cross_entropy: an all-reduce of the row max, then one of the target logit and the exp
+    sum, 1 and 2 fp32 per token) or te (Transformer Engine's parallel_cross_entropy, which Megatron-Bridge's
+    performance recipes set: one all-gather of each rank's max, exp sum and target logit, 3 fp32 per token).
+    Both keep one fp32 logits-sized tensor for backward (native its softmax; te, from TE 2.18, its gradient;
+    TE 2.2 - 2.17 wrote the gradient over the bf16 logits, half that: an over-count there). Priced in the
+    head's TP collectives (docs/formulas.md#comm.tp_edge)."""
     tp_impl: TpImpl = "megatron"
     """How tensor parallelism with sequence parallelism keeps the column-parallel linears' input: megatron
     (Megatron-LM, Transformer Engine) saves the sequence shard and all-gathers it again in backward for the

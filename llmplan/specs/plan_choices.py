@@ -51,6 +51,11 @@ holds each one's asymptote (docs/formulas.md#compute.attention_release)."""
 TpImpl = Literal["megatron", "dtensor"]
 TP_IMPLS: tuple[str, ...] = get_args(TpImpl)
 """--tp-impl values: Megatron-LM's sequence-parallel linears, or PyTorch DTensor's (torchtitan)."""
+FusedLossImpl = Literal["native", "te"]
+FUSED_LOSS_IMPLS: tuple[str, ...] = get_args(FusedLossImpl)
+"""--fused-loss-impl values: which fused vocab-parallel cross-entropy runs under fused_loss (Megatron-Core
+cross_entropy_fusion_impl): native (Megatron-Core's fused_vocab_parallel_cross_entropy: two all-reduces over
+TP) or te (Transformer Engine's parallel_cross_entropy: one all-gather over TP; docs/formulas.md#comm.tp_edge)."""
 CpImpl = Literal["te", "torch-allgather", "torch-alltoall"]
 CP_IMPLS: tuple[str, ...] = get_args(CpImpl)
 """--cp-impl values: Transformer Engine's ring (Megatron, NeMo), or PyTorch's experimental context_parallel with

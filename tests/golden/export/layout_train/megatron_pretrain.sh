@@ -63,6 +63,7 @@ PARALLEL_ARGS=(
     --overlap-param-gather
     --ddp-average-in-collective
     --cross-entropy-loss-fusion
+    --cross-entropy-fusion-impl native
     --micro-batch-size 1
     --global-batch-size 24
     --bf16

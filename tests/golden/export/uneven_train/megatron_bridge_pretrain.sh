@@ -39,6 +39,7 @@ OVERRIDES=(
     'model.recompute_num_layers=null'
     'model.recompute_modules=null'
     'model.cross_entropy_loss_fusion=true'
+    'model.cross_entropy_fusion_impl=native'
     'model.seq_length=8192'
     'dataset.seq_length=8192'
     'train.micro_batch_size=1'

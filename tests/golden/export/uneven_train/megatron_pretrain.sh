@@ -65,6 +65,7 @@ PARALLEL_ARGS=(
     --overlap-param-gather
     --ddp-average-in-collective
     --cross-entropy-loss-fusion
+    --cross-entropy-fusion-impl native
     --micro-batch-size 1
     --global-batch-size 2048
     --bf16

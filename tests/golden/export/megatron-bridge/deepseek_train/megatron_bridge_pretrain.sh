@@ -59,6 +59,7 @@ OVERRIDES=(
     'model.recompute_num_layers=1'
     'model.recompute_modules=null'
     'model.cross_entropy_loss_fusion=true'
+    'model.cross_entropy_fusion_impl=native'
     'model.seq_length=4096'
     'dataset.seq_length=4096'
     'train.micro_batch_size=1'
