@@ -927,7 +927,7 @@ def spec_for(rec: dict, fam: str) -> ModelSpec:
         max_position_embeddings=md.get("seq_len", 2048) if mpt else max(md.get("seq_len", 2048), 2048),
         tie_word_embeddings=not (r08 or nemotron), gated_mlp=False,
         norm_type="layernorm", learned_position_embeddings=learned,
-        attention_bias=True, mlp_bias=True,
+        attention_bias=not nemotron, mlp_bias=not nemotron,  # NEMO2407_NEMOTRON: bias false
         # MegaScale's optimised stack runs the parallel transformer block (Jiang et al. 2024, §3.1 and Table 3,
         # "PTB": 47.7 -> 52.3 MFU): attention and MLP side by side on one norm's output, one TP pair per layer
         parallel_block=fam == "megascale-opt",
@@ -956,7 +956,8 @@ nemo/collections/nlp/models/language_modeling/megatron_gpt_model.py model_provid
 Megatron-Core GPT. The Nemotron-4 340B report (arXiv:2406.11704, section 2.1) counts 9.4B embedding parameters
 (2 x 256,000 x 18,432: input and output) and 331.6B others, 341.0B in all (tests/test_nemo_untied.py). Their GPT-3
 configs set no share_embeddings_and_output_weights (NeMo's default True: tied); their Llama configs set it false,
-as the Llama built-ins they map to are. docs/validation.md#nemo-untied"""
+as the Llama built-ins they map to are. The same Nemotron configs set bias: false (no linear-layer biases; the
+340B report: "no bias terms"). docs/validation.md#nemo-untied"""
 
 
 NEMO2407_GPT3 = ("nemo2407-pretrain-gpt3-",)
