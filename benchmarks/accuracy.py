@@ -167,8 +167,9 @@ ASSUMPTIONS = {
            "the LayerNorm backward in two kernels (TWO_PASS_NORM); predicts MFU",
     "nemo2407": "NeMo 24.07: fp8, attention FlashAttention-2 (run through NeMo-Framework-Launcher, whose config "
                 "sets NVTE_FUSED_ATTN 0 until 2024-08-30: FLASH2_FAMILIES), distributed optimizer (Apex distributed_fused_adam, bf16 "
-                "gradient buckets) and sequence parallelism with TP, as its performance recipes set; the "
-                "Nemotron-4 340B and SFT rows with their launcher configs' bf16 optimizer states, and the SFT "
+                "gradient buckets, the embeddings' in fp32) and sequence parallelism with TP, as its performance "
+                "recipes set; the Nemotron-4 rows with an output layer of their own and no biases "
+                "(NEMO2407_NEMOTRON); the Nemotron-4 340B and SFT rows with their launcher configs' bf16 optimizer states, and the SFT "
                 "rows' fp8 weights and virtual stages, and TP overlap where the launcher config sets "
                 "ub_tp_comm_overlap (GPT-3 20B, Llama 2 / 3 70B, Nemotron 8B / 22B) (RECIPE_SETTINGS); LoRA rows "
                 "skipped (PEFT not modelled), "
