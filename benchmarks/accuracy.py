@@ -167,8 +167,9 @@ ASSUMPTIONS = {
            "the LayerNorm backward in two kernels (TWO_PASS_NORM); predicts MFU",
     "nemo2407": "NeMo 24.07: fp8, attention FlashAttention-2 (run through NeMo-Framework-Launcher, whose config "
                 "sets NVTE_FUSED_ATTN 0 until 2024-08-30: FLASH2_FAMILIES), distributed optimizer (Apex distributed_fused_adam, bf16 "
-                "gradient buckets) and sequence parallelism with TP, as its performance recipes set; the "
-                "Nemotron-4 340B and SFT rows with their launcher configs' bf16 optimizer states, and the SFT "
+                "gradient buckets, the embeddings' in fp32) and sequence parallelism with TP, as its performance "
+                "recipes set; the Nemotron-4 rows with an output layer of their own and no biases "
+                "(NEMO2407_NEMOTRON); the Nemotron-4 340B and SFT rows with their launcher configs' bf16 optimizer states, and the SFT "
                 "rows' fp8 weights and virtual stages, and TP overlap where the launcher config sets "
                 "ub_tp_comm_overlap (GPT-3 20B, Llama 2 / 3 70B, Nemotron 8B / 22B) (RECIPE_SETTINGS); LoRA rows "
                 "skipped (PEFT not modelled), "
@@ -911,6 +912,7 @@ def spec_for(rec: dict, fam: str) -> ModelSpec:
             gated_mlp=False, norm_type="layernorm", learned_position_embeddings=False, attention_bias=True,
             mlp_bias=True, attention_dropout=drop, hidden_dropout=drop, embedding_norm=True)
     mpt = fam == "mpt"
+    nemotron = rec["id"].startswith(NEMO2407_NEMOTRON)  # NeMo 24.07's Nemotron-4: untied output layer
     no_dropout = mpt or (fam == "nemo2407" and "-nemotron-" in rec["id"])
     # Megatron-Core r0.8's scaling runs: an output layer of their own and learned absolute positions
     # (MEGATRON_R08_GPT: the README table's model sizes, and r0.8's --position-embedding-type default)
@@ -924,9 +926,9 @@ def spec_for(rec: dict, fam: str) -> ModelSpec:
         num_key_value_heads=md.get("kv_heads"),
         # llm-foundry's position table holds the run's max_seq_len (submit_benchmarks.py sets it per run)
         max_position_embeddings=md.get("seq_len", 2048) if mpt else max(md.get("seq_len", 2048), 2048),
-        tie_word_embeddings=not r08, gated_mlp=False,
+        tie_word_embeddings=not (r08 or nemotron), gated_mlp=False,
         norm_type="layernorm", learned_position_embeddings=learned,
-        attention_bias=True, mlp_bias=True,
+        attention_bias=not nemotron, mlp_bias=not nemotron,  # NEMO2407_NEMOTRON: bias false
         # MegaScale's optimised stack runs the parallel transformer block (Jiang et al. 2024, §3.1 and Table 3,
         # "PTB": 47.7 -> 52.3 MFU): attention and MLP side by side on one norm's output, one TP pair per layer
         parallel_block=fam == "megascale-opt",
@@ -944,6 +946,19 @@ core_r0.8.0; the README names no other). Their parameter counts, 12Lh^2 + 13Lh +
 table's model sizes for 7.1B .. 462B (1.7B counts 1.754B); tied (one Vh) they fall 0.6-7% short, with rotary (no
 sh) the 32B, 119B and 462B round to 31, 118 and 461 (tests/test_megatron_r08_params.py). The README's text agrees: its GPT-3 has "slightly more
 than 175 billion parameters due to larger vocabulary size" (177B: 12Lh^2 + 2Vh)."""
+
+
+NEMO2407_NEMOTRON = ("nemo2407-pretrain-nemotron-",)
+"""Record id prefixes of NeMo 24.07's Nemotron-4 pretraining rows (8B, 22B, 340B), read with an output layer of their own: every
+Nemotron config of NVIDIA/NeMo-Framework-Launcher tag 24.07 (8325688d83,
+launcher_scripts/conf/training/nemotron/nemotron_{4b,8b,15b,22b,340b}.yaml) sets
+share_embeddings_and_output_weights: false, which NeMo r2.0.0rc1 (579983fbfc,
+nemo/collections/nlp/models/language_modeling/megatron_gpt_model.py model_provider_func) passes to the
+Megatron-Core GPT. The Nemotron-4 340B report (arXiv:2406.11704, section 2.1) counts 9.4B embedding parameters
+(2 x 256,000 x 18,432: input and output) and 331.6B others, 341.0B in all (tests/test_nemo_untied.py). Their GPT-3
+configs set no share_embeddings_and_output_weights (NeMo's default True: tied); their Llama configs set it false,
+as the Llama built-ins they map to are. The same Nemotron configs set bias: false (no linear-layer biases; the
+340B report: "no bias terms"). docs/validation.md#nemo-untied"""
 
 
 NEMO2407_GPT3 = ("nemo2407-pretrain-gpt3-",)

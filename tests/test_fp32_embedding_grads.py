@@ -21,8 +21,10 @@ import pytest
 
 import accuracy
 from agreement import assert_arrays_agree
+from llmplan.cost.comm import dp_transfers
 from llmplan.cost.memory import training_memory
-from llmplan.cost.model_states import fp32_embedding_grad_bytes
+from llmplan.cost.model_states import fp32_embedding_grad_bytes, kept_grad_shard_bytes
+from llmplan.cost.params import rank_params
 from llmplan.estimate import estimate_training
 from llmplan.export.common import fp32_embedding_grads_refusal
 from llmplan.specs.check import check_plan
@@ -45,6 +47,34 @@ def test_the_gpt3_20b_row_by_hand(row_setup) -> None:
     assert float(on.gradients) - float(off.gradients) == pytest.approx(335_020_032, abs=1.0)
     # a held buffer like the other gradients: the total rises by it and its 5% fragmentation allowance
     assert float(on.total) - float(off.total) == pytest.approx(335_020_032 * 1.05, abs=1.0)
+
+
+def test_the_gpt3_20b_rows_fp32_reduce_scatter_and_shards_by_hand(row_setup) -> None:
+    # Apex reduce-scatters each bucket in its grads_bucket dtype (NVIDIA/apex @810ffae374 _start_bucket_grad_sync),
+    # fp32 for the embeddings' buckets: the stage-0 rank's dense reduce-scatter moves 2 B more for each of the
+    # 154,927,104 + 12,582,912 embedding parameters, 335,020,032 B, over the same DP group; no other collective
+    # moves. Its kept shard of those buckets is fp32 too: 335,020,032 / DP 32 = 10,469,376 B more.
+    m, _, plan = row_setup(ROW)
+    off_plan = plan.model_copy(update={"fp32_embedding_grads": False})
+    on, off = dp_transfers(m, plan, 32, 1, 0), dp_transfers(m, off_plan, 32, 1, 0)
+    moved = [(a.collective, float(a.calls) * float(a.message) - float(b.calls) * float(b.message))
+             for a, b in zip(on, off, strict=True)]
+    assert [x for x in moved if x[1] != 0.0] == [("reduce-scatter", 335_020_032.0)]
+    assert [a.group for a in on] == [b.group for b in off]
+    assert plan.optimizer_shard == 32 and plan.kept_grad_shards
+    rp = rank_params(m, plan, 0)
+    assert float(kept_grad_shard_bytes(plan, rp, fp32_embedding_grad_bytes(m, plan, 0))) \
+        - float(kept_grad_shard_bytes(plan, rp)) == 335_020_032 / 32 == 10_469_376
+
+
+def test_the_step_pays_the_fp32_reduce_scatter(row_setup) -> None:
+    # The row's step with the switch on is no faster than with it off (the extra bytes ride the same group), and
+    # its DP seconds are strictly more.
+    m, cluster, plan = row_setup(ROW)
+    on = estimate_training(m, cluster, plan)
+    off = estimate_training(m, cluster, plan.model_copy(update={"fp32_embedding_grads": False}))
+    assert float(on.time.total) >= float(off.time.total)
+    assert float(on.comm.axes["dp"].seconds) > float(off.comm.axes["dp"].seconds)
 
 
 def test_stages_of_a_pipeline() -> None:

@@ -19,7 +19,7 @@ from llmplan.cost.compute import (KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZ
                                   TE_PIPELINE_SPLITS)
 from llmplan.cost.flops import layer_flops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
-from llmplan.cost.model_states import bf16_gathered_params, low_precision_params
+from llmplan.cost.model_states import bf16_gathered_params, fp32_embedding_grad_bytes, low_precision_params
 from llmplan.cost.mixers import attention_share, dense_mlp_share, lightning
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.quantize import torchao_fp8_params
@@ -941,6 +941,10 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     runtime/pipe/engine.py _bf16_reduce_grads (buffered_allreduce_fallback of the optimizer's fp32 gradients).
     Hybrid sharding (dp_replicate > 1): the groups above are the shard groups (dense_group, expert_group: the
     partial groups), and each step the replicas reduce the shard's gradients across them (hsdp_transfers).
+    Under fp32_embedding_grads the dense reduce-scatter moves the embeddings' fp32 buckets at 4 bytes
+    (fp32_embedding_grad_bytes more: NVIDIA/apex @810ffae374 apex/contrib/optimizers/distributed_fused_adam.py
+    _start_bucket_grad_sync, reduce_scatter_tensor of each bucket in its grads_bucket dtype, the grad_sync_dtype
+    torch.float32 NeMo's init_params_bucket gives them; docs/formulas.md#comm.fp32_embedding_grads).
     Derived: docs/formulas.md#comm.dp, docs/formulas.md#step.stage_tail, docs/formulas.md#mem.hsdp"""
     rp = stepped_rank_params(m, plan, stage)
     n, z = plan.num_microbatches, plan.zero
@@ -956,11 +960,14 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
     bucketed = first_chunk_bucketed(plan)  # the first chunk cut into buckets (comm.dp_bucket)
     out: list[Transfer[G]] = []
-    groups = ((rp.dense, kept.dense, dense_group, plan.zero_shard),
-              (rp.expert, kept.expert, expert_group, plan.expert_shard))
+    # NeMo 1.x / Apex: the embeddings' fp32 buckets reduce-scattered in fp32 (comm.fp32_embedding_grads)
+    emb32 = fp32_embedding_grad_bytes(m, plan, stage)
+    groups = ((rp.dense, kept.dense, dense_group, plan.zero_shard, emb32),
+              (rp.expert, kept.expert, expert_group, plan.expert_shard, 0.0))
     cast = torchao_fp8_gather_cast_bytes(m, plan, stage)  # per gather call, before the dense all-gather
-    for params, bf16, group, ranks in groups:
+    for params, bf16, group, ranks, wide in groups:
         reduced_b, gathered_b = sync_bytes(plan, params, bf16)
+        reduced_b = reduced_b + wide
         copies = per_tensor & (ranks > 1)  # a group of one rank runs no collective, so copies nothing
         # one bucket layout for both: the first chunk cut into buckets only with overlap_grad_reduce and without
         # overlap_param_gather_with_optimizer_step (comm.dp_bucket, step.dp_optstep_gather)

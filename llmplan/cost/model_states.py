@@ -138,17 +138,19 @@ def optimizer_copies(plan: ParallelPlan, n_params: Any, shard: Any) -> Optimizer
                            cast=where(on, part * plan.master_bytes, 0.0))
 
 
-def kept_grad_shard_bytes(plan: ParallelPlan, rp: RankParams) -> Any:
+def kept_grad_shard_bytes(plan: ParallelPlan, rp: RankParams, emb32: Any = 0.0) -> Any:
     """Bytes of the gradient shards a rank holding `rp` keeps from the end of the backward to the next step's
     zero_grad under kept_grad_shards (Apex DistributedFusedAdam): each bucket's reduce-scatter output, a new tensor
     of 1/shards of the bucket in the gradient dtype, so grad bytes x the dense parameters / optimizer_shard (and the
     experts' over expert_optimizer_shard); none over one rank, where the shard is the bucket itself, nor where the
-    switch does not act (zero 1 with grad_reduce reduce-scatter: check_plan rule kept_grad_shards_zero).
+    switch does not act (zero 1 with grad_reduce reduce-scatter: check_plan rule kept_grad_shards_zero). `emb32`:
+    the bytes fp32_embedding_grads adds to the whole gradients (fp32_embedding_grad_bytes), whose buckets' shards
+    are kept in fp32 too, 1/optimizer_shard of it more.
     Source: NVIDIA/apex apex/contrib/optimizers/distributed_fused_adam.py @f3f049246e5bdf6fdddf251ebe6b65dd4ca1ee29
     (_start_bucket_grad_sync: sync_grads_shard = torch.empty; _finish_bucket_grad_sync: grads_shard; zero_grad:
     _grads_buckets.clear()). Derived: docs/formulas.md#mem.kept_grad_shards"""
     od, oe, g = plan.optimizer_shard, plan.expert_optimizer_shard, plan.grad_bytes
-    shards = where(od > 1, rp.dense * g / od, 0.0) + where(oe > 1, rp.expert * g / oe, 0.0)
+    shards = where(od > 1, (rp.dense * g + emb32) / od, 0.0) + where(oe > 1, rp.expert * g / oe, 0.0)
     return where(plan.kept_grad_shards & grad_shards_reduce_scattered(plan), shards, 0.0)
 
 
@@ -191,12 +193,14 @@ def fp32_embedding_grad_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any) -> A
     return where(on, (4.0 - plan.grad_bytes) * (first + tied_copy), 0.0)
 
 
-def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradients: Any) -> tuple[Any, Any]:
+def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradients: Any,
+                        emb32: Any = 0.0) -> tuple[Any, Any]:
     """(bytes of the optimizer_copies, the allocated peak after the backward) of a rank holding `rp` whose
     model states (weights, gradients, optimizer, weight caches) take `states` bytes, `gradients` of them: the
     larger of the reduction's (the states beside each bucket) and the step's (the partition's gradients
     beside its flat copy and its cast, the rest of the gradients freed), each beside the gradient shards the
-    optimizer keeps to the next zero_grad (kept_grad_shard_bytes). Derived: docs/formulas.md#mem.optimizer_copies,
+    optimizer keeps to the next zero_grad (kept_grad_shard_bytes; `emb32`: the embeddings' fp32 gradient bytes
+    beyond 2-byte ones, fp32_embedding_grad_bytes). Derived: docs/formulas.md#mem.optimizer_copies,
     docs/formulas.md#mem.kept_grad_shards"""
     od, oe = plan.optimizer_shard, plan.expert_optimizer_shard  # the optimizer's partitions
     cd, ce = optimizer_copies(plan, rp.dense, od), optimizer_copies(plan, rp.expert, oe)
@@ -204,7 +208,7 @@ def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradien
     reduce_peak = states + cd.bucket + ce.bucket
     step_peak = states - gradients + rp.dense * grad_b / od + rp.expert * grad_b / oe \
         + cd.flat + cd.cast + ce.flat + ce.cast
-    return cd.total + ce.total, maximum(reduce_peak, step_peak) + kept_grad_shard_bytes(plan, rp)
+    return cd.total + ce.total, maximum(reduce_peak, step_peak) + kept_grad_shard_bytes(plan, rp, emb32)
 
 
 LOW_PRECISION_WEIGHT_CACHE = {"tensorwise": 2.0, "rowwise": 0.0, "blockwise": 2.0 + 8 / 128**2,
