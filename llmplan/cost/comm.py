@@ -460,7 +460,19 @@ def tp_synced_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any,
         last = where(i == plan.pp - 1, norm_params(m), 0)
         summed = summed + where(plan.sp, n_dense * dense + n_moe * moe + last, 0) + (n_dense + n_moe) * qk
         averaged = averaged + (n_dense + n_moe) * attention_share(m) * indexer
-    return where(on, summed, 0), where(on, averaged, 0)
+    shard = fsdp_tp_sync_shard(plan)
+    return where(on, summed / shard, 0), where(on, averaged / shard, 0)
+
+
+def fsdp_tp_sync_shard(plan: ParallelPlan) -> Any:
+    """Ranks whose shards of one TP-synced gradient make it whole in the step-end TP all-reduce: under
+    Megatron-FSDP with sharded gradients (ZeRO 2 / 3 with Megatron-Core TP: optim_grads, optim_grads_params)
+    a rank all-reduces only its own DP-Shard slice of each (the main_grad DTensor's _local_tensor), so the
+    DP-Shard group (zero_shard ranks: dp x cp over dp_replicate); else 1 (the whole gradient).
+    Source: NVIDIA/Megatron-LM megatron/core/distributed/finalize_model_grads.py at cd4afffa6
+    (_allreduce_non_tensor_model_parallel_grads: `grad._local_tensor.data` when ddp_config.use_megatron_fsdp).
+    Derived: docs/formulas.md#comm.tp_grad_sync"""
+    return where((plan.zero >= 2) & (plan.tp_impl == "megatron"), plan.zero_shard, 1)
 
 
 def tp_step_end_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
