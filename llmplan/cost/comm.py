@@ -21,6 +21,7 @@ from llmplan.cost.flops import layer_flops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import bf16_gathered_params, low_precision_params
 from llmplan.cost.mixers import attention_share, dense_mlp_share, lightning
+from llmplan.cost.gemm import router_padding_share
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.quantize import torchao_fp8_params
 from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_bytes, offload_layer_bytes
@@ -1392,7 +1393,10 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.expert_width  # a latent MoE moves latent-width rows
     tokens = s * b / where(plan.sp, plan.tp, 1)
     # The all-to-all waits on the most-loaded rank's rows (routing_imbalance; capacity padding: the factor)
-    S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * routing_imbalance(m, plan)
+    # and under moe_router_padding with the alltoall dispatcher the padded rows (moe.router_padding; DeepEP pads
+    # after the dispatch)
+    padded = where(plan.moe_dispatcher == "alltoall", router_padding_share(m, plan), 0.0)
+    S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * (routing_imbalance(m, plan) + padded)
     # the rank with the most MoE layers, as step_time's moe_max (Derived: docs/formulas.md#comm.ep_stage)
     dense_layers, moe_layers = most_moe_layers(m, plan, candidate_stages(m, plan))
     again = maximum(recomputed_share(plan, dense_layers + moe_layers), where(plan.recomputes("moe"), 1.0, 0.0))
