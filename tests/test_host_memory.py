@@ -186,3 +186,13 @@ def test_pipeline_plans_get_one_violation_not_two():
     plan = ParallelPlan(**{**FSDP_70B, "pp": 2, "dp": 32, "offload_layers": 79})
     rules = [v.rule for v in check_plan(M["llama-3.1-70b"], plan, ClusterSpec(system=S["gb200-nvl72"], num_nodes=16))]
     assert "offload_pp" in rules and "offload_host_memory" not in rules
+
+
+def test_pinned_block_bytes_rounds_to_the_next_power_of_two():
+    # pytorch/pytorch v2.13.0 aten/src/ATen/core/CachingHostAllocator.h (allocate: roundSize =
+    # c10::llvm::PowerOf2Ceil(size)): a request of exactly 2^k takes 2^k, one byte more 2^(k+1); elementwise
+    import numpy as np
+    from llmplan.cost.offload import pinned_block_bytes
+    assert pinned_block_bytes(0) == 0 and pinned_block_bytes(1) == 1 and pinned_block_bytes(3) == 4
+    assert pinned_block_bytes(2**30) == 2**30 and pinned_block_bytes(2**30 + 1) == 2**31
+    assert list(pinned_block_bytes(np.array([0.0, 5.0, 1_845_493_760.0]))) == [0, 8, 2**31]

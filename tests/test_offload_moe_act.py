@@ -44,7 +44,11 @@ def test_offload_moe_act_moves_all_but_one_moe_layer_out_of_hbm(published_runs, 
     _, n_moe = stage_layers(m, plan, 0)
     moved = (n_moe - 1) * moe_act_offload_bytes(m, plan)  # one micro-batch in flight (pp 1); the margin keeps one
     assert without.activation_parts.offloaded == 0
-    assert with_.activation_parts.offloaded == pytest.approx(moved)
+    # host: each fc1 output (1,845,493,760 B: 2 B x the dispatched rows x f_e) is a fresh pinned tensor that
+    # PyTorch's caching host allocator rounds to the next power of two, 2^31 (pytorch/pytorch v2.13.0
+    # CachingHostAllocator.h, allocate: PowerOf2Ceil), 49 groups: 105,226,698,752 B (x1.164 the raw bytes)
+    assert n_moe - 1 == 49 and moe_act_offload_bytes(m, plan) == pytest.approx(1_845_493_760)
+    assert with_.activation_parts.offloaded == pytest.approx(49 * 2**31)
     assert without.activations - with_.activations == pytest.approx(moved)  # HBM (and its fragmentation share)
     assert without.total - with_.total >= moved
     # It ran on 288 GB GB300s (Megatron-Bridge 26.08 performance summary), so it must be predicted to fit

@@ -136,3 +136,17 @@ def test_json_reports_the_step_end_seconds_and_marks_the_transfer():
     ends = [t for t in out["tp"]["transfers"] if t["step_end"]]
     assert len(ends) == 1 and ends[0]["message_bytes"] == 4 * (3 * DENSE_LAYER + 59 * MOE_LAYER + H)
     assert not any(t["step_end"] for t in out["dp"]["transfers"])
+
+
+@pytest.mark.parametrize("zero, dp_replicate, shard", [(3, 1, 32), (2, 1, 32), (3, 4, 8), (1, 1, 1)])
+def test_megatron_fsdp_all_reduces_only_the_local_shard(zero, dp_replicate, shard):
+    """Megatron-FSDP (NVIDIA/Megatron-LM finalize_model_grads.py at cd4afffa6, the Megatron-Bridge v0.6.0 pin:
+    `grad._local_tensor.data` when use_megatron_fsdp) all-reduces each rank's DP-Shard slice of the TP-synced
+    gradients: DeepSeek-V3 TP8 SP, dp 32 -> 1,047,895,040 / 32 under ZeRO 2 / 3, / (32 / 4) as HSDP with 4
+    replicas (the shard group is 8 ranks); ZeRO 1 (Megatron-Core's distributed optimizer) the whole."""
+    m = resolve_model("deepseek-v3")
+    plan = _plan(zero=zero, dp_replicate=dp_replicate)
+    summed, _ = tp_synced_params(m, plan, 0)
+    assert float(summed) == pytest.approx(1_047_895_040 / shard, rel=1e-12)
+    live = [t for t in tp_step_end_transfers(m, plan, "tp") if t.calls]
+    assert float(live[0].message) == pytest.approx(4 * 1_047_895_040 / shard, rel=1e-12)

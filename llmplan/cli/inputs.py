@@ -185,7 +185,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "tp_impl", "cp_impl", "cp_kv_repeated", "cp_comm_overlap", "fp32_param_shards", "swiglu_fp8_input",
                      "fp8_attention", "moe_dispatcher",
                      "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms", "cuda_max_connections",
-                     "moe_flex_backend", "ep_dispatch_fp8", "moe_router_fusion",
+                     "moe_flex_backend", "ep_dispatch_fp8", "moe_router_fusion", "moe_router_padding",
                      "optimizer", "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "kept_grad_shards", "fp32_embedding_grads", "grad_reduce",
                      "grad_accumulation", "launch_blocking", "offload_layers", "offload_moe_act", "zero3_unit",
                      "mtp_layers",

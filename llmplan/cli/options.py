@@ -212,6 +212,11 @@ MOE_ROUTER_FUSION = typer.Option(_plan("moe_router_fusion"), "--moe-router-fusio
                                  help="Run the MoE router in Transformer Engine's fused kernels (Megatron "
                                       "moe_router_fusion; default off, Megatron-Core's default: eager top-k "
                                       "and auxiliary loss).")
+MOE_ROUTER_PADDING = typer.Option(_plan("moe_router_padding"), "--moe-router-padding/--no-moe-router-padding",
+                                  help="Pad each expert's token count to the fp8 / fp4 GEMM alignment in the "
+                                       "routing map (Megatron --moe-router-padding-for-quantization): extra rows "
+                                       "computed, no padding copies in the grouped MLP. Needs --precision fp8-* / "
+                                       "mxfp8 / nvfp4 on an MoE model.")
 BF16_LAYERS_START = typer.Option(None, "--bf16-layers-start", min=0, max=1 << 16,
                                  help="With --precision fp8-* / mxfp8 / nvfp4: layers at the start of the stack "
                                       "kept in bf16 (Megatron --num-layers-at-start-in-bf16; default: the "
@@ -343,7 +348,7 @@ SWITCHES = Flags("Training switches", {
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,
     "ep_comm_overlap": EP_COMM_OVERLAP, "delay_wgrad": DELAY_WGRAD, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
     "expert_gemm": EXPERT_GEMM,
-    "moe_dispatch_sms": MOE_DISPATCH_SMS, "cuda_max_connections": CUDA_MAX_CONNECTIONS, "moe_flex_backend": MOE_FLEX_BACKEND, "ep_dispatch_fp8": EP_DISPATCH_FP8, "moe_router_fusion": MOE_ROUTER_FUSION, "fp32_param_shards": FP32_PARAM_SHARDS,
+    "moe_dispatch_sms": MOE_DISPATCH_SMS, "cuda_max_connections": CUDA_MAX_CONNECTIONS, "moe_flex_backend": MOE_FLEX_BACKEND, "ep_dispatch_fp8": EP_DISPATCH_FP8, "moe_router_fusion": MOE_ROUTER_FUSION, "moe_router_padding": MOE_ROUTER_PADDING, "fp32_param_shards": FP32_PARAM_SHARDS,
     "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,
     "mxfp8_modules": MXFP8_MODULES,
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "fp8_attention": FP8_ATTENTION, "grad_dtype": GRAD_DTYPE,

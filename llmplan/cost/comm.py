@@ -21,6 +21,7 @@ from llmplan.cost.flops import layer_flops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import bf16_gathered_params, fp32_embedding_grad_bytes, low_precision_params
 from llmplan.cost.mixers import attention_share, dense_mlp_share, lightning
+from llmplan.cost.gemm import router_padding_share
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
 from llmplan.cost.quantize import torchao_fp8_params
 from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_bytes, offload_layer_bytes
@@ -460,7 +461,19 @@ def tp_synced_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any,
         last = where(i == plan.pp - 1, norm_params(m), 0)
         summed = summed + where(plan.sp, n_dense * dense + n_moe * moe + last, 0) + (n_dense + n_moe) * qk
         averaged = averaged + (n_dense + n_moe) * attention_share(m) * indexer
-    return where(on, summed, 0), where(on, averaged, 0)
+    shard = fsdp_tp_sync_shard(plan)
+    return where(on, summed / shard, 0), where(on, averaged / shard, 0)
+
+
+def fsdp_tp_sync_shard(plan: ParallelPlan) -> Any:
+    """Ranks whose shards of one TP-synced gradient make it whole in the step-end TP all-reduce: under
+    Megatron-FSDP with sharded gradients (ZeRO 2 / 3 with Megatron-Core TP: optim_grads, optim_grads_params)
+    a rank all-reduces only its own DP-Shard slice of each (the main_grad DTensor's _local_tensor), so the
+    DP-Shard group (zero_shard ranks: dp x cp over dp_replicate); else 1 (the whole gradient).
+    Source: NVIDIA/Megatron-LM megatron/core/distributed/finalize_model_grads.py at cd4afffa6
+    (_allreduce_non_tensor_model_parallel_grads: `grad._local_tensor.data` when ddp_config.use_megatron_fsdp).
+    Derived: docs/formulas.md#comm.tp_grad_sync"""
+    return where((plan.zero >= 2) & (plan.tp_impl == "megatron"), plan.zero_shard, 1)
 
 
 def tp_step_end_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
@@ -1395,7 +1408,10 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.expert_width  # a latent MoE moves latent-width rows
     tokens = s * b / where(plan.sp, plan.tp, 1)
     # The all-to-all waits on the most-loaded rank's rows (routing_imbalance; capacity padding: the factor)
-    S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * routing_imbalance(m, plan)
+    # and under moe_router_padding with the alltoall dispatcher the padded rows (moe.router_padding; DeepEP pads
+    # after the dispatch)
+    padded = where(plan.moe_dispatcher == "alltoall", router_padding_share(m, plan), 0.0)
+    S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * (routing_imbalance(m, plan) + padded)
     # the rank with the most MoE layers, as step_time's moe_max (Derived: docs/formulas.md#comm.ep_stage)
     dense_layers, moe_layers = most_moe_layers(m, plan, candidate_stages(m, plan))
     again = maximum(recomputed_share(plan, dense_layers + moe_layers), where(plan.recomputes("moe"), 1.0, 0.0))

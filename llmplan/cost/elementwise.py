@@ -628,7 +628,7 @@ def quant_padding_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     to the recipe's GEMM alignment before the grouped linears (Fp8Padding, 16 rows; 32 for MXFP8 / NVFP4) and
     unpads the output (Fp8Unpadding); backward unpads the input's gradient and pads the output's. Transformer
     Engine skips both where every expert's count is aligned already: where the router pads the routing map
-    (moe_router_padding_for_quantization, off in the presets this prices), where HybridEP's dispatch pads to the
+    (moe_router_padding_for_quantization: ParallelPlan.moe_router_padding, cost.gemm.router_padding_share), where HybridEP's dispatch pads to the
     alignment itself (moe_flex_backend hybridep), and where the rows are padded to a capacity the alignment
     divides (received rows an expert: ep x ceil(tokens x k x c / E)). Otherwise (dropless, forced-balance routing:
     random counts) 4 passes of QUANT_PADDING_BYTES on the k routed copies of width w a token. Megatron-Core's
@@ -639,7 +639,7 @@ def quant_padding_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     d0b3b775; NVIDIA/TransformerEngine transformer_engine/pytorch/module/fp8_padding.py (Fp8Padding.forward:
     "no padding needed"). Derived: docs/formulas.md#moe.quant_padding"""
     hybridep = plan.moe_dispatcher == "deepep" and plan.moe_flex_backend == "hybridep"
-    if not (m.is_moe and plan.low_precision) or hybridep:
+    if not (m.is_moe and plan.low_precision) or hybridep or plan.moe_router_padding:
         return 0.0  # workload switches: one value for all plans of a search
     k, w = m.num_experts_per_tok, m.expert_width
     megatron_experts = (plan.expert_gemm == "per-expert") | fused_grouped_mlp(m, plan)

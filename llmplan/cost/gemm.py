@@ -83,6 +83,58 @@ def fused_mlp_path(plan: ParallelPlan) -> Any:
             & (plan.etp_resolved == 1))
 
 
+def router_padding_align(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Rows each expert's token count is padded to a multiple of under moe_router_padding: 256 where the experts
+    run on the op-fuser path (use_transformer_engine_op_fuser, which a Megatron-Core export of expert_gemm grouped
+    sets for a GLU or squared-ReLU MLP: export.common.op_fuser), else the recipe's: 16 for fp8 per-tensor /
+    blockwise, 32 for MXFP8, 128 for NVFP4. Source: NVIDIA/Megatron-LM at cd4afffa6, megatron/core/transformer/moe/moe_utils.py
+    (get_align_size_for_quantization), fp8_utils.py (get_fp8_align_size), fp4_utils.py (get_fp4_align_size).
+    Derived: docs/formulas.md#moe.router_padding"""
+    recipe = 128 if plan.recipe == "nvfp4" else 32 if plan.recipe == "mxfp8" else 16
+    fused = bool(m.is_moe and (m.gated_mlp or squared_relu_mlp(m)))
+    return where(fused_mlp_path(plan) & fused, 256, recipe)
+
+
+def expected_alignment_pad(mean: Any, var: Any, align: Any) -> Any:
+    """Expected rows (-n) mod align that pad a count n up to a multiple of align, n an integer count of mean `mean`
+    and variance `var` (a normal law on the integers within 6 standard deviations; var 0: n = round(mean)).
+    About (align - 1) / 2 once the spread covers several multiples of align; align - mean for small counts.
+    Elementwise. Derived: docs/formulas.md#moe.router_padding"""
+    mu, v, a = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (mean, var, align)))
+    sd = np.sqrt(np.maximum(v, 0.0))
+    J = int(np.ceil(6 * float(sd.max(initial=0.0)))) + 1
+    j = np.arange(-J, J + 1).reshape((-1,) + (1,) * mu.ndim)
+    n = np.maximum(np.round(mu) + j, 0.0)
+    w = np.where(sd > 0, np.exp(-0.5 * ((n - mu) / np.where(sd > 0, sd, 1.0)) ** 2), (j == 0) * 1.0)
+    pad = np.mod(-n, a)
+    out = (w * pad).sum(axis=0) / w.sum(axis=0)
+    return float(out) if out.ndim == 0 else out
+
+
+def router_padding_share(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Extra routed rows a rank's experts compute under moe_router_padding, as a share of its mean rows (T k a
+    layer and micro-batch), added to the most-loaded rank's load (routing_imbalance). Megatron's pad_routing_map
+    turns zeros of the routing map into ones until each expert's count is a multiple of the alignment a
+    (router_padding_align): (-n) mod a rows per count n (expected_alignment_pad). The alltoall dispatcher pads the
+    rank's own map before the all-to-all: E counts of its T tokens, each Binomial(T, k/E) under random routing
+    (T k / E exactly under contiguous routing), and sends the extra rows too; DeepEP pads the received map after
+    it: E / ep counts of the ep T tokens of the group.
+    HybridEP pads in its dispatch and never reads the switch: 0. 0 with the switch off or outside fp8 / fp4.
+    Source: NVIDIA/Megatron-LM at cd4afffa6, megatron/core/transformer/moe/token_dispatcher.py
+    (MoEAlltoAllTokenDispatcher.dispatch_preprocess: pad_routing_map before preprocess; _DeepepManager.
+    setup_metadata: _pad_routing_map of the dispatched map; _HybridEPManager: no read), moe_utils.py
+    (pad_routing_map). Derived: docs/formulas.md#moe.router_padding"""
+    hybridep = plan.moe_dispatcher == "deepep" and plan.moe_flex_backend == "hybridep"
+    if not (m.is_moe and plan.moe_router_padding and plan.low_precision) or hybridep:
+        return 0.0  # workload switches: one value for all plans of a search
+    E, k = m.num_experts, m.num_experts_per_tok
+    tokens = plan.seq_len / plan.cp * plan.micro_batch / where(plan.sp, plan.tp, 1)
+    alltoall = plan.moe_dispatcher == "alltoall"
+    counts, drawn = (E, tokens) if alltoall else (E / plan.ep, tokens * plan.ep)
+    var = 0.0 if plan.moe_routing == "contiguous" else drawn * k / E * (1 - k / E)
+    return counts * expected_alignment_pad(drawn * k / E, var, router_padding_align(m, plan)) / (tokens * k)
+
+
 def squared_relu_mlp(m: ModelSpec) -> bool:
     """Whether the model's MLP is squared ReLU (Nemotron-H's ungated MLP; the Megatron exports' --squared-relu).
     Source: Nemotron-H's Hugging Face config, mlp_hidden_act "relu2" (as NVIDIA/TensorRT-LLM's NemotronH
@@ -357,7 +409,7 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     per_flop = where(total > 0, layer_flops(m, plan, moe).gemm / where(total > 0, total, 1.0), 0.0)
     # The routed experts' two matmuls (module "expert") run as one grouped GEMM over the rank's E/ep experts,
     # and the most-loaded rank computes routing_imbalance x the mean routed rows (capacity padding: the factor).
-    load = routing_imbalance(m, plan) if moe else 1.0
+    load = routing_imbalance(m, plan) + router_padding_share(m, plan) if moe else 1.0  # moe.router_padding
     split = bool(plan.tp_comm_overlap and np.any(plan.sp))  # skip the piece shapes when no plan chunks
     kept = bf16_module_gemms(plan, gemms)
     mx = mxfp8_module_gemms(plan, gemms)

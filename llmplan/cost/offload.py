@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.activations import (dispatched_rows, layer_activation_parts, layer_activations, quantized_saved_bytes,
                                       saved_input_discount)
@@ -148,7 +150,38 @@ def fine_grained_offloaded(m: ModelSpec, plan: ParallelPlan, n_dense: Any, n_moe
     layers = (n_dense + n_moe) * attention_share(m)
     attn = attention_offload_bytes(m, plan) * moe_act_offloaded_groups(layers, inflight)
     moe = moe_act_offloaded_groups(n_moe, inflight)
-    return moe_layer_offload_bytes(m, plan, True) * moe + attn, moe_layer_offload_bytes(m, plan) * moe + attn
+    return moe_layer_offload_bytes(m, plan, True) * moe + attn, moe_layer_pinned_bytes(m, plan) * moe + attn
+
+
+def pinned_block_bytes(n: Any) -> Any:
+    """Bytes of pinned host memory PyTorch's caching host allocator takes for a request of n bytes: the next power
+    of two (0 for 0), elementwise. Every `torch.empty(..., pin_memory=True)` goes through it; a freed block is
+    cached and reused by a later request of the same rounded size, never returned (no empty_cache call), so the
+    host memory held is the peak count of live blocks times their rounded size. Rounding is on by default
+    (pinned_max_round_threshold and pinned_max_cached_size unset: SIZE_MAX).
+    Source: pytorch/pytorch v2.13.0 (cf30153c4c) aten/src/ATen/core/CachingHostAllocator.h
+    (CachingHostAllocatorImpl::allocate: roundSize = c10::llvm::PowerOf2Ceil(size), then
+    allocate_host_memory(roundSize)), c10/core/AllocatorConfig.h (the two thresholds' defaults).
+    Derived: docs/formulas.md#mem.host"""
+    x = np.asarray(n, dtype=float)
+    r = np.where(x > 0, np.exp2(np.ceil(np.log2(np.maximum(x, 1.0)))), 0.0)
+    return float(r) if r.ndim == 0 else r
+
+
+def moe_layer_pinned_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Pinned host bytes one MoE layer's fine-grained offload groups hold per micro-batch: each group's one
+    tensor (mlp_norm's input, expert_fc1's bf16 input, moe_act's fc1 output) rounded up by the caching host
+    allocator (pinned_block_bytes); an MXFP8 / NVFP4 expert_fc1 input (a quantised tensor of data and scale
+    parts) at its raw bytes. These groups bypass the offload's shape-keyed CPU pool and take a fresh pinned
+    tensor per copy. Source: NVIDIA/Megatron-LM megatron/core/pipeline_parallel/fine_grained_activation_offload.py
+    at cd4afffa6 (OffloadTensorGroup.__init__: use_cpu_pool False for expert_fc1, moe_act, fused_group_mlp;
+    ChunkOffloadHandler.offload: torch.empty(..., pin_memory=True)). Derived: docs/formulas.md#mem.host"""
+    if not offloads_moe_act(m, plan):
+        return 0.0
+    norm = pinned_block_bytes(norm_input_bytes(m, plan)) if plan.offloads("mlp_norm") else 0.0
+    fc1 = expert_fc1_offload_bytes(m, plan)
+    mx = plan.low_precision and plan.recipe in ("mxfp8", "nvfp4")
+    return norm + (fc1 if mx else pinned_block_bytes(fc1)) + pinned_block_bytes(moe_act_offload_bytes(m, plan))
 
 
 def moe_act_offload_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:

@@ -323,6 +323,7 @@ def router_overrides(pf: PlanFile) -> list[tuple[str, object]]:
     pairs = dict(balance_pairs(pf))
     coef = pairs.get("--moe-aux-loss-coeff")
     return [("model.moe_router_fusion", pf.plan.moe_router_fusion), ("model.moe_router_dtype", "fp32"),
+            ("model.moe_router_padding_for_quantization", pf.plan.moe_router_padding),
             ("model.moe_router_load_balancing_type", pairs["--moe-router-load-balancing-type"]),
             ("model.moe_aux_loss_coeff", float(str(coef)) if coef is not None else 0.0)]
 

@@ -289,6 +289,15 @@ def router_fusion_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             "re-plan with --no-moe-router-fusion, or export to megatron or megatron-bridge")
 
 
+def router_padding_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for the routing map padded to the GEMM alignment (moe_router_padding):
+    a Megatron-Core option (TransformerConfig.moe_router_padding_for_quantization at cd4afffa6); a launcher with its
+    own router and experts does not pad there (docs/formulas.md#moe.router_padding)."""
+    return ("the routing map padded to the fp8 / fp4 GEMM alignment (moe_router_padding: a Megatron-Core option)",
+            pf.model.is_moe and pf.plan.moe_router_padding,
+            "re-plan with --no-moe-router-padding, or export to megatron or megatron-bridge")
+
+
 def delay_wgrad_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for delayed weight gradients (delay_wgrad): Megatron-Core's
     combined-1F1B EP overlap defers them (--delay-wgrad-compute); a launcher without that schedule has nothing to

@@ -6,7 +6,7 @@ import json
 
 from llmplan.export.common import (WIDTH, accumulation_notes, check_accumulation, comment_strings, header_lines,
                                    is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
-                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, delay_wgrad_refusal, refuse, router_fusion_refusal, sh_header, swiglu_fp8_refusal,
+                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, delay_wgrad_refusal, refuse, router_fusion_refusal, router_padding_refusal, sh_header, swiglu_fp8_refusal,
                                    jit_activation_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
@@ -109,7 +109,7 @@ def check(pf: PlanFile) -> None:
     # the optimizer first: no other change to the plan makes DeepSpeed run it, so a search's walk names it
     for what, bad, fix in (
         muon_refusal(p),
-        kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), delay_wgrad_refusal(pf), router_fusion_refusal(pf),
+        kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), delay_wgrad_refusal(pf), router_fusion_refusal(pf), router_padding_refusal(pf),
     ):
         if bad:
             raise refuse(TARGET, what, fix)

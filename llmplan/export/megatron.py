@@ -167,6 +167,8 @@ def router_pairs(pf: PlanFile) -> list[tuple[str, object]]:
             # (plan.moe_router_fusion: cost.kernels.router_kernels, cost.moe_kernels.router_topk_calls; Megatron-
             # Core's defaults are None, False, False: TransformerConfig at d98e8a6)
             ("--moe-router-dtype", "fp32"), ("--moe-router-fusion", pf.plan.moe_router_fusion),
+            # plan.moe_router_padding (cost.moe.router_padding_share; TransformerConfig at cd4afffa6)
+            ("--moe-router-padding-for-quantization", pf.plan.moe_router_padding),
             ("--moe-permute-fusion", True),
             *balance_pairs(pf),
             ("--mtp-num-layers", m.num_nextn_predict_layers or None)]

@@ -17,7 +17,7 @@ from llmplan.export.common import (accumulation_notes, check_accumulation, exper
                                    sh_header, tp_refusals, virtual_stage_layers, norm_kernel_refusals,
                                    softmax_kernel_refusals, swiglu_fp8_refusal, jit_activation_refusal,
                                    parallel_block_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, delay_wgrad_refusal,
-                                   ep_overlap_refusal, router_fusion_refusal)
+                                   ep_overlap_refusal, router_fusion_refusal, router_padding_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.quantities import bf16_layer_counts
@@ -194,7 +194,7 @@ def _check_common(pf: PlanFile, target: str) -> None:
     for what, bad, fix in [*tp_refusals(pf), *op_fuser_refusals(pf), *norm_kernel_refusals(pf),
                            *softmax_kernel_refusals(pf),
                           parallel_block_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), ep_overlap_refusal(pf),
-                          delay_wgrad_refusal(pf), router_fusion_refusal(pf)]:
+                          delay_wgrad_refusal(pf), router_fusion_refusal(pf), router_padding_refusal(pf)]:
         if bad:
             raise refuse(target, what, fix)
     if p.pp_blocking_sends and p.pp > 1:  # torch.distributed.pipelining posts isend / irecv, no device sync

@@ -111,7 +111,7 @@ def _fine_grained_host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) ->
 
 MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_flex_backend",
                 "moe_capacity_factor", "ep_comm_overlap", "delay_wgrad", "offload_moe_act",
-                "ep_dispatch_fp8", "moe_router_fusion")
+                "ep_dispatch_fp8", "moe_router_fusion", "moe_router_padding")
 """The training switches that act on expert layers only (rule moe_switches_dense)."""
 
 
@@ -371,6 +371,13 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         "defers the weight gradients for the EP overlap's backward all-to-alls, and Megatron-Core "
                         "asserts overlap_moe_expert_parallel_comm with it (TransformerConfig); add --ep-comm-overlap "
                         "with --ep 2 or more, or drop --delay-wgrad", moe=True),
+    # Megatron-Core TransformerConfig.__post_init__ at cd4afffa6: "fp8/fp4 must be specified when
+    # moe_router_padding_for_quantization is True" (llmplan prices no allgather dispatcher, which it also refuses)
+    SwitchUse("moe_router_padding_quant", ("moe_router_padding",),
+              lambda p: p.low_precision,
+              lambda p: f"moe_router_padding with dtype {p.dtype}: Megatron-Core pads the routing map to the fp8 / "
+                        "fp4 GEMM alignment and refuses it without fp8 / fp4 (TransformerConfig); use --precision "
+                        "fp8-* / mxfp8 / nvfp4, or drop --moe-router-padding", moe=True),
     SwitchUse("moe_routing_ep", ("moe_routing",), lambda p: p.ep > 1,
               lambda p: f"moe_routing {p.moe_routing} with ep {p.ep}: the routing sets how many expert-parallel "
                         "ranks a token's copies reach, so it acts only with ep > 1; raise --ep or drop "

@@ -162,6 +162,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.ep_dispatch_fp8."""
     moe_router_fusion: bool = False
     """ParallelPlan.moe_router_fusion."""
+    moe_router_padding: bool = False
+    """ParallelPlan.moe_router_padding."""
     fp32_param_shards: bool
     """ParallelPlan.fp32_param_shards."""
     bf16_layers_start: int | None

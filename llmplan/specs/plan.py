@@ -570,6 +570,14 @@ class ParallelPlan(PlanQuantities, Spec):
     score function with top-k, the auxiliary loss's scores and the auxiliary loss, forward and backward. Off
     (Megatron-Core's default, and most Megatron-Bridge recipes'): the same steps as eager PyTorch ops, two
     torch.topk calls a layer (one without an auxiliary loss) and more launches (docs/formulas.md#moe.router_fusion)."""
+    moe_router_padding: bool = False
+    """Pad each expert's token count to the fp8 / fp4 GEMM alignment in the routing map (Megatron-Core
+    --moe-router-padding-for-quantization, alias --moe-router-padding-for-fp8; TransformerConfig.
+    moe_router_padding_for_quantization; Megatron-Bridge model.moe_router_padding_for_quantization): the alltoall
+    dispatcher pads the rank's routing map before the all-to-all, DeepEP the received one, so the experts compute
+    (and alltoall sends) extra rows and TEGroupedMLP skips its own padding copies. Needs an MoE model in fp8 / fp4
+    and not the allgather dispatcher (check_plan rule moe_router_padding_quant); HybridEP pads in its dispatch and
+    never reads it (no effect). Off: Megatron-Core's default (docs/formulas.md#moe.router_padding)."""
     cuda_graphs: CudaGraphs = "none"
     """Which CUDA graphs replay the training step's kernels (Megatron-Core's cuda_graph_impl): none, every kernel
     launched by the host one by one; layers, per-layer graphs of the attention and the MoE router and

@@ -49,6 +49,7 @@ OVERRIDES=(
     'model.use_transformer_engine_op_fuser=true'
     'model.moe_router_fusion=false'
     'model.moe_router_dtype=fp32'
+    'model.moe_router_padding_for_quantization=false'
     'model.moe_router_load_balancing_type=seq_aux_loss'
     'model.moe_aux_loss_coeff=0.001'
     'model.overlap_moe_expert_parallel_comm=false'
