@@ -108,6 +108,19 @@ def test_vllm_takes_uneven_ranks_per_node_and_prices_the_placement(cli):
     assert r.json()["copies"] == 2
 
 
+def test_a_plan_on_fewer_gpus_than_the_cluster_is_refused_in_one_line_under_either_engine(cli):
+    """Before: under sglang the rule was judged on ep 6 against nodes of 8 and its message looked for a server
+    that straddles among the plan's 6 // 6 = 1 server (GPUs 0-5, inside node 0), found none and let StopIteration
+    escape (exit 1, "internal error"). The plan's one server straddles nothing; the plan is refused for its GPU
+    count only, as under vllm."""
+    qwen = ("estimate", "--mode", "infer", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "2",
+            "--dp-attention", "--dp", "6", "--ep", "6", "--moe-dispatcher", "deepep", "--redundant-experts", "4")
+    for engine in ("sglang", "vllm"):
+        line = cli(*qwen, "--engine", engine).refusal()
+        assert line == "error: the plan breaks a rule: tp x pp x replicas (1 x 6 = 6) must equal the 16 GPUs; " \
+                       "--dp (replicas) must be 16", (engine, line)
+
+
 def test_a_pinned_straddling_ep_in_the_sglang_search_is_exit_2(cli):
     """Before: exit 3, "see the pruned table"; a pinned value no layout takes is bad input (#serve-edges)."""
     r = cli(*QWEN, "--hardware", "dgx-h100", "--nodes", "3", "--engine", "sglang", "--dp-attention", "--ep", "12",
