@@ -83,3 +83,18 @@ def test_the_variant_rows_pay_it_where_their_dispatcher_does(row_plan, row_setup
     for rid, expected in pads.items():
         m, _, plan = row_setup(rid)
         assert (float(E.quant_padding_bytes(m, plan)) > 0) is expected, rid
+
+
+def test_the_copies_by_hand_once_for_their_four_users():
+    """expert_copy_bytes: the sort by local expert and the padding on the T / t_sp tokens of the layer, the one
+    expression expert_node_bytes, alltoall_sort_layer_bytes, moe_recompute_bytes and expert_node_seconds price.
+    DeepSeek-V3 (k 8, width 7168) at ep 8 (32 local experts, alltoall), tp 2 with SP, T = 4096: two sorts each
+    way of 4 bytes an element (4 x 4 x 8 x 7168 / 3) plus 4 padding passes of 4 bytes (the same), on 2048 tokens."""
+    plan = _plan(tp=2, sp=True, dp=4)
+    hand = (4 * 4 * 8 * 7168 / 3 + 4 * 4 * 8 * 7168 / 3) * 4096 / 2
+    assert float(E.expert_copy_bytes(DSV3, plan)) == pytest.approx(hand, rel=1e-12)
+    assert float(E.alltoall_sort_layer_bytes(DSV3, plan)) == pytest.approx(hand, rel=1e-12)
+    rerun = _plan(tp=2, sp=True, dp=4, recompute="selective", recompute_modules=("moe",))
+    # the rerun's forward half of the copies (the rest of moe_recompute_bytes is the experts' activation)
+    assert float(E.alltoall_sort_layer_bytes(DSV3, rerun)) == pytest.approx(1.5 * hand, rel=1e-12)
+    assert float(E.expert_copy_bytes(DSV3, plan, 3 / 2)) == pytest.approx(hand / 4096 * 1.5, rel=1e-12)

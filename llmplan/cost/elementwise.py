@@ -652,14 +652,23 @@ def quant_padding_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     return where(received % align == 0, 0.0, passes * plan.expert_padding)
 
 
+def expert_copy_bytes(m: ModelSpec, plan: ParallelPlan, tokens: Any = None) -> Any:
+    """HBM bytes of one MoE layer's streaming copies of the routed rows, one rank, in the forward-equivalent
+    units of elementwise_bytes: the alltoall dispatcher's sort by local expert (alltoall_sort_bytes) and the
+    quantisation padding (quant_padding_bytes) a token, times `tokens` (default the micro-batch's T = s / cp x b)
+    over t_sp (tp with sequence parallelism, else 1). The one place of the expression expert_node_bytes,
+    alltoall_sort_layer_bytes, moe_recompute_bytes (its forward half) and cost.compute.expert_node_seconds
+    price. Derived: docs/formulas.md#compute.copy_bandwidth"""
+    T = plan.seq_len / plan.cp * plan.micro_batch if tokens is None else tokens
+    return (alltoall_sort_bytes(m, plan) + quant_padding_bytes(m, plan)) * T / where(plan.sp, plan.tp, 1)
+
+
 def alltoall_sort_layer_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """The streaming copies' share of one MoE layer's elementwise_bytes, one micro-batch, one rank: the sort by
-    local expert and the quantisation padding (expert_node_bytes' alltoall_sort_bytes and quant_padding_bytes) on
-    the T/t_sp tokens the layer holds, and with `moe` recomputed the rerun's forward half of them
-    (moe_recompute_bytes). cost.compute prices these bytes at the copy bandwidth.
+    local expert and the quantisation padding (expert_copy_bytes), and with `moe` recomputed the rerun's forward
+    half of them (moe_recompute_bytes). cost.compute prices these bytes at the copy bandwidth.
     Derived: docs/formulas.md#compute.copy_bandwidth"""
-    T = plan.seq_len / plan.cp * plan.micro_batch
-    sorts = (alltoall_sort_bytes(m, plan) + quant_padding_bytes(m, plan)) * T / where(plan.sp, plan.tp, 1)
+    sorts = expert_copy_bytes(m, plan)
     rerun = where(plan.recomputes("moe"), 0.5, 0.0) if plan.recompute_modules else 0.0
     return sorts * (1 + rerun)
 
@@ -732,8 +741,9 @@ def moe_recompute_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     routed_act = ((one * (1.0 - fused) + where(plan.glu_clamp_fusion, 0.0, clamp))
                   * m.expert_ffn * m.num_experts_per_tok / t)
     shared_act = one * (m.shared_ffn or 0) / t
-    # forward's two of the four sorts and of the four padding passes
-    sorts = (alltoall_sort_bytes(m, plan) + quant_padding_bytes(m, plan)) * 3 / 2 / where(plan.sp, t, 1)
+    # forward's two of the four sorts and of the four padding passes, a token: 3/2 of them in the third the stage
+    # counts three times
+    sorts = expert_copy_bytes(m, plan, 3 / 2)
     return where(plan.recomputes("moe"), (sorts + routed_act + shared_act) * T / 3, 0.0)
 
 
@@ -748,8 +758,8 @@ def expert_node_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     T, t = plan.seq_len / plan.cp * plan.micro_batch, plan.tp
     act = (eager_activation_bytes(m, plan) + expert_activation_extra_bytes(m, plan) + expert_fc1_bias_bytes(m, plan)
            - fused_expert_activation_bytes(m, plan)) * T * m.expert_ffn * m.num_experts_per_tok / t
-    return act + (expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan) + quant_padding_bytes(m, plan)
-                  + hybridep_prob_permute_bytes(m, plan)) * T / where(plan.sp, t, 1)
+    return act + expert_copy_bytes(m, plan) + (expert_bias_bytes(m, plan)
+                                                + hybridep_prob_permute_bytes(m, plan)) * T / where(plan.sp, t, 1)
 
 
 EAGER_ROPE_BYTES = (24.0, 26.0)
