@@ -206,3 +206,18 @@ def test_profiles_of_the_gpu_name_that_disagree_are_refused(cli, tmp_path: Path)
     line = cli("estimate", "--plan", _strip_cc(path)).refusal()
     assert "the hardware snapshot's GPU h100-sxm has no compute_capability and the profiles named h100-sxm give " \
            "8.0, 9.0" in line, line
+
+
+def test_a_snapshot_gpu_without_a_name_is_refused_for_the_name(cli, tmp_path: Path):
+    """Before: the missing name went to the profile look-up as the string "None", so the refusal read "the
+    hardware snapshot's GPU None has no compute_capability, and its hardware_ref dgx-h100 now has GPU h100-sxm";
+    now no profile is looked up and the snapshot's build names the missing field."""
+    path = tmp_path / "p.json"
+    assert cli(*TRAIN, "--save", path).code == 0
+    doc = json.loads(_strip_cc(path).read_text())
+    del doc["hardware"]["gpu"]["name"]
+    assert doc["hardware_ref"] == "dgx-h100"
+    path.write_text(json.dumps(doc))
+    line = cli("estimate", "--plan", path).refusal()
+    assert "GPU None" not in line and "compute_capability" not in line, line
+    assert "name" in line and "(hardware)" in line, line
