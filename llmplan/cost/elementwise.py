@@ -24,6 +24,7 @@ from llmplan.cost.params import kv_heads_per_rank, padded_vocab
 from llmplan.cost.quantize import fp8_cast_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.quantities import resolve_etp
 
 
 def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
@@ -630,14 +631,17 @@ def quant_padding_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     Engine skips both where every expert's count is aligned already: where the router pads the routing map
     (moe_router_padding_for_quantization, off in the presets this prices), where HybridEP's dispatch pads to the
     alignment itself (moe_flex_backend hybridep), and where the rows are padded to a capacity the alignment
-    divides (received rows an expert: ep x ceil(tokens x k x c / E)). Otherwise (dropless, forced-balance routing:
+    divides (received rows an expert: ep x etp x ceil(tokens x k x c / E): the alltoall dispatcher all-gathers the
+    received rows over expert TP). Otherwise (dropless, forced-balance routing:
     random counts) 4 passes of QUANT_PADDING_BYTES on the k routed copies of width w a token. Megatron-Core's
     expert paths pad: TEGroupedMLP (expert_gemm per-expert) and, at d0b3b775, the op-fuser's fused grouped MLP
     (fused_grouped_mlp); other grouped kernels (DeepGEMM, torch._grouped_mm) align in their own permute and pay
     none here. The probs' fp32 column (4 of 2w bytes a row) is left out. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py TEGroupedMLP.forward
     (quantization_padding) at 0d8e0714 / b0cc2706 / d0b3b775, moe_utils.py skip_routed_expert_padding at
     d0b3b775; NVIDIA/TransformerEngine transformer_engine/pytorch/module/fp8_padding.py (Fp8Padding.forward:
-    "no padding needed"). Derived: docs/formulas.md#moe.quant_padding"""
+    "no padding needed"); the rows an expert at capacity: Megatron-LM core_v0.14.0 token_dispatcher.py
+    MoEAlltoAllTokenDispatcher.preprocess (capacity * tp_size * ep_size, tp_size the expert-TP group's).
+    Derived: docs/formulas.md#moe.quant_padding"""
     hybridep = plan.moe_dispatcher == "deepep" and plan.moe_flex_backend == "hybridep"
     if not (m.is_moe and plan.low_precision) or hybridep:
         return 0.0  # workload switches: one value for all plans of a search
@@ -648,7 +652,8 @@ def quant_padding_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
         return passes
     align = 32 if plan.gemm_format in ("mxfp8", "nvfp4") else 16
     tokens = plan.seq_len / plan.cp * plan.micro_batch / where(plan.sp, plan.tp, 1)
-    received = plan.ep * np.ceil(tokens * k * plan.moe_capacity_factor / m.num_experts)
+    received = plan.ep * resolve_etp(plan.etp, plan.tp) * np.ceil(tokens * k * plan.moe_capacity_factor
+                                                                  / m.num_experts)
     return where(received % align == 0, 0.0, passes * plan.expert_padding)
 
 
