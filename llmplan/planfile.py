@@ -277,8 +277,9 @@ def snapshot_system(doc: PlanDocument, path: Path) -> SystemSpec:
     hardware = dict(doc.hardware)
     if isinstance(hardware.get("gpu"), dict):
         hardware["gpu"] = {**SNAPSHOT_GPU_DEFAULTS, **hardware["gpu"]}
-        if hardware["gpu"].get("compute_capability") is None and hardware["gpu"].get("vendor", "nvidia") == "nvidia":
-            cc = profile_capability(doc, path, str(hardware["gpu"].get("name")))
+        gpu, name = hardware["gpu"], hardware["gpu"].get("name")
+        if gpu.get("compute_capability") is None and gpu.get("vendor", "nvidia") == "nvidia" and isinstance(name, str):
+            cc = profile_capability(doc, path, name)  # no name: build() below names the missing field
             if cc is not None:
                 hardware["gpu"]["compute_capability"] = cc
     return build(SystemSpec, hardware, f"{path} (hardware)")
@@ -298,9 +299,9 @@ def profile_capability(doc: PlanDocument, path: Path, gpu: str) -> float | None:
             ref_gpu = _resolve_ref(doc.hardware_ref, path, "hardware")[0].gpu
         except LlmplanError:  # the reference is gone: the built-in profiles below, by name
             ref_gpu = None
-    named = [g for g in [ref_gpu, *builtin_gpus().values(), *(s.gpu for s in builtin_systems().values())]
-             if g is not None and g.name == gpu and g.compute_capability is not None]
-    found = sorted({g.compute_capability for g in named if g.compute_capability is not None})
+    found = sorted({g.compute_capability for g in [ref_gpu, *builtin_gpus().values(),
+                                                   *(s.gpu for s in builtin_systems().values())]
+                    if g is not None and g.name == gpu and g.compute_capability is not None})
     fix = (f"add hardware.gpu.compute_capability to {path} (NVIDIA's table, developer.nvidia.com/cuda-gpus: "
            "H100 9.0, B200 10.0), or re-save the plan")
     if len(found) > 1:

@@ -24,11 +24,11 @@ TRAIN_FILES = {  # estimate --save of each: a dense, an MoE, a hybrid (Mamba) an
     "mla": ["--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "32", "--pp", "8", "--pp-first-layers", "7", "--pp-last-layers", "6", "--ep", "32"],
 }
 SKIP = {"tp", "pp", "dp", "cp", "ep", "global_batch", "seq_len", "pp_layers", "pp_layout", "tp_overlap_sms",
-        "tp_overlap_margin_sms", "fp32_embedding_grads"}
-"""Fields the draw leaves as saved (the layout; tuples of numbers) or sets below (degrees). fp32_embedding_grads
-(NeMo / Apex only; every export refuses it, tests/test_fp32_embedding_grads.py) is left out so that the seeded
-draws stay the ones the module-recipe check below was written against: drawn, it shifts the sequence and the
-NVFP4 hybrid's 60 plans reach no mxfp8_modules."""
+        "tp_overlap_margin_sms"}
+"""Fields the draw leaves as saved (the layout; tuples of numbers) or sets below (degrees)."""
+MODULE_RECIPES = {"mxfp8_modules": ("mamba_out_proj",), "bf16_modules": ("attention",)}
+"""Megatron-Bridge's module recipes (modules in their own format under NVFP4), set on purpose on the NVFP4
+hybrid's plans (module_recipe_plans) rather than left to the draw."""
 
 
 def full_render(pf, target: str) -> str | None:
@@ -87,6 +87,16 @@ def drawn_plans(pf, rng: random.Random, n: int, tries: int = 4000) -> list[Paral
     return out
 
 
+def module_recipe_plans(pf, drawn: list[ParallelPlan]) -> list[ParallelPlan]:
+    """For each module recipe (MODULE_RECIPES), the saved plan and the first three drawn plans with it set, those
+    check_plan accepts: the rules Megatron-Bridge's module recipes meet, on plans the test chooses."""
+    out = []
+    for field, value in MODULE_RECIPES.items():
+        with_it = [p.model_copy(update={field: value}) for p in [pf.plan, *drawn[:3]]]
+        out += [p for p in with_it if not check_plan(pf.model, p, pf.cluster)]
+    return out
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """The plan files `estimate --save` writes for TRAIN_FILES and one serving plan, loaded as export loads them."""
@@ -114,6 +124,10 @@ def test_refusal_agrees_with_the_render_on_random_training_plans(saved, name):
     # reshuffles the draw; with fused_loss_impl, 60 plans reach no mxfp8_modules there)
     plans = [pf.plan, *drawn_plans(pf, random.Random(f"refusal-{name}"), 80 if name == "hybrid" else 60)]
     assert len(plans) > 20
+    if name == "hybrid":  # Megatron-Bridge's module recipes on the NVFP4 hybrid, chosen, not drawn
+        chosen = module_recipe_plans(pf, plans[1:])
+        assert {f for f in MODULE_RECIPES for p in chosen if getattr(p, f)} == set(MODULE_RECIPES), chosen
+        plans += chosen
     seen = set()
     for p in plans:
         one = dataclasses.replace(pf, plan=p)
@@ -122,13 +136,11 @@ def test_refusal_agrees_with_the_render_on_random_training_plans(saved, name):
             assert refusal(one, target) == want, (target, p)
             seen.add(want is None)
     assert seen == {True, False}
-    # the draw reaches the rules on optional integers and tuples: Megatron-LM's queue assert on the H100 files,
-    # Megatron-Bridge's module recipes on the NVFP4 hybrid
+    # the draw reaches the rule on optional integers: Megatron-LM's queue assert on the H100 files (the module
+    # recipes on the NVFP4 hybrid are chosen above)
     from llmplan.export.megatron import connections_refusal
 
-    if name == "hybrid":
-        assert any(p.mxfp8_modules for p in plans) and any(p.bf16_modules for p in plans)
-    else:
+    if name != "hybrid":
         assert any(connections_refusal(dataclasses.replace(pf, plan=p))[1] for p in plans)
 
 

@@ -153,3 +153,13 @@ def test_every_megatron_export_refuses_the_flag_in_one_line(cli, tmp_path) -> No
     msg = cli("export", path, "--to", "megatron", "-o", tmp_path / "out").refusal()
     assert "fp32_embedding_grads" in msg and "re-plan with --no-fp32-embedding-grads" in msg
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_dualpipe_is_refused_in_one_line(cli) -> None:
+    """NeMo 1.x under Apex (the only stack that keeps these fp32 buckets) never ran DualPipe, and the bytes were
+    priced for the rank's own stage only, not the mirror stage pp-1-i it also holds under DualPipe. Before: exit 0,
+    the first rank priced with stage 0's buckets and without stage pp-1's tied copy."""
+    line = cli(*FLAG, "--pp", "2", "--pp-schedule", "dualpipe").refusal()
+    assert "(rule fp32_embedding_grads_zero)" in line or "fp32_embedding_grads with" in line, line
+    assert "pp_schedule dualpipe" in line and "or drop --fp32-embedding-grads" in line, line
+    assert cli(*FLAG, "--pp", "2", "--pp-schedule", "1f1b").code == 0

@@ -83,3 +83,36 @@ def test_the_variant_rows_pay_it_where_their_dispatcher_does(row_plan, row_setup
     for rid, expected in pads.items():
         m, _, plan = row_setup(rid)
         assert (float(E.quant_padding_bytes(m, plan)) > 0) is expected, rid
+
+
+def test_the_copies_by_hand_once_for_their_four_users():
+    """expert_copy_bytes: the sort by local expert and the padding on the T / t_sp tokens of the layer, the one
+    expression expert_node_bytes, alltoall_sort_layer_bytes, moe_recompute_bytes and expert_node_seconds price.
+    DeepSeek-V3 (k 8, width 7168) at ep 8 (32 local experts, alltoall), tp 2 with SP, T = 4096: two sorts each
+    way of 4 bytes an element (4 x 4 x 8 x 7168 / 3) plus 4 padding passes of 4 bytes (the same), on 2048 tokens."""
+    plan = _plan(tp=2, sp=True, dp=4)
+    hand = (4 * 4 * 8 * 7168 / 3 + 4 * 4 * 8 * 7168 / 3) * 4096 / 2
+    assert float(E.expert_copy_bytes(DSV3, plan)) == pytest.approx(hand, rel=1e-12)
+    assert float(E.alltoall_sort_layer_bytes(DSV3, plan)) == pytest.approx(hand, rel=1e-12)
+    rerun = _plan(tp=2, sp=True, dp=4, recompute="selective", recompute_modules=("moe",))
+    # the rerun's forward half of the copies (the rest of moe_recompute_bytes is the experts' activation)
+    assert float(E.alltoall_sort_layer_bytes(DSV3, rerun)) == pytest.approx(1.5 * hand, rel=1e-12)
+    assert float(E.expert_copy_bytes(DSV3, plan, 3 / 2)) == pytest.approx(hand / 4096 * 1.5, rel=1e-12)
+
+
+def test_expert_tp_multiplies_the_rows_each_expert_receives():
+    """Megatron-Core's alltoall dispatcher padded to capacity hands each local expert capacity x tp_size x ep_size
+    rows, tp_size the expert-TP group's (it all-gathers the received rows over expert TP before the sort):
+    NVIDIA/Megatron-LM core_v0.14.0 megatron/core/transformer/moe/token_dispatcher.py
+    MoEAlltoAllTokenDispatcher.preprocess (num_tokens_per_local_expert = capacity * tp_size * ep_size; tp_group
+    = model_comm_pgs.expt_tp) and dispatch_postprocess (gather_from_sequence_parallel_region over tp_group);
+    moe_utils.py get_capacity (ceil(num_tokens / num_experts x capacity_factor)).
+    By hand: DeepSeek-V3 (k 8, 256 experts) at tp 2 with SP, seq 720: 360 tokens a rank, capacity
+    ceil(360 x 8 / 256) = ceil(11.25) = 12; ep 2: 24 rows from the EP ranks, not a multiple of 16, but etp 2
+    (the default, = tp) gathers 48, a multiple of 16: no padding. At etp 1: 24 rows, padded (4 passes x 4 B x 8 x
+    7168 / 3 a token)."""
+    plan = _plan(tp=2, sp=True, ep=2, dp=2, seq_len=720, recipe="tensorwise", moe_capacity_factor=1.0)
+    assert plan.etp_resolved == 2
+    assert E.quant_padding_bytes(DSV3, plan) == 0.0
+    one = plan.model_copy(update={"etp": 1})
+    assert float(E.quant_padding_bytes(DSV3, one)) == pytest.approx(4 * 4 * 8 * 7168 / 3, rel=1e-12)

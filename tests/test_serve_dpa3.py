@@ -108,6 +108,19 @@ def test_vllm_takes_uneven_ranks_per_node_and_prices_the_placement(cli):
     assert r.json()["copies"] == 2
 
 
+def test_a_plan_on_fewer_gpus_than_the_cluster_is_refused_in_one_line_under_either_engine(cli):
+    """Before: under sglang the rule was judged on ep 6 against nodes of 8 and its message looked for a server
+    that straddles among the plan's 6 // 6 = 1 server (GPUs 0-5, inside node 0), found none and let StopIteration
+    escape (exit 1, "internal error"). The plan's one server straddles nothing; the plan is refused for its GPU
+    count only, as under vllm."""
+    qwen = ("estimate", "--mode", "infer", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "2",
+            "--dp-attention", "--dp", "6", "--ep", "6", "--moe-dispatcher", "deepep", "--redundant-experts", "4")
+    for engine in ("sglang", "vllm"):
+        line = cli(*qwen, "--engine", engine).refusal()
+        assert line == "error: the plan breaks a rule: tp x pp x replicas (1 x 6 = 6) must equal the 16 GPUs; " \
+                       "--dp (replicas) must be 16", (engine, line)
+
+
 def test_a_pinned_straddling_ep_in_the_sglang_search_is_exit_2(cli):
     """Before: exit 3, "see the pruned table"; a pinned value no layout takes is bad input (#serve-edges)."""
     r = cli(*QWEN, "--hardware", "dgx-h100", "--nodes", "3", "--engine", "sglang", "--dp-attention", "--ep", "12",
@@ -193,3 +206,18 @@ def test_profiles_of_the_gpu_name_that_disagree_are_refused(cli, tmp_path: Path)
     line = cli("estimate", "--plan", _strip_cc(path)).refusal()
     assert "the hardware snapshot's GPU h100-sxm has no compute_capability and the profiles named h100-sxm give " \
            "8.0, 9.0" in line, line
+
+
+def test_a_snapshot_gpu_without_a_name_is_refused_for_the_name(cli, tmp_path: Path):
+    """Before: the missing name went to the profile look-up as the string "None", so the refusal read "the
+    hardware snapshot's GPU None has no compute_capability, and its hardware_ref dgx-h100 now has GPU h100-sxm";
+    now no profile is looked up and the snapshot's build names the missing field."""
+    path = tmp_path / "p.json"
+    assert cli(*TRAIN, "--save", path).code == 0
+    doc = json.loads(_strip_cc(path).read_text())
+    del doc["hardware"]["gpu"]["name"]
+    assert doc["hardware_ref"] == "dgx-h100"
+    path.write_text(json.dumps(doc))
+    line = cli("estimate", "--plan", path).refusal()
+    assert "GPU None" not in line and "compute_capability" not in line, line
+    assert "name" in line and "(hardware)" in line, line

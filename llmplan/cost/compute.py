@@ -35,17 +35,18 @@ from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home w
     GLU_CLAMP_BYTES,
     SINK_RESCALE_BYTES,
     alltoall_sort_bytes,
-    quant_padding_bytes,
     alltoall_sort_layer_bytes,
     elementwise_bytes,
     expert_activation_extra_bytes,
     expert_bias_bytes,
+    expert_copy_bytes,
     expert_fc1_bias_bytes,
     expert_node_bytes,
     jit_activation_bytes,
     jit_routed_bytes,
     loss_bytes,
     moe_routing_bytes,
+    quant_padding_bytes,
     sink_rescale_bytes,
 )
 from llmplan.cost.flops import (  # noqa: F401  (re-exported: their home was this module)
@@ -189,9 +190,7 @@ def expert_node_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple
     (submodule_moe_forward: routed_experts_compute). Derived: docs/formulas.md#moe.overlap"""
     def compute() -> tuple[Any, Any]:
         fwd, bwd = layer_gemm_seconds(m, plan, gpu, True, only="expert")
-        T = plan.seq_len / plan.cp * plan.micro_batch
-        sorts = (alltoall_sort_bytes(m, plan) + quant_padding_bytes(m, plan)) * T / where(plan.sp, plan.tp, 1)
-        mem = (memory_seconds(expert_node_bytes(m, plan), sorts, gpu, jit_routed_bytes(m, plan))
+        mem = (memory_seconds(expert_node_bytes(m, plan), expert_copy_bytes(m, plan), gpu, jit_routed_bytes(m, plan))
                + expert_gemm_seconds(m, plan)
                + moe_kernel_seconds(m, plan, ("sort_map",)))
         return fwd + mem, bwd + 2 * mem

@@ -24,6 +24,7 @@ from llmplan.cost.params import kv_heads_per_rank, padded_vocab
 from llmplan.cost.quantize import fp8_cast_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.quantities import resolve_etp
 
 
 def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
@@ -630,14 +631,17 @@ def quant_padding_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     Engine skips both where every expert's count is aligned already: where the router pads the routing map
     (moe_router_padding_for_quantization: ParallelPlan.moe_router_padding, cost.gemm.router_padding_share), where HybridEP's dispatch pads to the
     alignment itself (moe_flex_backend hybridep), and where the rows are padded to a capacity the alignment
-    divides (received rows an expert: ep x ceil(tokens x k x c / E)). Otherwise (dropless, forced-balance routing:
+    divides (received rows an expert: ep x etp x ceil(tokens x k x c / E): the alltoall dispatcher all-gathers the
+    received rows over expert TP). Otherwise (dropless, forced-balance routing:
     random counts) 4 passes of QUANT_PADDING_BYTES on the k routed copies of width w a token. Megatron-Core's
     expert paths pad: TEGroupedMLP (expert_gemm per-expert) and, at d0b3b775, the op-fuser's fused grouped MLP
     (fused_grouped_mlp); other grouped kernels (DeepGEMM, torch._grouped_mm) align in their own permute and pay
     none here. The probs' fp32 column (4 of 2w bytes a row) is left out. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py TEGroupedMLP.forward
     (quantization_padding) at 0d8e0714 / b0cc2706 / d0b3b775, moe_utils.py skip_routed_expert_padding at
     d0b3b775; NVIDIA/TransformerEngine transformer_engine/pytorch/module/fp8_padding.py (Fp8Padding.forward:
-    "no padding needed"). Derived: docs/formulas.md#moe.quant_padding"""
+    "no padding needed"); the rows an expert at capacity: Megatron-LM core_v0.14.0 token_dispatcher.py
+    MoEAlltoAllTokenDispatcher.preprocess (capacity * tp_size * ep_size, tp_size the expert-TP group's).
+    Derived: docs/formulas.md#moe.quant_padding"""
     hybridep = plan.moe_dispatcher == "deepep" and plan.moe_flex_backend == "hybridep"
     if not (m.is_moe and plan.low_precision) or hybridep or plan.moe_router_padding:
         return 0.0  # workload switches: one value for all plans of a search
@@ -648,18 +652,28 @@ def quant_padding_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
         return passes
     align = 32 if plan.gemm_format in ("mxfp8", "nvfp4") else 16
     tokens = plan.seq_len / plan.cp * plan.micro_batch / where(plan.sp, plan.tp, 1)
-    received = plan.ep * np.ceil(tokens * k * plan.moe_capacity_factor / m.num_experts)
+    received = plan.ep * resolve_etp(plan.etp, plan.tp) * np.ceil(tokens * k * plan.moe_capacity_factor
+                                                                  / m.num_experts)
     return where(received % align == 0, 0.0, passes * plan.expert_padding)
+
+
+def expert_copy_bytes(m: ModelSpec, plan: ParallelPlan, tokens: Any = None) -> Any:
+    """HBM bytes of one MoE layer's streaming copies of the routed rows, one rank, in the forward-equivalent
+    units of elementwise_bytes: the alltoall dispatcher's sort by local expert (alltoall_sort_bytes) and the
+    quantisation padding (quant_padding_bytes) a token, times `tokens` (default the micro-batch's T = s / cp x b)
+    over t_sp (tp with sequence parallelism, else 1). The one place of the expression expert_node_bytes,
+    alltoall_sort_layer_bytes, moe_recompute_bytes (its forward half) and cost.compute.expert_node_seconds
+    price. Derived: docs/formulas.md#compute.copy_bandwidth"""
+    T = plan.seq_len / plan.cp * plan.micro_batch if tokens is None else tokens
+    return (alltoall_sort_bytes(m, plan) + quant_padding_bytes(m, plan)) * T / where(plan.sp, plan.tp, 1)
 
 
 def alltoall_sort_layer_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """The streaming copies' share of one MoE layer's elementwise_bytes, one micro-batch, one rank: the sort by
-    local expert and the quantisation padding (expert_node_bytes' alltoall_sort_bytes and quant_padding_bytes) on
-    the T/t_sp tokens the layer holds, and with `moe` recomputed the rerun's forward half of them
-    (moe_recompute_bytes). cost.compute prices these bytes at the copy bandwidth.
+    local expert and the quantisation padding (expert_copy_bytes), and with `moe` recomputed the rerun's forward
+    half of them (moe_recompute_bytes). cost.compute prices these bytes at the copy bandwidth.
     Derived: docs/formulas.md#compute.copy_bandwidth"""
-    T = plan.seq_len / plan.cp * plan.micro_batch
-    sorts = (alltoall_sort_bytes(m, plan) + quant_padding_bytes(m, plan)) * T / where(plan.sp, plan.tp, 1)
+    sorts = expert_copy_bytes(m, plan)
     rerun = where(plan.recomputes("moe"), 0.5, 0.0) if plan.recompute_modules else 0.0
     return sorts * (1 + rerun)
 
@@ -732,8 +746,9 @@ def moe_recompute_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     routed_act = ((one * (1.0 - fused) + where(plan.glu_clamp_fusion, 0.0, clamp))
                   * m.expert_ffn * m.num_experts_per_tok / t)
     shared_act = one * (m.shared_ffn or 0) / t
-    # forward's two of the four sorts and of the four padding passes
-    sorts = (alltoall_sort_bytes(m, plan) + quant_padding_bytes(m, plan)) * 3 / 2 / where(plan.sp, t, 1)
+    # forward's two of the four sorts and of the four padding passes, a token: 3/2 of them in the third the stage
+    # counts three times
+    sorts = expert_copy_bytes(m, plan, 3 / 2)
     return where(plan.recomputes("moe"), (sorts + routed_act + shared_act) * T / 3, 0.0)
 
 
@@ -748,8 +763,8 @@ def expert_node_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     T, t = plan.seq_len / plan.cp * plan.micro_batch, plan.tp
     act = (eager_activation_bytes(m, plan) + expert_activation_extra_bytes(m, plan) + expert_fc1_bias_bytes(m, plan)
            - fused_expert_activation_bytes(m, plan)) * T * m.expert_ffn * m.num_experts_per_tok / t
-    return act + (expert_bias_bytes(m, plan) + alltoall_sort_bytes(m, plan) + quant_padding_bytes(m, plan)
-                  + hybridep_prob_permute_bytes(m, plan)) * T / where(plan.sp, t, 1)
+    return act + expert_copy_bytes(m, plan) + (expert_bias_bytes(m, plan)
+                                                + hybridep_prob_permute_bytes(m, plan)) * T / where(plan.sp, t, 1)
 
 
 EAGER_ROPE_BYTES = (24.0, 26.0)

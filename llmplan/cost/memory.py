@@ -308,7 +308,8 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     dense = model_state_bytes(rp.dense, plan.zero_shard, plan.zero, state_w, grad_b, state_o, plan.optimizer_shard)
     expert = model_state_bytes(rp.expert, plan.expert_shard, plan.zero, state_w, grad_b, state_o,
                                plan.expert_optimizer_shard)
-    # NeMo 1.x under Apex: the embeddings' gradients in fp32 buckets. Derived: docs/formulas.md#mem.fp32_embedding_grads
+    # NeMo 1.x under Apex: the embeddings' gradients in fp32 buckets; one stage a rank (check_plan refuses them
+    # under DualPipe, fp32_embedding_grads_act). Derived: docs/formulas.md#mem.fp32_embedding_grads
     emb32 = fp32_embedding_grad_bytes(m, plan, stage)
     dense = ModelStateBytes(weights=dense.weights, gradients=dense.gradients + emb32, optimizer=dense.optimizer)
 

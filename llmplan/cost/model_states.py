@@ -167,10 +167,11 @@ def grad_shards_reduce_scattered(plan: Any) -> Any:
 
 def fp32_embedding_grads_act(plan: Any) -> Any:
     """Whether fp32_embedding_grads changes what a plan holds: Apex's layout (zero 1 with grad_reduce
-    reduce-scatter, grad_shards_reduce_scattered) with 2-byte gradients (fp32 ones are fp32 already). The one
-    condition fp32_embedding_grad_bytes prices and check_plan's rule fp32_embedding_grads_zero holds.
-    Derived: docs/formulas.md#mem.fp32_embedding_grads"""
-    return grad_shards_reduce_scattered(plan) & (plan.grad_bytes < 4.0)
+    reduce-scatter, grad_shards_reduce_scattered) with 2-byte gradients (fp32 ones are fp32 already), under a
+    schedule that holds one stage a rank (NeMo 1.x, the only stack with these buckets, runs Megatron-Core's
+    schedules, never DualPipe's paired stages). The one condition fp32_embedding_grad_bytes prices and
+    check_plan's rule fp32_embedding_grads_zero holds. Derived: docs/formulas.md#mem.fp32_embedding_grads"""
+    return grad_shards_reduce_scattered(plan) & (plan.grad_bytes < 4.0) & (schedule_of(plan).param_copies == 1)
 
 
 def fp32_embedding_grad_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any) -> Any:

@@ -347,11 +347,22 @@ def dp_attention_server_nodes_ok(plan: ServePlan, cluster: ClusterSpec, engine: 
     _calculate_rank_ranges and _launch_scheduler_processes), so it cannot start a server of whole nodes and part
     of another. vLLM takes the ranks of each node as given (--data-parallel-size-local and
     --data-parallel-start-rank per node: vllm-project/vllm @01e4fce0, docs/serving/data_parallel_deployment.md),
-    so the placement is one it starts, priced as placed. Other engines: not read, not refused."""
+    so the placement is one it starts, priced as placed. Other engines: not read, not refused. Judged on the
+    plan's servers as placed (straddling_server): a plan on fewer GPUs than the cluster (refused by gpus_dp) may
+    have none that straddles."""
     if not plan.dp_attention or engine != "sglang" or cluster.num_nodes <= 1:
         return True
+    return straddling_server(plan, cluster) is None
+
+
+def straddling_server(plan: ServePlan, cluster: ClusterSpec) -> int | None:
+    """The index of the plan's first DP-attention server of ep GPUs that, on consecutive GPUs of the cluster's
+    nodes (topology.placement), spans a node boundary with uneven ranks per node (ep neither a multiple nor a
+    divisor of the GPUs per node), or None when none does."""
     g, per_node = plan.ep, cluster.gpus_per_node_used
-    return g % per_node == 0 or per_node % g == 0
+    if g % per_node == 0 or per_node % g == 0:
+        return None
+    return next((k for k in range(plan.num_gpus // g) if k * g // per_node != ((k + 1) * g - 1) // per_node), None)
 
 
 def dp_attention_nodes_message(plan: ServePlan, cluster: ClusterSpec) -> str:
@@ -359,9 +370,10 @@ def dp_attention_nodes_message(plan: ServePlan, cluster: ClusterSpec) -> str:
     with the ep values it can start on these GPUs."""
     g, per_node, n = plan.ep, cluster.gpus_per_node_used, plan.num_gpus
     valid = [e for e in divisors(n) if e > 1 and (e % per_node == 0 or per_node % e == 0)]
-    k = next(k for k in range(n // g) if k * g // per_node != ((k + 1) * g - 1) // per_node and g % per_node)
+    k = straddling_server(plan, cluster)
+    where = "" if k is None else f" (server {k + 1} takes GPUs {k * g}-{(k + 1) * g - 1})"
     return (f"--dp-attention under sglang: servers of ep {g} GPUs on consecutive GPUs of nodes of {per_node} straddle "
-            f"node boundaries with uneven ranks per node (server {k + 1} takes GPUs {k * g}-{(k + 1) * g - 1}); "
+            f"node boundaries with uneven ranks per node{where}; "
             "SGLang starts "
             "tp-size / nnodes ranks on every node of a server (entrypoints/engine.py _calculate_rank_ranges), so a "
             f"server must be whole nodes (ep a multiple of {per_node}) or an even share of one (ep dividing "

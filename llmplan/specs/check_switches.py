@@ -346,10 +346,11 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
     SwitchUse("fp32_embedding_grads_zero", ("fp32_embedding_grads",),
               fp32_embedding_grads_act,
               lambda p: f"fp32_embedding_grads with zero {p.zero}, grad_reduce {p.grad_reduce}, grad_dtype "
-                        f"{p.grad_dtype}: it keeps the embeddings' gradients in fp32 buckets of Apex "
-                        "DistributedFusedAdam beside 2-byte ones, so it acts only with zero 1, grad_reduce "
-                        "reduce-scatter and 2-byte gradients; use --zero 1 with --grad-reduce reduce-scatter and "
-                        "--grad-dtype bf16, or drop --fp32-embedding-grads"),
+                        f"{p.grad_dtype}, pp_schedule {p.pp_schedule}: it keeps the embeddings' gradients in fp32 "
+                        "buckets of Apex DistributedFusedAdam beside 2-byte ones, as NeMo 1.x ran it, so it acts "
+                        "only with zero 1, grad_reduce reduce-scatter, 2-byte gradients and one stage a rank (NeMo "
+                        "1.x never ran DualPipe); use --zero 1 with --grad-reduce reduce-scatter, --grad-dtype bf16 "
+                        "and --pp-schedule 1f1b or zero-bubble, or drop --fp32-embedding-grads"),
     SwitchUse("pp_blocking_sends_pp", ("pp_blocking_sends",), lambda p: p.pp > 1,
               lambda p: f"pp_blocking_sends with pp {p.pp}: it makes the sends between pipeline stages wait, so it "
                         "acts only with pp > 1; use --pp 2 or more or drop --pp-blocking-sends"),
