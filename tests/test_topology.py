@@ -441,3 +441,29 @@ def test_dp_reduction_pays_one_ring_latency_per_bucket():
     calls = dp_step_calls(inter, params, True)
     assert calls == math.ceil(params / 5 / max(40e6, 24e6)) + 4
     assert dp_step_calls(inter, params, False) == 5
+
+
+# NVIDIA GTC 2025 session S72583 (NCCL), slides 12-13, "NCCL Tests ... Bus Bandwidth in GB/s, 32 GPUs" on DGX H100
+# (NVLink 4 + 8 x 400 Gb/s RDMA): Alltoall 48, Allreduce without SHARP 370 (reproduced in stas00/ml-engineering at
+# 744d01e1, network/images/all-to-all-bw-2025.png and all-reduce-bw-2025.png). Message size and NCCL version are not
+# given on the slides; taken as the large-message rate. docs/validation.md#h100-ib-rates.
+H100_IB_PUBLISHED = [
+    ("all-to-all", 4 * GIB, 48.0, 0.05),  # the reading that sets dgx-h100's nic_efficiency (0.743 of 50 GB/s)
+    ("all-reduce", 16 * GIB, 370.0, 0.10),  # NVLink-bound at 4 nodes in both the slide and comm.collective
+]
+
+
+@pytest.mark.parametrize("op,size,busbw,tol", H100_IB_PUBLISHED)
+def test_dgx_h100_four_nodes_against_nvidias_published_nccl_tests(op, size, busbw, tol):
+    ct = collective_time(op, size, span("dgx-h100", 32), SYS["dgx-h100"])
+    assert ct.busbw / 1e9 == pytest.approx(busbw, rel=tol)
+
+
+def test_dgx_h100_alltoall_reading_by_hand():
+    """nccl-tests' alltoall busbw is algbw (n-1)/n (NVIDIA/nccl-tests issue 130); (n-g)/n of a GPU's send buffer
+    leaves the node, so 48 GB/s at n = 32, g = 8 puts 48 (32/31)(24/32) = 37.2 GB/s a GPU on the NIC, 0.74 of the
+    CX7's 400 Gb/s; the profile's nic_efficiency is that reading to two places."""
+    n, g, nic = 32, 8, 400e9 / 8
+    share = 48e9 * n / (n - 1) * (n - g) / n / nic
+    assert share == pytest.approx(0.743, abs=0.001)
+    assert SYS["dgx-h100"].nic_efficiency == pytest.approx(share, abs=0.01)

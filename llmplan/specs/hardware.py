@@ -512,7 +512,8 @@ class SystemSpec(Spec):
     nvls_factor: float = Field(default=1.07, gt=0, le=2)
     """All-reduce busbw / per-GPU spec with NVLink SHARP (8xH200 1.07; nccl-tests busbw measurements in ml-engineering network/README.md)."""
     nic_efficiency: float = Field(default=0.75, gt=0, le=1.5)
-    """Achieved fraction of the NIC rate across nodes (4 x 8 B200 over EFA: 0.74; nccl-tests busbw measurements in ml-engineering network/README.md)."""
+    """Achieved fraction of the NIC rate across nodes (4 x 8 B200 over EFA: 0.74; nccl-tests busbw measurements in ml-engineering network/README.md;
+    DGX H100 over NDR InfiniBand, NVIDIA's published 32-GPU nccl-tests alltoall busbw 48 GB/s: 0.74, docs/validation.md#h100-ib-rates)."""
     intra_latency_s: float = Field(default=1.0e-6, ge=0, le=1.0)
     """Latency of one step of a collective over the scale-up fabric, seconds (NCCL alpha; approximate)."""
     inter_latency_s: float = Field(default=5.0e-6, ge=0, le=1.0)
