@@ -67,7 +67,7 @@ def test_one_gpu_has_no_dp_attention_layout_refused_on_one_system_and_skipped_ov
     one = cli(*QWEN, "--hardware", solo, "--nodes", "1", "--dp-attention")
     assert one.code == 2 and one.err.strip().splitlines() == [
         "error: --dp-attention: no DP-attention layout of qwen3-30b-a3b on 1 GPUs: the search tries wide-EP groups "
-        "of whole nodes, doubling, and every GPU (none: one GPU), each with ep over its GPUs dividing the 128 "
+        "of even shares of a node, whole nodes, doubling, and every GPU (none: one GPU), each with ep over its GPUs dividing the 128 "
         "experts (with --redundant-experts, else 0 or 32 redundant); add GPUs or drop --dp-attention"], one.err
     f = tmp_path / "c.yaml"
     f.write_text(f"pools:\n  - {{system: dgx-h100, nodes: 2, name: big}}\n  - {{system: {solo}, nodes: 1, "

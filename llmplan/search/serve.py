@@ -196,7 +196,8 @@ def refuse_dp_attention(m: ModelSpec, cluster: ClusterSpec, pins: dict, moe: dic
         raise PlanViolationError(bad)
     sizes = ", ".join(map(str, wide_ep_sizes(cluster))) or "none: one GPU"
     raise LlmplanError(f"--dp-attention: no DP-attention layout of {m.name} on {cluster.num_gpus} GPUs: the search "
-                       f"tries wide-EP groups of whole nodes, doubling, and every GPU ({sizes}), each with ep over "
+                       f"tries wide-EP groups of even shares of a node, whole nodes, doubling, and every GPU "
+                       f"({sizes}), each with ep over "
                        f"its GPUs dividing the {m.num_experts} experts (with --redundant-experts, else 0 or "
                        f"{WIDE_EP_REDUNDANT[-1]} redundant); add GPUs or drop --dp-attention")
 
