@@ -207,3 +207,42 @@ def test_refused_where_the_launcher_cannot_start_it(cli, tmp_path: Path):
     r = cli("export", plan, "--to", "sglang", "-o", tmp_path / "pp3")
     assert r.code == 2 and "a replica (tp x pp) of 12 GPUs over nodes of 8 would take part of a node" in r.err
     assert "_calculate_rank_ranges" in r.err
+
+
+# --- DP-attention servers smaller than a node in the search (search.serve.wide_ep_sizes) ------------------------
+
+QWEN_DPA = ("search", "--mode", "infer", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "1",
+            "--dp-attention", "--engine", "sglang")
+
+
+def test_the_search_tries_dp_attention_servers_of_half_and_a_quarter_of_a_node(cli, tmp_path: Path):
+    """Before: one DGX H100 tried only dpa8 (whole nodes, doubling); now also dpa4 x2 and dpa2 x4, each server's
+    EP group inside one node's NVLink (placed by hand: 4 consecutive GPUs of 8, no NIC), and the export of the
+    saved plan starts each server on its own GPUs (--base-gpu-id)."""
+    r = cli(*QWEN_DPA, "--json", "--top", "10")
+    assert r.code == 0, r.err
+    sizes = sorted((p["plan"]["ep"], p["plan"]["dp"]) for p in r.json()["plans"])
+    assert sizes == [(2, 8), (4, 8), (8, 8)], sizes
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.serve import ServePlan
+    from llmplan.specs.registry import builtin_systems
+    from llmplan.topology.placement import place
+    span = place(ServePlan(tp=1, dp=8, ep=4, dp_attention=True).degrees,
+                 ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=1))["ep"]
+    assert (span.nodes, span.per_node, span.uses_nic) == (1, 4, False)
+    plan = tmp_path / "best.json"
+    assert cli(*QWEN_DPA, "--ep", "4", "--save", plan).code == 0
+    out = tmp_path / "out"
+    assert cli("export", plan, "--to", "sglang", "-o", out).code == 0
+    assert _cases((out / "sglang_serve.sh").read_text()) == SGLANG_BASE
+
+
+def test_a_one_node_disaggregated_search_has_dp_attention_instances(cli):
+    """Before: no DP-attention instance on one node (dpa8 leaves the other phase no GPU); now dpa2 and dpa4 per
+    phase (4 layouts priced) and splits such as prefill dpa4 + decode dpa4 on 4:4 GPUs."""
+    r = cli(*QWEN_DPA, "--disaggregated", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["considered"] == 4, doc["considered"]
+    assert {(x["prefill"]["gpus_per_instance"], x["decode"]["gpus_per_instance"]) for x in doc["plans"]} == \
+        {(2, 4), (4, 4), (2, 2), (4, 2)}
