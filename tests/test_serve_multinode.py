@@ -246,3 +246,22 @@ def test_a_one_node_disaggregated_search_has_dp_attention_instances(cli):
     assert doc["considered"] == 4, doc["considered"]
     assert {(x["prefill"]["gpus_per_instance"], x["decode"]["gpus_per_instance"]) for x in doc["plans"]} == \
         {(2, 4), (4, 4), (2, 2), (4, 2)}
+
+
+# --- TensorRT-LLM: DP-attention servers over node boundaries (specs.check.dp_attention_server_nodes_ok) ----------
+
+DSV3 = ("estimate", "--mode", "infer", "--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "9",
+        "--dp", "72", "--dp-attention", "--moe-dispatcher", "deepep", "--redundant-experts", "32", "--engine", "trtllm")
+
+
+def test_trtllm_refuses_a_dp_attention_server_that_starts_part_way_into_a_node(cli):
+    """Before: accepted (serve-dpa3 refused it under SGLang only). Two servers of 36 GPUs on 9 nodes of 8: the
+    second starts at GPU 4 of node 4, so its ranks 4-7 sit on node 5 while TensorRT-LLM's Mapping (one MPI world a
+    server) puts them on its node 0 (node_rank = rank // gpus_per_node, tensorrt_llm/mapping.py @b35ac1b6)."""
+    r = cli(*DSV3, "--ep", "36")
+    assert r.code == 2 and "Traceback" not in r.err
+    assert "--dp-attention under trtllm" in r.err and "(server 2 takes GPUs 36-71)" in r.err, r.err
+    assert "Mapping puts rank r of a server on node r // gpus_per_node" in r.err
+    assert "use --ep 2, 4, 8, 24, 72 on these 72 GPUs" in r.err, r.err
+    for ep in ("72", "24", "8", "4"):  # whole nodes, or an even share of one
+        assert cli(*DSV3, "--ep", ep).code == 0, ep
