@@ -165,11 +165,15 @@ def test_deepspeed_batch_identity():
     assert cfg["zero_optimization"]["stage"] == 1 and cfg["bf16"]["enabled"] is True
 
 
-def command_argv(script: str, program: str) -> list[str]:
-    """The arguments after `program` in the script's launch command (continuation lines joined)."""
+def command_argv(script: str, program: str, index: int = 0) -> list[str]:
+    """The arguments after `program` in the script's `index`-th launch command (continuation lines joined; a
+    multi-node script's common "${ARGS[@]}" array expanded in place, export.serve_nodes.node_script)."""
     text = script.replace("\\\n", " ")
-    line = next(x for x in text.splitlines() if x.lstrip().startswith(program))
-    return shlex.split(line.replace('"$MODEL"', "org/model"))[len(shlex.split(program)):]
+    line = [x for x in text.splitlines() if x.lstrip().startswith(program)][index]
+    array = re.search(r"^ARGS=\(\n(.*?)^\)$", script, re.S | re.M)
+    if array is not None:
+        line = line.replace('"${ARGS[@]}"', " ".join(x.strip() for x in array.group(1).splitlines()))
+    return shlex.split(line.replace('"$MODEL"', "org/model").rstrip(" &"))[len(shlex.split(program)):]
 
 
 SERVE_PROGRAMS = {"vllm": "vllm serve", "sglang": "python -m sglang.launch_server"}

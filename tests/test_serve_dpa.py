@@ -67,7 +67,7 @@ def test_one_gpu_has_no_dp_attention_layout_refused_on_one_system_and_skipped_ov
     one = cli(*QWEN, "--hardware", solo, "--nodes", "1", "--dp-attention")
     assert one.code == 2 and one.err.strip().splitlines() == [
         "error: --dp-attention: no DP-attention layout of qwen3-30b-a3b on 1 GPUs: the search tries wide-EP groups "
-        "of whole nodes, doubling, and every GPU (none: one GPU), each with ep over its GPUs dividing the 128 "
+        "of even shares of a node, whole nodes, doubling, and every GPU (none: one GPU), each with ep over its GPUs dividing the 128 "
         "experts (with --redundant-experts, else 0 or 32 redundant); add GPUs or drop --dp-attention"], one.err
     f = tmp_path / "c.yaml"
     f.write_text(f"pools:\n  - {{system: dgx-h100, nodes: 2, name: big}}\n  - {{system: {solo}, nodes: 1, "
@@ -131,8 +131,9 @@ def test_over_pools_a_16_gpu_pool_serves_with_16(cli, tmp_path: Path):
     one = cli(*QWEN, *H100, "--nodes", "1", "--dp-attention", "--json")
     assert r.code == 0 and one.code == 0, (r.err, one.err)
     big = next(b for b in r.json()["by_pool"] if b["pool"] == "big")
-    assert (big["gpus"], big["replicas"]) == (16, 2), (big["gpus"], big["replicas"])
-    assert big["tokens_per_s"] == pytest.approx(2 * _plan(one.json(), 8)["throughput"]["tokens_per_s"], rel=1e-9)
+    g = one.json()["plans"][0]["plan"]["ep"]  # one node's best server (serve-multinode: dpa4, two on a node)
+    assert (big["gpus"], big["replicas"]) == (16, 16 // g), (big["gpus"], big["replicas"])
+    assert big["tokens_per_s"] == pytest.approx(2 * _plan(one.json(), g)["throughput"]["tokens_per_s"], rel=1e-9)
 
 
 def test_estimate_takes_dp_attention_servers_and_refuses_an_ep_that_does_not_divide(cli):
@@ -188,7 +189,7 @@ def test_the_export_writes_one_server_of_a_copied_dp_attention_plan_and_says_how
 def test_over_pools_a_request_rate_runs_the_fewest_dp_attention_servers(cli, tmp_path: Path):
     """Before: exit 2 ("ep (8) must equal the 5 GPUs"): the rate's replicas were counted in attention ranks and
     a dpa8 plan re-priced at dp 5. Now in servers: pool big's share of 200 requests/s (in proportion to the
-    capacities) over one server's capacity (the pool's / 2), rounded up."""
+    capacities) over one server's capacity (the pool's / its servers), rounded up."""
     f = tmp_path / "c.yaml"
     f.write_text(POOLS)
     cap = cli(*QWEN, "--hardware", f, "--dp-attention", "--json")
@@ -196,7 +197,9 @@ def test_over_pools_a_request_rate_runs_the_fewest_dp_attention_servers(cli, tmp
     assert cap.code == 0 and r.code == 0, (cap.err, r.err)
     caps = {b["pool"]: b["capacity_requests_per_s"] for b in cap.json()["by_pool"]}
     share = 200 * caps["big"] / sum(caps.values())
-    servers = -(-share // (caps["big"] / 2))
+    full = next(b for b in cap.json()["by_pool"] if b["pool"] == "big")
+    g = full["estimate"]["gpus_per_copy"]  # the pool's server (serve-multinode: dpa4, two on a node)
+    servers = -(-share // (caps["big"] / full["replicas"]))
     big = next(b for b in r.json()["by_pool"] if b["pool"] == "big")
-    assert (big["replicas"], big["gpus"], big["estimate"]["plan"]["dp"]) == (servers, 8 * servers, 8 * servers)
+    assert (big["replicas"], big["gpus"], big["estimate"]["plan"]["dp"]) == (servers, g * servers, g * servers)
     assert big["requests_per_s"] == pytest.approx(share)

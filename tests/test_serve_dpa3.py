@@ -34,14 +34,15 @@ POOLS = "pools:\n  - {system: dgx-h100, nodes: 2, name: big}\n  - {system: dgx-a
 
 def test_disaggregated_instances_may_take_the_whole_pool_when_the_other_phase_is_elsewhere(cli, tmp_path: Path):
     """Before: instances had g <= GPUs - 1 on their pool, so the 8-GPU a100 pool hosted no dpa8 instance and the
-    16-GPU pool no dpa16, though the other phase sat on the other pool (2 layouts priced; now 6 = 2 phases x
-    (big: 8, 16; a100: 8))."""
+    16-GPU pool no dpa16, though the other phase sat on the other pool (2 layouts priced; then 6 = 2 phases x
+    (big: 8, 16; a100: 8); since serve-multinode, servers of half and a quarter of a node too: 14 = 2 phases x
+    (big: 2, 4, 8, 16; a100: 2, 4, 8))."""
     f = tmp_path / "c.yaml"
     f.write_text(POOLS)
-    r = cli(*QWEN, "--hardware", f, "--dp-attention", "--disaggregated", "--json")
+    r = cli(*QWEN, "--hardware", f, "--dp-attention", "--disaggregated", "--top", "100", "--json")
     assert r.code == 0, r.err
     doc = r.json()
-    assert doc["considered"] == 6, doc["considered"]
+    assert doc["considered"] == 14, doc["considered"]
     pairs = {(x["prefill"]["pool"], x["prefill"]["gpus_per_instance"], x["decode"]["pool"],
               x["decode"]["gpus_per_instance"]) for x in doc["plans"]}
     assert ("big", 8, "a100", 8) in pairs and ("big", 16, "a100", 8) in pairs, pairs
@@ -54,8 +55,9 @@ def test_one_system_disaggregated_instances_still_leave_the_other_phase_a_gpu(cl
     r = cli(*QWEN, "--hardware", "dgx-h100", "--nodes", "2", "--dp-attention", "--disaggregated", "--json")
     assert r.code == 0, r.err
     doc = r.json()
-    assert doc["considered"] == 2, doc["considered"]  # dpa8 for each phase; dpa16 would leave decode no GPU
-    assert all(x[ph]["gpus_per_instance"] == 8 for x in doc["plans"] for ph in ("prefill", "decode"))
+    # dpa2, dpa4, dpa8 for each phase (serve-multinode: even shares of a node); dpa16 would leave decode no GPU
+    assert doc["considered"] == 6, doc["considered"]
+    assert all(x[ph]["gpus_per_instance"] in (2, 4, 8) for x in doc["plans"] for ph in ("prefill", "decode"))
 
 
 def test_a_whole_pool_instance_prices_its_expert_exchange_over_infiniband(cli, tmp_path: Path):
@@ -63,7 +65,7 @@ def test_a_whole_pool_instance_prices_its_expert_exchange_over_infiniband(cli, t
     TTFT), and its EP group is placed over 2 nodes, one GPU per NIC: the all-to-all crosses InfiniBand."""
     f = tmp_path / "c.yaml"
     f.write_text(POOLS)
-    r = cli(*QWEN, "--hardware", f, "--dp-attention", "--disaggregated", "--top", "20", "--json")
+    r = cli(*QWEN, "--hardware", f, "--dp-attention", "--disaggregated", "--top", "100", "--json")
     assert r.code == 0, r.err
     x = next(x for x in r.json()["plans"] if x["prefill"]["pool"] == "big" and x["prefill"]["gpus_per_instance"] == 16)
     one = cli("estimate", "--mode", "infer", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "2",

@@ -33,13 +33,13 @@ def test_the_refusal_reads_the_same_as_a_json_error_document(cli):
 
 def test_redundant_experts_widen_the_valid_choices(cli):
     """DeepSeek-V3's 256 experts plus 32 redundant ones (288) on 4 DGX H100 under SGLang: ep 24 above tp breaks
-    ep_serve_engine on every layout the search tries (24 GPUs is no wide-EP group size: 8, 16, 32), and the valid
+    ep_serve_engine on every layout the search tries (24 GPUs is no wide-EP group size: 2, 4, 8, 16, 32), and the valid
     choices are the divisors of 288 up to 32 a layout takes (by hand: SGLang's EP degree divides tp, and tp is 1,
     2, 4 or 8 here, so 1, 2, 4, 8; and the wide-EP groups 16, 32; 3 and 6 divide 288 but no tp: serve-edges2)."""
     r = cli("search", "--mode", "infer", "--model", "deepseek-v3", "--hardware", "dgx-h100", "--nodes", "4",
             "--dtype", "fp8", "--engine", "sglang", "--redundant-experts", "32", "--ep", "24")
     assert r.code == 2, r.err
-    assert "(rule ep_serve_engine)" in r.err and "groups of 8, 16, 32 GPUs" in r.err, r.err
+    assert "(rule ep_serve_engine)" in r.err and "groups of 2, 4, 8, 16, 32 GPUs" in r.err, r.err
     assert "pin one of --ep 1, 2, 4, 8, 16, 32 on these GPUs" in r.err, r.err
 
 

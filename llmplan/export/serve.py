@@ -12,6 +12,7 @@ from llmplan.cost.lengths import lengths_of, quantile
 from llmplan.cost.serve_memory import sglang_chunk_total
 from llmplan.cost.serve_step import captured_graph_sizes, sglang_default_list_empty
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
+from llmplan.export.serve_nodes import node_script, sglang_nodes, vllm_nodes
 from llmplan.planfile import PlanFile
 from llmplan.serving import ServeEstimate, admitted_run, estimate_serving
 from llmplan.specs.serve import DEFAULT_BATCHED_TOKENS
@@ -148,11 +149,13 @@ def check_vllm(pf: PlanFile) -> None:
     if p.ep > 1 and p.ep != p.tp * dp:
         raise refuse("vllm", f"ep {p.ep} (vLLM's --enable-expert-parallel makes EP = tp x dp = {p.tp * dp})",
                      f"re-plan with --ep {p.tp * dp} or --ep 1")
+    vllm_nodes(pf)  # refuses DP ranks it cannot start over nodes
 
 
 def check_sglang(pf: PlanFile) -> None:
     """Refuse, with the reason, a plan SGLang cannot run as planned (render_sglang runs this first)."""
     need_mode(pf, "infer", "sglang")
+    sglang_nodes(pf)  # refuses servers it cannot start over nodes
 
 
 def render_vllm(pf: PlanFile) -> dict[str, str]:
@@ -193,9 +196,13 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
                  "NVIDIA ModelOpt); vLLM reads its quantisation from the checkpoint\n")
     note += moe_notes(pf)
     text = (sh_header(pf, "vLLM (vllm serve; flags checked against vLLM 0.33.0)") + "set -euo pipefail\n" + note
-            + cap_note + fraction_note + spec_note + sizes_note + context_note(pf, "--max-model-len")
-            + _model_var(pf) + "\n"
-            + 'vllm serve "$MODEL" \\\n' + " \\\n".join(f"    {f}" for f in flags) + "\n")
+            + cap_note + fraction_note + spec_note + sizes_note + context_note(pf, "--max-model-len"))
+    nodes = vllm_nodes(pf)
+    if nodes is None:
+        text += _model_var(pf) + "\n" + 'vllm serve "$MODEL" \\\n' + " \\\n".join(f"    {f}" for f in flags) + "\n"
+    else:
+        text += nodes.note + _model_var(pf) + "\n"
+        text += node_script(nodes, 'vllm serve "$MODEL"', flags)
     return {"vllm_serve.sh": text}
 
 
@@ -240,9 +247,14 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     ] + spec_flags)
     note += spec_note
     text = (sh_header(pf, "SGLang (python -m sglang.launch_server; flags checked against SGLang 0.5.23)") + "set -euo pipefail\n" + note
-            + context_note(pf, "--context-length") + _model_var(pf)
-            + "\n" + 'python -m sglang.launch_server --model-path "$MODEL" \\\n'
-            + " \\\n".join(f"    {f}" for f in flags) + "\n")
+            + context_note(pf, "--context-length"))
+    nodes = sglang_nodes(pf)
+    command = 'python -m sglang.launch_server --model-path "$MODEL"'
+    if nodes is None:
+        text += _model_var(pf) + "\n" + command + " \\\n" + " \\\n".join(f"    {f}" for f in flags) + "\n"
+    else:
+        text += nodes.note + _model_var(pf) + "\n"
+        text += node_script(nodes, command, flags)
     return {"sglang_serve.sh": text}
 
 

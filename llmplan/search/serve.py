@@ -88,8 +88,14 @@ SGLang's 32: 256 + 32 = 288 experts over EP 72 or 144)."""
 
 
 def wide_ep_sizes(cluster: ClusterSpec) -> list[int]:
-    """GPUs of the DP-attention wide-EP layouts tried: whole nodes, doubling, and the whole budget."""
-    n, g, out = cluster.num_gpus, cluster.gpus_per_node_used, []
+    """GPUs of the DP-attention wide-EP layouts tried: even shares of a node (halving, at least 2 GPUs: SGLang
+    starts a server on consecutive GPUs from --base-gpu-id, several on one node; sgl-project/sglang @001067ff,
+    python/sglang/srt/entrypoints/engine.py, _launch_scheduler_processes), whole nodes, doubling, and the whole
+    budget."""
+    n, per_node = cluster.num_gpus, cluster.gpus_per_node_used
+    shares = [per_node // 2 ** k for k in range(1, per_node.bit_length())
+              if per_node % 2 ** k == 0 and per_node // 2 ** k >= 2]
+    g, out = per_node, sorted(s for s in shares if s <= n)
     while 1 < g <= n:
         out.append(g)
         g *= 2
@@ -190,7 +196,8 @@ def refuse_dp_attention(m: ModelSpec, cluster: ClusterSpec, pins: dict, moe: dic
         raise PlanViolationError(bad)
     sizes = ", ".join(map(str, wide_ep_sizes(cluster))) or "none: one GPU"
     raise LlmplanError(f"--dp-attention: no DP-attention layout of {m.name} on {cluster.num_gpus} GPUs: the search "
-                       f"tries wide-EP groups of whole nodes, doubling, and every GPU ({sizes}), each with ep over "
+                       f"tries wide-EP groups of even shares of a node, whole nodes, doubling, and every GPU "
+                       f"({sizes}), each with ep over "
                        f"its GPUs dividing the {m.num_experts} experts (with --redundant-experts, else 0 or "
                        f"{WIDE_EP_REDUNDANT[-1]} redundant); add GPUs or drop --dp-attention")
 

@@ -330,7 +330,7 @@ def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob,
     if m.is_moe and plan.tp % plan.ep != 0 and not plan.dp_attention and job.engine != "vllm":
         out.append(Violation("ep_serve_engine", ep_serve_engine_message(m, plan, job)))
     if cluster is not None and not dp_attention_server_nodes_ok(plan, cluster, job.engine):
-        out.append(Violation("dp_attention_nodes", dp_attention_nodes_message(plan, cluster)))
+        out.append(Violation("dp_attention_nodes", dp_attention_nodes_message(plan, cluster, job.engine)))
     if job.context > m.max_position_embeddings:
         scaling = f" (rope_scaling: {m.rope_scaling})" if m.rope_scaling else ""
         out.append(Violation("context", f"input_len + output_len ({job.input_len} + {job.output_len} = "
@@ -347,36 +347,49 @@ def dp_attention_server_nodes_ok(plan: ServePlan, cluster: ClusterSpec, engine: 
     _calculate_rank_ranges and _launch_scheduler_processes), so it cannot start a server of whole nodes and part
     of another. vLLM takes the ranks of each node as given (--data-parallel-size-local and
     --data-parallel-start-rank per node: vllm-project/vllm @01e4fce0, docs/serving/data_parallel_deployment.md),
-    so the placement is one it starts, priced as placed. Other engines: not read, not refused. Judged on the
-    plan's servers as placed (straddling_server): a plan on fewer GPUs than the cluster (refused by gpus_dp) may
-    have none that straddles."""
-    if not plan.dp_attention or engine != "sglang" or cluster.num_nodes <= 1:
+    so the placement is one it starts, priced as placed. TensorRT-LLM runs a server as one MPI world whose Mapping
+    takes rank r to sit on node r // gpus_per_node as local GPU r % gpus_per_node (NVIDIA/TensorRT-LLM @b35ac1b6,
+    tensorrt_llm/mapping.py, MappingBase.node_rank / local_rank / is_multi_node), so a server that starts part
+    way into a node has ranks on other nodes than its Mapping says: the same two shapes as SGLang. Other engines:
+    not read, not refused. Judged on the plan's servers as placed (straddling_server): a plan on fewer GPUs than
+    the cluster (refused by gpus_dp) may have none that straddles."""
+    if not plan.dp_attention or engine not in NODE_ALIGNED or cluster.num_nodes <= 1:
         return True
-    return straddling_server(plan, cluster) is None
+    return straddling_server(plan, cluster, engine) is None
 
 
-def straddling_server(plan: ServePlan, cluster: ClusterSpec) -> int | None:
+def straddling_server(plan: ServePlan, cluster: ClusterSpec, engine: str = "sglang") -> int | None:
     """The index of the plan's first DP-attention server of ep GPUs that, on consecutive GPUs of the cluster's
     nodes (topology.placement), spans a node boundary with uneven ranks per node (ep neither a multiple nor a
-    divisor of the GPUs per node), or None when none does."""
+    divisor of the GPUs per node), under TensorRT-LLM the first that also starts part way into a node, or None
+    when none does."""
     g, per_node = plan.ep, cluster.gpus_per_node_used
     if g % per_node == 0 or per_node % g == 0:
         return None
-    return next((k for k in range(plan.num_gpus // g) if k * g // per_node != ((k + 1) * g - 1) // per_node), None)
+    return next((k for k in range(plan.num_gpus // g) if k * g // per_node != ((k + 1) * g - 1) // per_node
+                 and (engine != "trtllm" or k * g % per_node)), None)
 
 
-def dp_attention_nodes_message(plan: ServePlan, cluster: ClusterSpec) -> str:
-    """Why SGLang cannot start a DP-attention server straddling node boundaries (dp_attention_server_nodes_ok),
+NODE_ALIGNED = {
+    "sglang": "SGLang starts tp-size / nnodes ranks on every node of a server (entrypoints/engine.py "
+              "_calculate_rank_ranges)",
+    "trtllm": "TensorRT-LLM's Mapping puts rank r of a server on node r // gpus_per_node (tensorrt_llm/mapping.py "
+              "node_rank, local_rank)",
+}
+"""The engines whose DP-attention servers must be whole nodes or an even share of one, and why
+(dp_attention_server_nodes_ok)."""
+
+
+def dp_attention_nodes_message(plan: ServePlan, cluster: ClusterSpec, engine: str = "sglang") -> str:
+    """Why `engine` cannot start a DP-attention server straddling node boundaries (dp_attention_server_nodes_ok),
     with the ep values it can start on these GPUs."""
     g, per_node, n = plan.ep, cluster.gpus_per_node_used, plan.num_gpus
     valid = [e for e in divisors(n) if e > 1 and (e % per_node == 0 or per_node % e == 0)]
-    k = straddling_server(plan, cluster)
+    k = straddling_server(plan, cluster, engine)
     where = "" if k is None else f" (server {k + 1} takes GPUs {k * g}-{(k + 1) * g - 1})"
-    return (f"--dp-attention under sglang: servers of ep {g} GPUs on consecutive GPUs of nodes of {per_node} straddle "
-            f"node boundaries with uneven ranks per node{where}; "
-            "SGLang starts "
-            "tp-size / nnodes ranks on every node of a server (entrypoints/engine.py _calculate_rank_ranges), so a "
-            f"server must be whole nodes (ep a multiple of {per_node}) or an even share of one (ep dividing "
+    return (f"--dp-attention under {engine}: servers of ep {g} GPUs on consecutive GPUs of nodes of {per_node} "
+            f"straddle node boundaries with uneven ranks per node{where}; {NODE_ALIGNED[engine]}, so a server must "
+            f"be whole nodes (ep a multiple of {per_node}) or an even share of one (ep dividing "
             f"{per_node}); use --ep {bounded_list(valid)} on these {n} GPUs (the experts permitting), or --engine "
             "vllm, which takes uneven ranks per node")
 
