@@ -8,7 +8,12 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+"""No use_attribute_docstrings here: the docstring under each spec field documents it in the source, and nothing
+reads it from the model (--help takes each flag's help= text in cli/options.py; no JSON schema is written), while
+copying it into FieldInfo.description re-read and re-parsed each class's source at import: about 85 ms of the
+CLI's ~460 ms import CPU (pydantic 2.14, docs/validation.md#suite-speed). The option groups (specs/options.py) keep
+it: tests/test_cli_help.py checks each of their fields has one, and they cost next to nothing."""
 
 
 def number_kind(annotation: Any) -> type | None:
