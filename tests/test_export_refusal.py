@@ -128,6 +128,9 @@ def test_refusal_agrees_with_the_render_on_random_training_plans(saved, name):
         chosen = module_recipe_plans(pf, plans[1:])
         assert {f for f in MODULE_RECIPES for p in chosen if getattr(p, f)} == set(MODULE_RECIPES), chosen
         plans += chosen
+    else:  # Megatron-LM's queue assert (an optional integer): CUDA_DEVICE_MAX_CONNECTIONS chosen, not drawn
+        queues = [p.model_copy(update={"cuda_max_connections": v}) for v in (1, 8) for p in plans[:4]]
+        plans += [p for p in queues if not check_plan(pf.model, p, pf.cluster)]
     seen = set()
     for p in plans:
         one = dataclasses.replace(pf, plan=p)
@@ -136,8 +139,8 @@ def test_refusal_agrees_with_the_render_on_random_training_plans(saved, name):
             assert refusal(one, target) == want, (target, p)
             seen.add(want is None)
     assert seen == {True, False}
-    # the draw reaches the rule on optional integers: Megatron-LM's queue assert on the H100 files (the module
-    # recipes on the NVFP4 hybrid are chosen above)
+    # the plans reach the rule on optional integers: Megatron-LM's queue assert on the H100 files (the queue counts
+    # and the module recipes on the NVFP4 hybrid are chosen above)
     from llmplan.export.megatron import connections_refusal
 
     if name != "hybrid":

@@ -499,18 +499,26 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         if one is None:
             return search_pools_cli(c, pins, goal, s, split, memory, checkpoints, output)
         c = one
+    def with_exports(found: TrainSearch, cv: ClusterOptions) -> TrainSearch:
+        """train_search's result with, without --target, which targets write the #1 shown
+        (report.search.exports_lines): one system's search and each row of a comparison alike."""
+        res = found.result
+        if target is not None or not res.ranked:
+            return found
+        doc = {**plan_document(res.ranked[0], found.allowance, found.order, report.estimate_json(res.ranked[0]),
+                               save_refs(cv.model, cv.hardware, output.save)), **with_hardware_options(found.options)}
+        return found._replace(result=dataclasses.replace(res, exports=exports(document_plan(doc))))
+
     if wants_comparison(c, goal):
-        return search_systems(c, goal, output, lambda cv, g: train_search(cv, pins, g, s, split, memory,
-                                                                          checkpoints, output, named))
-    m, res, cluster, w, chosen, allowance, order, tokens = train_search(c, pins, goal, s, split, memory,
-                                                                        checkpoints, output, named, target)
+        return search_systems(c, goal, output, lambda cv, g: with_exports(
+            train_search(cv, pins, g, s, split, memory, checkpoints, output, named), cv))
+    m, res, cluster, w, chosen, allowance, order, tokens = with_exports(
+        train_search(c, pins, goal, s, split, memory, checkpoints, output, named, target), c)
     console = Console(width=max(out.width, 160)) if goal.wide else out
     advice = advise_training(res.ranked[0], allowance, order) if goal.explain_opt and res.ranked else None
     refs = save_refs(c.model, c.hardware, output.save)
     best_doc = lambda: {**plan_document(res.ranked[0], allowance, order,  # noqa: E731
                                         report.estimate_json(res.ranked[0]), refs), **with_hardware_options(chosen)}
-    if target is None and res.ranked:  # which targets write the #1 shown (report.search.exports_lines)
-        res = dataclasses.replace(res, exports=exports(document_plan(best_doc())))
 
     emit(report.search_json(res, w, cluster, m, tokens, advice), output.json_mode,
          lambda: report.search_view(console, res, w, cluster, m, tokens, goal.explain_opt, advice, goal.wide))
