@@ -71,8 +71,9 @@ def test_1f1b_exposure_is_the_first_stage_tail_plus_the_later_whole_gather():
     """Llama 3.1 70B, TP8 PP2 DP4 on 8 DGX-H100, 1F1B: the DP exposure is the first stage's (its reduction's
     tail behind the last backward, its first bucket's gather and the rest beside the first forward:
     dp_exposed_per_step) plus stage 1's whole gather on the chain, which the tail no longer holds. Here that
-    costs more than the synchronous gather does (0.540 against 0.529 s with both overlaps off: the synchronous
-    gathers run on both stages at once), which is why Megatron-Core aligns the gathers under interleaving."""
+    costs more than the synchronous gather does (0.540 against 0.419 s with overlap_param_gather off and the
+    reduce overlap kept: the synchronous gathers run on both stages at once), which is why Megatron-Core aligns
+    the gathers under interleaving and the search tries the synchronous gather on 1F1B (sync_gather_choice)."""
     from dataclasses import replace
 
     from llmplan.cost.exposure import dp_exposed_per_step
@@ -96,3 +97,34 @@ def test_1f1b_exposure_is_the_first_stage_tail_plus_the_later_whole_gather():
     r1, g1 = (float(x) for x in comm_seconds(off.comm, cluster.system).dp_stages[-1])
     assert float(off.time.exposed["dp"]) == pytest.approx(r1 + g1, rel=1e-9)
     assert float(est.time.exposed["dp"]) > float(off.time.exposed["dp"])
+    sync = estimate_training(m, cluster, plan.model_copy(update={"overlap_param_gather": False}))
+    assert float(est.time.exposed["dp"]) > float(sync.time.exposed["dp"])
+
+
+def _search(plans_pins, w_kw=None, named=None):
+    from llmplan.search.grid import Workload, default_space
+    from llmplan.search.run import search
+
+    m, cluster = M["llama-3.1-70b"], ClusterSpec(system=S["dgx-h100"], num_nodes=16)
+    w = Workload(**{**dict(global_batch=64, seq_len=4096), **(w_kw or {})})
+    return search(m, cluster, default_space(m, cluster, w, plans_pins), w, named=named, vpp_pin=plans_pins["vpp"])
+
+
+def test_the_search_keeps_the_cheaper_gather_on_1f1b_and_the_overlap_interleaved():
+    """Llama 3.1 70B, TP8 PP4 ZeRO-1 on 16 DGX-H100 (dp 4): on 1F1B the three later stages' whole gathers wait
+    in turn on the warm-up's chain, while the synchronous gather runs on all four stages at once after the step,
+    so the synchronous one is the cheaper and the search's #1 carries overlap_param_gather False, priced as the
+    scalar estimate of that plan; interleaved (vpp 2) no gather waits on the chain and the overlap is kept.
+    --overlap-param-gather named keeps the overlap whatever it costs."""
+    pins = dict(tp=8, pp=4, zero=1, micro_batch=1, recompute="none", sp=True, cp=1, ep=1)
+    m, cluster = M["llama-3.1-70b"], ClusterSpec(system=S["dgx-h100"], num_nodes=16)
+    best = _search({**pins, "vpp": 1}).ranked[0]
+    on = best.plan.model_copy(update={"overlap_param_gather": True})
+    assert best.plan.vpp == 1 and best.plan.overlap_param_gather is False
+    assert float(best.time.total) < float(estimate_training(m, cluster, on).time.total)
+    assert float(best.time.total) == pytest.approx(float(estimate_training(m, cluster, best.plan).time.total),
+                                                   rel=1e-9)
+    named = _search({**pins, "vpp": 1}, named={"overlap_param_gather"}).ranked[0]
+    assert named.plan.overlap_param_gather is True
+    inter = _search({**pins, "vpp": 2}).ranked[0]
+    assert inter.plan.vpp == 2 and inter.plan.overlap_param_gather is True

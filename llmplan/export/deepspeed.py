@@ -120,6 +120,12 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, f"pipeline parallelism (pp {p.pp}) with ZeRO stage {p.zero} (DeepSpeed's pipeline engine "
                      "refuses ZeRO-2 and ZeRO-3)", "re-plan with --zero 1 or --pp 1, or export to megatron")
     for what, bad, fix in (
+        # DeepSpeed 0.19.8 gathers ZeRO-1/2 weights after the optimizer step, every stage at once
+        # (runtime/bf16_optimizer.py BF16_Optimizer.step -> update_lp_params -> all_gather_dp_groups;
+        # runtime/zero/stage_1_and_2.py step -> all_gather_dp_groups); ZeRO-3 prefetches (stage3_prefetch_bucket_size)
+        (f"the weight all-gather overlapped with the forward at ZeRO stage {p.zero} (overlap_param_gather: "
+         "Megatron-Core's distributed optimizer; DeepSpeed gathers after the optimizer step)",
+         p.overlap_param_gather and p.zero in (1, 2), "re-plan with --no-overlap-param-gather"),
         context_parallel_refusal(p),
         grad_checks_refusal(p),
         expert_parallel_refusal(p),
@@ -138,6 +144,12 @@ def check(pf: PlanFile) -> None:
         offload_moe_act_refusal(p),
         offload_modules_refusal(p),
         fp8_attention_refusal(p),
+        # the head's TP collectives are priced as the fused loss runs them (fused_loss_impl, comm.tp_edge): te's
+        # all-gather is Transformer Engine's parallel_cross_entropy, which DeepSpeed's AutoTP does not run
+        (f"Transformer Engine's fused cross entropy at tp {p.tp} (fused_loss_impl te: its loss collectives are "
+         "Transformer Engine's parallel_cross_entropy, which DeepSpeed does not run)",
+         p.fused_loss and p.fused_loss_impl == "te" and p.tp > 1,
+         "re-plan with --fused-loss-impl native, or export to megatron-bridge"),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
         (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",
