@@ -120,12 +120,6 @@ def check(pf: PlanFile) -> None:
         raise refuse(TARGET, f"pipeline parallelism (pp {p.pp}) with ZeRO stage {p.zero} (DeepSpeed's pipeline engine "
                      "refuses ZeRO-2 and ZeRO-3)", "re-plan with --zero 1 or --pp 1, or export to megatron")
     for what, bad, fix in (
-        # DeepSpeed 0.19.8 gathers ZeRO-1/2 weights after the optimizer step, every stage at once
-        # (runtime/bf16_optimizer.py BF16_Optimizer.step -> update_lp_params -> all_gather_dp_groups;
-        # runtime/zero/stage_1_and_2.py step -> all_gather_dp_groups); ZeRO-3 prefetches (stage3_prefetch_bucket_size)
-        (f"the weight all-gather overlapped with the forward at ZeRO stage {p.zero} (overlap_param_gather: "
-         "Megatron-Core's distributed optimizer; DeepSpeed gathers after the optimizer step)",
-         p.overlap_param_gather and p.zero in (1, 2), "re-plan with --no-overlap-param-gather"),
         context_parallel_refusal(p),
         grad_checks_refusal(p),
         expert_parallel_refusal(p),
@@ -163,6 +157,15 @@ def check(pf: PlanFile) -> None:
          "pipeline engine sends with plain blocking send / recv, runtime/pipe/p2p.py)",
          p.pp_blocking_sends and p.pp > 1, "re-plan with --no-pp-blocking-sends, or export to megatron"),
         *op_fuser_refusals(pf),
+        # DeepSpeed 0.19.8's pipeline engine steps ZeRO-1 as BF16_Optimizer or the ZeRO optimizer, both of which
+        # gather the weights right after the optimizer step, every stage at once (runtime/bf16_optimizer.py
+        # BF16_Optimizer.step -> update_lp_params -> all_gather_dp_groups; runtime/zero/stage_1_and_2.py step ->
+        # all_gather_dp_groups), not on the 1F1B warm-up's chain that the overlapped gather is priced on
+        # (docs/formulas.md#step.dp_later_stages). Last: any other refusal names a change the plan needs first.
+        (f"the weight all-gather overlapped with the first forward under the pipeline (overlap_param_gather, "
+         f"ZeRO-1, pp {p.pp}: Megatron-Core's later stages gather on the 1F1B warm-up's chain; DeepSpeed gathers "
+         "after the optimizer step)", p.overlap_param_gather and p.zero == 1 and p.pp > 1 and p.dp > 1,
+         "re-plan with --no-overlap-param-gather"),
     ):
         if bad:
             raise refuse(TARGET, what, fix)
