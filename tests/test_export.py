@@ -158,7 +158,8 @@ def test_deepspeed_batch_identity():
     files, _ = render_all(load_plan(PLANS / "dense_train.json").__class__(
         **{**load_plan(PLANS / "dense_train.json").__dict__,
            "plan": load_plan(PLANS / "dense_train.json").plan.model_copy(update={"sp": False, "vpp": 1, "grad_reduce": "all-reduce",
-                                                                  "grad_accumulation": "cast-add"})}),
+                                                                  "grad_accumulation": "cast-add",
+                                                                  "overlap_param_gather": False})}),
         "deepspeed")
     cfg = json.loads(files["ds_config.json"])
     assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 2

@@ -21,7 +21,7 @@ BASE = HERE / "data" / "plans" / "fsdp_train.json"  # bf16, tp 1, pp 1, dp 16, Z
 def plan_file(tmp_path: Path, **plan: object) -> Path:
     doc = json.loads(BASE.read_text())
     doc["plan"].update(plan)
-    if doc["plan"].get("zero") == 0:
+    if doc["plan"].get("zero") == 0 or doc["plan"].get("pp", 1) > 1:  # DeepSpeed's pipeline gathers after the step
         doc["plan"]["overlap_param_gather"] = False
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
@@ -128,3 +128,56 @@ def test_search_then_export_deepspeed(cli, tmp_path):
     assert cli("export", plan, "--to", "deepspeed", "-o", tmp_path / "c").code == 0
     cfg = json.loads((tmp_path / "c" / "ds_config.json").read_text())
     assert cfg["data_types"] == {"grad_accum_dtype": "fp32"} and cfg["zero_optimization"]["reduce_scatter"] is False
+
+
+def test_deepspeed_refuses_the_overlapped_gather_under_its_pipeline(cli, tmp_path):
+    # DeepSpeed 0.19.8's pipeline engine gathers ZeRO-1 weights after the optimizer step, every stage at once
+    # (runtime/bf16_optimizer.py BF16_Optimizer.step -> update_lp_params -> all_gather_dp_groups), not on the
+    # 1F1B warm-up's chain llmplan prices for the overlapped gather: refused in one line naming the flag, and the
+    # plan re-planned with it exports
+    doc = json.loads(BASE.read_text())
+    doc["plan"].update({"zero": 1, "grad_dtype": "bf16", **PIPE, "overlap_param_gather": True})
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    r = cli("export", path, "--to", "deepspeed", "-o", tmp_path / "out")
+    assert r.code == 2, r.out
+    line = r.err.strip()
+    assert "\n" not in line and "overlap_param_gather" in line and "re-plan with --no-overlap-param-gather" in line
+    assert not (tmp_path / "out").exists()
+    r = cli("export", plan_file(tmp_path, zero=1, grad_dtype="bf16", **PIPE), "--to", "deepspeed", "-o",
+            tmp_path / "ok")
+    assert r.code == 0, r.err
+
+
+def test_search_targeting_deepspeed_prices_the_synchronous_gather(cli, tmp_path):
+    # the reviewer's case: llama-3.1-8b on 2 DGX-H100, pp 4, ZeRO-1 all-reduced: with the overlapped gather named
+    # the #1 carries it and deepspeed refuses it; --target deepspeed searches the synchronous gather and its #1
+    # exports
+    common = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--pp", "4", "--vpp", "1",
+              "--zero", "1", "--grad-reduce", "all-reduce")
+    plain, targeted = tmp_path / "p.json", tmp_path / "t.json"
+    assert cli("search", *common, "--overlap-param-gather", "--save", plain).code == 0
+    assert json.loads(plain.read_text())["plan"]["overlap_param_gather"] is True
+    r = cli("export", plain, "--to", "deepspeed", "-o", tmp_path / "a")
+    assert r.code == 2 and "--no-overlap-param-gather" in r.err
+    r = cli("search", *common, "--target", "deepspeed", "--save", targeted)
+    assert r.code == 0, r.err
+    assert json.loads(targeted.read_text())["plan"]["overlap_param_gather"] is False
+    r = cli("export", targeted, "--to", "deepspeed", "-o", tmp_path / "b")
+    assert r.code == 0, r.err
+
+
+def test_deepspeed_refuses_te_cross_entropy_at_tp():
+    # fused_loss_impl te prices Transformer Engine's parallel_cross_entropy all-gather in the head's TP
+    # collectives (docs/formulas.md#comm.tp_edge), which DeepSpeed's AutoTP does not run: refused at tp > 1 as the
+    # megatron export refuses it; native and tp 1 export
+    from llmplan.errors import LlmplanError
+    from llmplan.export import render_all
+    from llmplan.planfile import load_plan
+
+    pf = load_plan(BASE)
+    at = lambda **u: pf.__class__(**{**pf.__dict__, "plan": pf.plan.model_copy(update=u)})  # noqa: E731
+    with pytest.raises(LlmplanError, match="re-plan with --fused-loss-impl native"):
+        render_all(at(zero=2, tp=2, dp=8, fused_loss=True, fused_loss_impl="te"), "deepspeed")
+    render_all(at(zero=2, tp=2, dp=8, fused_loss=True, fused_loss_impl="native"), "deepspeed")
+    render_all(at(zero=2, tp=1, fused_loss=True, fused_loss_impl="te"), "deepspeed")

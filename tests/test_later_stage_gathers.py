@@ -49,30 +49,56 @@ def test_only_megatron_core_1f1b_with_the_overlapped_gather():
 
 
 def test_the_later_stages_whole_gathers_are_exposed_and_listed_stages_agree():
-    """Llama 3.1 8B, 4 stages of 8 layers, ZeRO-1 over dp 4: the DP exposure holds the three later stages' whole
-    gathers (the middle stages' and the last one's own, from comm_seconds' per-stage gathers); a plan listing the
-    same stages (pp_layers 8, 8, 8, 8: summed stage by stage) prices the same step, and so does the search."""
+    """Llama 3.1 8B, 4 stages of 8 layers, ZeRO-1 over dp 4 (inside one DGX-H100: NVSwitch), bf16 weights. By hand:
+    a layer holds 2·4096² (q, o) + 2·4096·1024 (k, v: 8 KV heads of 128) + 3·4096·14336 (gated MLP) + 2·4096
+    (norms) = 218,112,000 parameters; a middle stage 8 of them, 1,744,896,000 (3,489,792,000 bytes); the last
+    stage also the final norm (4,096) and the untied output layer (4,096 · 128,256), 2,270,236,672 (4,540,473,344
+    bytes). A ring all-gather over 4 ranks moves 3/4 of the bytes at the profile's 450 GB/s per GPU x the ring
+    efficiency 0.80 (HardwareSpec.ring_efficiency) = 360 GB/s, plus 3 steps of 1 us per call, one call per
+    40M-parameter bucket (44 and 57: comm.dp_bucket). The chain is the two middle stages' gathers and the last
+    stage's: 2·G_mid + G_last; the DP exposure is the first stage's tail plus it. A plan listing the same stages
+    (pp_layers 8, 8, 8, 8: summed stage by stage) prices the same step, and so does the search."""
+    from dataclasses import replace
+
+    from llmplan.cost.exposure import dp_exposed_per_step
+    from llmplan.cost.params import stepped_rank_params, word_embedding_on_rank
+    from llmplan.cost.step import stage_comm, stage_times
+
+    layer = 2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    assert layer == 218_112_000
+    mid, last = 8 * layer, 8 * layer + 4096 + 4096 * 128_256
+    bw, hop = 450e9 * 0.80, 1e-6
+    g_mid = 44 * 3 * hop + 2 * mid * 3 / 4 / bw  # 0.0074024 s
+    g_last = 57 * 3 * hop + 2 * last * 3 / 4 / bw  # 0.0096303 s
+    assert (g_mid, g_last) == pytest.approx((0.0074024, 0.00963032), rel=1e-6)
     m = M["llama-3.1-8b"]
     plan = _plan()
     est = estimate_training(m, H100, plan)
-    stages = comm_seconds(est.comm, H100.system).dp_stages  # candidate stages 0, 1, 1, 3
-    chain = 2 * float(stages[1][1]) + float(stages[3][1])
-    assert chain > 0 and float(est.time.exposed["dp"]) > chain
+    secs, gpu = comm_seconds(est.comm, H100.system), H100.system.gpu
+    stages = secs.dp_stages  # candidate stages 0, 1, 1, 3
+    assert (float(stages[1][1]), float(stages[3][1])) == pytest.approx((g_mid, g_last), rel=1e-9)
+    (s0, sc0, _, _) = stage_times(m, plan, gpu)[0]
+    c0 = stage_comm(secs, 0)
+    p0, e0 = stepped_rank_params(m, plan, s0).total, word_embedding_on_rank(m, plan, s0)
+    first = (dp_exposed_per_step(plan, replace(c0, dp_gather=0.0), sc0, gpu.contention, p0, e0)
+             + dp_exposed_per_step(plan, replace(c0, dp_reduce=0.0), sc0, gpu.contention, p0, e0))
+    assert float(est.time.exposed["dp"]) == pytest.approx(float(first) + 2 * g_mid + g_last, rel=1e-9)
     listed = estimate_training(m, H100, plan.model_copy(update={"pp_layers": (8, 8, 8, 8)}))
     assert float(listed.time.total) == pytest.approx(float(est.time.total), rel=1e-9)
     vec = evaluate(m, H100, from_plan(plan))
     assert float(vec.step.total[0]) == pytest.approx(float(est.time.total), rel=1e-9)
     # interleaved, the same gathers hide behind the warm-up: less DP exposed than the chain alone
     inter = estimate_training(m, H100, plan.model_copy(update={"vpp": 2}))
-    assert float(inter.time.exposed["dp"]) < chain
+    assert float(inter.time.exposed["dp"]) < 2 * g_mid + g_last
 
 
 def test_1f1b_exposure_is_the_first_stage_tail_plus_the_later_whole_gather():
     """Llama 3.1 70B, TP8 PP2 DP4 on 8 DGX-H100, 1F1B: the DP exposure is the first stage's (its reduction's
     tail behind the last backward, its first bucket's gather and the rest beside the first forward:
     dp_exposed_per_step) plus stage 1's whole gather on the chain, which the tail no longer holds. Here that
-    costs more than the synchronous gather does (0.540 against 0.529 s with both overlaps off: the synchronous
-    gathers run on both stages at once), which is why Megatron-Core aligns the gathers under interleaving."""
+    costs more than the synchronous gather does (0.540 against 0.419 s with overlap_param_gather off and the
+    reduce overlap kept: the synchronous gathers run on both stages at once), which is why Megatron-Core aligns
+    the gathers under interleaving and the search tries the synchronous gather on 1F1B (sync_gather_choice)."""
     from dataclasses import replace
 
     from llmplan.cost.exposure import dp_exposed_per_step
@@ -96,3 +122,34 @@ def test_1f1b_exposure_is_the_first_stage_tail_plus_the_later_whole_gather():
     r1, g1 = (float(x) for x in comm_seconds(off.comm, cluster.system).dp_stages[-1])
     assert float(off.time.exposed["dp"]) == pytest.approx(r1 + g1, rel=1e-9)
     assert float(est.time.exposed["dp"]) > float(off.time.exposed["dp"])
+    sync = estimate_training(m, cluster, plan.model_copy(update={"overlap_param_gather": False}))
+    assert float(est.time.exposed["dp"]) > float(sync.time.exposed["dp"])
+
+
+def _search(plans_pins, w_kw=None, named=None):
+    from llmplan.search.grid import Workload, default_space
+    from llmplan.search.run import search
+
+    m, cluster = M["llama-3.1-70b"], ClusterSpec(system=S["dgx-h100"], num_nodes=16)
+    w = Workload(**{**dict(global_batch=64, seq_len=4096), **(w_kw or {})})
+    return search(m, cluster, default_space(m, cluster, w, plans_pins), w, named=named, vpp_pin=plans_pins["vpp"])
+
+
+def test_the_search_keeps_the_cheaper_gather_on_1f1b_and_the_overlap_interleaved():
+    """Llama 3.1 70B, TP8 PP4 ZeRO-1 on 16 DGX-H100 (dp 4): on 1F1B the three later stages' whole gathers wait
+    in turn on the warm-up's chain, while the synchronous gather runs on all four stages at once after the step,
+    so the synchronous one is the cheaper and the search's #1 carries overlap_param_gather False, priced as the
+    scalar estimate of that plan; interleaved (vpp 2) no gather waits on the chain and the overlap is kept.
+    --overlap-param-gather named keeps the overlap whatever it costs."""
+    pins = dict(tp=8, pp=4, zero=1, micro_batch=1, recompute="none", sp=True, cp=1, ep=1)
+    m, cluster = M["llama-3.1-70b"], ClusterSpec(system=S["dgx-h100"], num_nodes=16)
+    best = _search({**pins, "vpp": 1}).ranked[0]
+    on = best.plan.model_copy(update={"overlap_param_gather": True})
+    assert best.plan.vpp == 1 and best.plan.overlap_param_gather is False
+    assert float(best.time.total) < float(estimate_training(m, cluster, on).time.total)
+    assert float(best.time.total) == pytest.approx(float(estimate_training(m, cluster, best.plan).time.total),
+                                                   rel=1e-9)
+    named = _search({**pins, "vpp": 1}, named={"overlap_param_gather"}).ranked[0]
+    assert named.plan.overlap_param_gather is True
+    inter = _search({**pins, "vpp": 2}).ranked[0]
+    assert inter.plan.vpp == 2 and inter.plan.overlap_param_gather is True

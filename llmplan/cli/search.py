@@ -236,6 +236,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     `target`: each search keeps only the plans that export writes for it, cli.target)."""
     from llmplan.search.grid import Workload
     from llmplan.cli.inputs import cluster_of, make_allowance, make_checkpoint
+    from llmplan.export import SYNC_GATHER_TARGETS
     from llmplan.planfile import plan_document, save_refs
     from llmplan.specs.registry import build, resolve_model
     from llmplan.specs.thresholds import CheckThresholds
@@ -250,6 +251,8 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         # Megatron-Core turns TP overlap off at an MLA model's first linear (step.mla_tp_overlap), and
         # Megatron-Bridge's DeepSeek / Kimi-K2 recipes set it off: the search does not default it on there
         base = Workload(**{**base.fields(), "tp_comm_overlap": False})
+    if target in SYNC_GATHER_TARGETS and "overlap_param_gather" not in named:  # it gathers after the step
+        base = Workload(**{**base.fields(), "overlap_param_gather": False})
     refuse_missing_format(m, base, cluster)
     refuse_a2a_size_over_cluster(s.cp_a2a_size, cluster.num_gpus)
     tokens = parse_count(goal.train_tokens, "--train-tokens")  # before the search, not after it

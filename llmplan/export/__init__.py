@@ -28,6 +28,10 @@ FLEX_DISPATCH_TARGETS = ("megatron", "megatron-bridge", "torchrun", "slurm")
 """Training targets whose export writes Megatron's flex token dispatcher (megatron.py --moe-token-dispatcher-type
 flex --moe-flex-dispatcher-backend; bridge.py moe_flex_dispatcher_backend; torchrun / slurm wrap them): a targeted
 search tries the dispatchers only for these (cli.search.train_search); torchtitan refuses them, DeepSpeed EP."""
+SYNC_GATHER_TARGETS = ("deepspeed",)
+"""Training targets that gather ZeRO-1/2 weights synchronously after the optimizer step (deepspeed.py refuses
+overlap_param_gather there): a targeted search searches them with the synchronous gather (cli.search.train_search)
+unless the user named --overlap-param-gather."""
 SERVE_TARGETS = ("vllm", "sglang")
 TARGETS = TRAIN_TARGETS + SERVE_TARGETS
 SCRIPTS = (".sh", ".sbatch")

@@ -138,6 +138,12 @@ def check(pf: PlanFile) -> None:
         offload_moe_act_refusal(p),
         offload_modules_refusal(p),
         fp8_attention_refusal(p),
+        # the head's TP collectives are priced as the fused loss runs them (fused_loss_impl, comm.tp_edge): te's
+        # all-gather is Transformer Engine's parallel_cross_entropy, which DeepSpeed's AutoTP does not run
+        (f"Transformer Engine's fused cross entropy at tp {p.tp} (fused_loss_impl te: its loss collectives are "
+         "Transformer Engine's parallel_cross_entropy, which DeepSpeed does not run)",
+         p.fused_loss and p.fused_loss_impl == "te" and p.tp > 1,
+         "re-plan with --fused-loss-impl native, or export to megatron-bridge"),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
         (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",
@@ -151,6 +157,15 @@ def check(pf: PlanFile) -> None:
          "pipeline engine sends with plain blocking send / recv, runtime/pipe/p2p.py)",
          p.pp_blocking_sends and p.pp > 1, "re-plan with --no-pp-blocking-sends, or export to megatron"),
         *op_fuser_refusals(pf),
+        # DeepSpeed 0.19.8's pipeline engine steps ZeRO-1 as BF16_Optimizer or the ZeRO optimizer, both of which
+        # gather the weights right after the optimizer step, every stage at once (runtime/bf16_optimizer.py
+        # BF16_Optimizer.step -> update_lp_params -> all_gather_dp_groups; runtime/zero/stage_1_and_2.py step ->
+        # all_gather_dp_groups), not on the 1F1B warm-up's chain that the overlapped gather is priced on
+        # (docs/formulas.md#step.dp_later_stages). Last: any other refusal names a change the plan needs first.
+        (f"the weight all-gather overlapped with the first forward under the pipeline (overlap_param_gather, "
+         f"ZeRO-1, pp {p.pp}: Megatron-Core's later stages gather on the 1F1B warm-up's chain; DeepSpeed gathers "
+         "after the optimizer step)", p.overlap_param_gather and p.zero == 1 and p.pp > 1 and p.dp > 1,
+         "re-plan with --no-overlap-param-gather"),
     ):
         if bad:
             raise refuse(TARGET, what, fix)

@@ -7,7 +7,7 @@ per-plan time is calls x min over algorithms of (alpha + size x beta) with alpha
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -224,3 +224,37 @@ def evaluate(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allowance: M
     seconds = comm_seconds_arrays(m, cluster, plans, order, known=comm)
     st = step_time(m, plans.as_plan, gpu, seconds)
     return Evaluation(plans, mem, st, throughput(plans.as_plan, gpu, st), seconds)
+
+
+def take_tree(value: Any, idx: np.ndarray, n: int) -> Any:
+    """The elements at `idx` of every per-plan array (first axis of length `n`) in a result (a frozen
+    dataclass, tuple or dict of them, field by field); scalars and other values unchanged."""
+    if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == n:
+        return value[idx]
+    if isinstance(value, tuple):
+        return tuple(take_tree(v, idx, n) for v in value)
+    if isinstance(value, dict):
+        return {k: take_tree(v, idx, n) for k, v in value.items()}
+    if hasattr(value, "__dataclass_fields__") and not isinstance(value, PlanArrays):
+        return type(value)(**{f.name: take_tree(getattr(value, f.name), idx, n) for f in fields(value) if f.init})
+    return value
+
+
+def put_tree(full: Any, sub: Any, at: np.ndarray, n: int) -> Any:
+    """`full` (a result over `n` plans) with the plans at `at` replaced by `sub` (the same result over those
+    plans), leaf by leaf: a scalar of `full` becomes an array where `sub` differs from it."""
+    if isinstance(full, tuple):
+        return tuple(put_tree(f, s, at, n) for f, s in zip(full, sub, strict=True))
+    if isinstance(full, dict):
+        return {k: put_tree(full.get(k, 0.0), sub.get(k, 0.0), at, n) for k in {**full, **sub}}
+    if hasattr(full, "__dataclass_fields__") and not isinstance(full, PlanArrays):
+        return type(full)(**{f.name: put_tree(getattr(full, f.name), getattr(sub, f.name), at, n)
+                             for f in fields(full) if f.init})
+    if not isinstance(full, (np.ndarray, float, int, np.number)) or isinstance(full, bool):
+        return full
+    if not (isinstance(full, np.ndarray) and full.ndim) and not (isinstance(sub, np.ndarray) and sub.ndim) \
+            and full == sub:
+        return full
+    out = np.array(np.broadcast_to(full, (n,) + np.shape(full)[1:]), dtype=np.result_type(full, sub))
+    out[at] = sub
+    return out

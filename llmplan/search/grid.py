@@ -180,6 +180,11 @@ class PlanArrays(PlanQuantities):
     memo: dict = field(default_factory=dict, compare=False, repr=False)
     """Results the cost functions reuse within one evaluation (cost.memo.memoized); a new PlanArrays
     (take) starts empty."""
+    gather_sync: np.ndarray | None = None
+    """Per plan, where the search chose the synchronous weight gather (overlap_param_gather False) over the
+    workload's overlapped one because it prices cheaper (search.run.sync_gather_choice); None: none chosen. The
+    cost functions read the workload's value: a plan's choice reaches them through `plan` (the scalar estimate)
+    and the search's evaluation of those plans with the workload's gather off."""
     pp_layers = None  # explicit per-stage lists exist for single plans only
 
     def __len__(self) -> int:
@@ -231,16 +236,19 @@ class PlanArrays(PlanQuantities):
         unknown = set(update) - WORKLOAD_FIELDS
         if unknown:
             raise TypeError(f"not workload fields: {sorted(unknown)}")
-        return PlanArrays(**{f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("w", "memo")},
-                          w=Workload(**{**self.w.fields(), **update}))
+        return PlanArrays(**{f.name: getattr(self, f.name) for f in fields(self)
+                             if f.name not in ("w", "memo", "gather_sync")},
+                          w=Workload(**{**self.w.fields(), **update}),
+                          gather_sync=None if "overlap_param_gather" in update else self.gather_sync)
 
     def take(self, idx: np.ndarray) -> "PlanArrays":
         """The plans at `idx`. The distinct-row groupings (on_distinct) carry over: a subset's rows map to the
         same distinct rows, so only the mapping is re-indexed (distinct rows no plan uses any more are
         harmless: their results are never gathered; when they are most of them, they are dropped, so that
         nothing is computed for them)."""
-        out = PlanArrays(**{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in ("w", "memo")},
-                         w=self.w)
+        out = PlanArrays(**{f.name: getattr(self, f.name)[idx] for f in fields(self)
+                            if f.name not in ("w", "memo", "gather_sync")},
+                         w=self.w, gather_sync=None if self.gather_sync is None else self.gather_sync[idx])
         idx = np.asarray(idx)
         for key, (sub, _, inv) in ((k, v) for k, v in self.memo.items() if isinstance(k, tuple) and k[0] == "distinct"):
             new_inv = inv[idx]
@@ -276,11 +284,13 @@ class PlanArrays(PlanQuantities):
         Built by `built` where it can (about 8 us, against 60 for validation and settle): the same plan, field
         for field (tests/test_plan_build.py); else validated, as before."""
         axes = self.axes(i)
-        fast = self.built(i, axes, settled)
-        if fast is not None:
-            return fast
-        plan = self.w.plan(**axes)
-        return settle(plan) if settled else plan
+        plan = self.built(i, axes, settled)
+        if plan is None:
+            plan = self.w.plan(**axes)
+            plan = settle(plan) if settled else plan
+        if self.gather_sync is not None and self.gather_sync[i]:  # the search's choice (gather_sync)
+            plan = plan.model_copy(update={"overlap_param_gather": False})
+        return plan
 
     def built(self, i: int, axes: dict[str, Any], settled: bool) -> ParallelPlan | None:
         """Plan i copied from the workload's validated plan with its axes in place, and settled from the arrays,

@@ -22,6 +22,7 @@ import numpy as np
 from llmplan.cost.memory import training_memory
 from llmplan.cost.operators import operator_uses, with_fallbacks
 from llmplan.errors import LlmplanError, bounded_list
+from llmplan.cost.exposure import gathers_on_warmup_chain
 from llmplan.estimate import TrainingEstimate, estimate_training
 from llmplan.specs.check import check_plan
 from llmplan.specs.stages import balanced_split, pinned_split, vpp_fits
@@ -112,11 +113,22 @@ def candidates(m: ModelSpec, plans: Any, ranking: np.ndarray, pins: LayoutPins, 
         # skip such shapes here so that they take no slot of the SHAPES priced
         if not vs or p.num_microbatches % pp:
             continue
-        out += [with_layout(m, p, v) for v in vs]
+        out += [chosen_gather(plans, int(i), with_layout(m, p, v)) for v in vs]
         shapes += 1
         if shapes == (max(SHAPES, top) if pins.stand_ins else SHAPES):
             break
     return out
+
+
+def chosen_gather(plans: Any, i: int, p: ParallelPlan) -> ParallelPlan:
+    """The balanced-layout plan `p` made from plan `i` of the arrays with the search's weight-gather choice
+    (search.run.sync_gather_choice) only where the choice applies to it: the workload's overlapped gather back
+    where `p` no longer waits on the 1F1B warm-up's chain (an interleaved layout). Derived:
+    docs/formulas.md#step.dp_later_stages"""
+    if plans.gather_sync is None or not plans.gather_sync[i] or bool(gathers_on_warmup_chain(
+            p.model_copy(update={"overlap_param_gather": True}))):
+        return p
+    return p.model_copy(update={"overlap_param_gather": plans.w.overlap_param_gather})
 
 
 def score(e: TrainingEstimate, objective: str) -> float:

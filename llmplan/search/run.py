@@ -12,10 +12,12 @@ import numpy as np
 
 from llmplan.cost.goodput import plan_goodput
 from llmplan.cost.operators import operator_uses, with_fallbacks
+from llmplan.cost.exposure import gathers_on_warmup_chain
 from llmplan.cost.params import LAYOUT_AXES
+from llmplan.cost.step import step_time, throughput
 from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate, estimate_training
-from llmplan.search.evaluate import Evaluation, evaluate, screened_memory
+from llmplan.search.evaluate import Evaluation, evaluate, put_tree, screened_memory, take_tree
 from llmplan.search.filtered import LayoutPlans, Sides, Walk
 from llmplan.search.grid import PlanArrays, Space, Workload, enumerate_plans
 from llmplan.search.ties import TIE_POOL
@@ -486,6 +488,7 @@ def search(m: ModelSpec, cluster: ClusterSpec, space: Space, w: Workload, object
     plans = _fitting(plans, screen, pruned, cluster, min_headroom)
     say("evaluating step time")
     ev = _evaluated(m, cluster, plans, allowance, order, screen, screens, key)
+    plans, ev = sync_gather_choice(m, cluster, plans, ev, named, objective)
     survives = None
     if objective in ("time-to-train", "gpu-hours"):  # the tokens/s that survive failures (cost.goodput)
         survives = plan_goodput(m, cluster, plans.as_plan, ev.step.total, checkpoint).useful
@@ -588,6 +591,45 @@ def _evaluated(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allowance:
     if screens is not None:
         screens.setdefault(comm_key, ev.comm)
     return ev
+
+
+def sync_gather_choice(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, ev: Evaluation,
+                       named: Collection[str] | None, objective: str = "throughput") -> tuple[PlanArrays, Evaluation]:
+    """The plans and their evaluation with, per plan, the cheaper of the workload's overlapped weight gather and
+    the synchronous one (overlap_param_gather False: every stage gathers after its step, all at once) where the
+    overlapped one waits on the 1F1B warm-up's chain (gathers_on_warmup_chain: Megatron-Core's later stages are
+    one bucket each, so their whole gathers add up along the chain) and the user did not name the switch. The
+    synchronous setting is priced on those plans only, with the same memory and communication seconds (no term
+    of either reads the switch), and kept where its step is strictly shorter (PlanArrays.gather_sync: the plan
+    built, exported and estimated carries it). Ranked by tokens/s, only the plans that could then rank among the
+    TOP_SORTED best (_order: no other plan is shown) are priced again: their step less all their exposed DP seconds
+    (the synchronous gather's step is no shorter) within 0.1% of the TOP_SORTED-th best plan's tokens/s.
+    Derived: docs/formulas.md#step.dp_later_stages"""
+    if not plans.w.overlap_param_gather or (named is not None and "overlap_param_gather" in named):
+        return plans, ev
+    n = len(plans)
+    at = np.flatnonzero(np.broadcast_to(np.asarray(gathers_on_warmup_chain(plans.as_plan), dtype=bool), (n,)))
+    if objective == "throughput" and n > TOP_SORTED and len(at):
+        tokens, total = (np.asarray(x, dtype=float) for x in (ev.throughput.tokens_per_s, ev.step.total))
+        cut = np.partition(tokens, n - TOP_SORTED)[n - TOP_SORTED]
+        floor = total[at] - np.asarray(ev.step.exposed["dp"], dtype=float)[at]
+        at = at[tokens[at] * total[at] / np.maximum(floor, 1e-30) >= cut * (1 - 1e-3)]
+    if not len(at) or ev.comm is None:
+        return plans, ev
+    sub = on_cluster(plans.take(at).model_copy(update={"overlap_param_gather": False}), cluster)
+    gpu = cluster.system.gpu
+    st = step_time(m, sub.as_plan, gpu, take_tree(ev.comm, at, n))
+    better = np.flatnonzero(np.asarray(st.total, dtype=float) < np.asarray(ev.step.total, dtype=float)[at])
+    if not len(better):
+        return plans, ev
+    k = len(at)
+    chosen = at[better]
+    sync = np.zeros(n, dtype=bool)
+    sync[chosen] = True
+    plans = dataclasses.replace(plans, gather_sync=sync)
+    return plans, dataclasses.replace(
+        ev, plans=plans, step=put_tree(ev.step, take_tree(st, better, k), chosen, n),
+        throughput=put_tree(ev.throughput, take_tree(throughput(sub.as_plan, gpu, st), better, k), chosen, n))
 
 
 @dataclass(frozen=True)
