@@ -147,7 +147,7 @@ SGLANG_BASE = '''case "$NODE_RANK" in
             --port 30000 &
         python -m sglang.launch_server --model-path "$MODEL" "${ARGS[@]}" \\
             --base-gpu-id 4 \\
-            --port 30001 &
+            --port 31000 &
         wait
         ;;
     *) echo "NODE_RANK must be 0 to 0" >&2; exit 2 ;;
@@ -162,6 +162,28 @@ def test_sglang_dp_attention_servers_smaller_than_a_node_get_their_own_gpus_and_
     assert _cases(s) == SGLANG_BASE
     assert "NODE_RANK=${NODE_RANK:-0}\n" in s and "HEAD_ADDR" not in s
     assert [int(_parsed(s, "sglang", j).base_gpu_id) for j in (0, 1)] == [0, 4]
+
+
+def _sglang_dp_attention_ports(port: int, dp_size: int) -> set[int]:
+    """The TCP ports an SGLang DP-attention server on one node binds from its --port, read in sgl-project/sglang
+    @001067ff python/sglang/srt/server_args.py PortArgs.init_new (ZMQ_TCP_PORT_DELTA = 233; dist-init port, then
+    port_base = dist-init + 1 .. + 5, one scheduler-input port per DP rank from port_base + 6 on the Rust path) and
+    in its older form (scheduler input of DP rank r at port_base + 5 + r)."""
+    dist = port + 233
+    return {port, dist, *range(dist + 1, dist + 1 + 6 + dp_size)}
+
+
+def test_sglang_servers_on_one_node_bind_disjoint_ports(cli, tmp_path: Path):
+    """Before: --port 30000 and 30001, so server 0's tokenizer port (30234) was server 1's dist-init port."""
+    s = _export(cli, tmp_path, "dpa2", "sglang", "--model", "qwen3-30b-a3b", "--nodes", "1", "--dp-attention",
+                "--dp", "8", "--ep", "2", "--moe-dispatcher", "deepep", "--engine", "sglang")
+    servers = [_parsed(s, "sglang", j) for j in range(4)]
+    assert [int(ns.base_gpu_id) for ns in servers] == [0, 2, 4, 6]
+    taken: set[int] = set()
+    for ns in servers:
+        ports = _sglang_dp_attention_ports(int(ns.port), int(ns.attn_dp_size))
+        assert not ports & taken, sorted(ports & taken)
+        taken |= ports
 
 
 def test_sglang_replicas_over_nodes_run_one_server_a_node(cli, tmp_path: Path):

@@ -43,6 +43,16 @@ class NodeLaunch:
     drop: tuple[str, ...] = field(default=())
 
 
+SGLANG_PORT, PORT_STRIDE = 30000, 1000
+"""The --port of the first SGLang server on a node and the step between the servers of one node. With DP attention
+SGLang binds TCP ports derived from --port: the dist-init port --port + 233 (ZMQ_TCP_PORT_DELTA, single node, no
+--dist-init-addr), then the tokenizer, detokenizer, rpc, metrics and scheduler-input ports at +234 to +238, the load
+collector at +239 and, on its Rust-server path, one scheduler-input port a DP rank from +240
+(sgl-project/sglang @001067ff, python/sglang/srt/server_args.py, PortArgs.init_new; older versions put the DP ranks'
+scheduler-input ports at +239 + dp_rank and the nccl port at --port + 100 to 1000, checked free). Servers 1 apart
+overlapped (server j's +234 is server j+1's +233); 1000 apart, each server's ports stay below the next one's --port
+for any DP size up to 760 ranks."""
+
 UNEVEN = {"sglang": "SGLang starts tp-size / nnodes ranks on every node of a server (entrypoints/engine.py "
                     "_calculate_rank_ranges)",
           "vllm": "llmplan writes vLLM's --nnodes launch for whole nodes only (its documented example: 8 GPUs on "
@@ -92,7 +102,8 @@ def sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
             raise refuse("sglang", f"DP-attention servers of {s} GPUs on nodes of {per_node} would straddle nodes",
                          f"re-plan with --ep dividing {per_node}")
         shares = _shares(copies, per_node // s)
-        nodes = [[[f"--base-gpu-id {j * s}", f"--port {30000 + j}"] for j in range(m)] for m in shares]
+        nodes = [[[f"--base-gpu-id {j * s}", f"--port {SGLANG_PORT + PORT_STRIDE * j}"] for j in range(m)]
+                 for m in shares]
         return NodeLaunch(nodes, (f"# {copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each "
                                   "command is one server on GPUs --base-gpu-id onward, at its own --port; run this "
                                   f"script {_on_nodes(len(shares))} and spread requests over the servers (e.g. a "
