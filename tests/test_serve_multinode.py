@@ -287,3 +287,22 @@ def test_trtllm_refuses_a_dp_attention_server_that_starts_part_way_into_a_node(c
     assert "use --ep 2, 4, 8, 24, 72 on these 72 GPUs" in r.err, r.err
     for ep in ("72", "24", "8", "4"):  # whole nodes, or an even share of one
         assert cli(*DSV3, "--ep", ep).code == 0, ep
+
+
+def test_trtllm_refusal_words_its_own_rule():
+    """Before: 'a server must be whole nodes or an even share of one' under TensorRT-LLM too, though its Mapping
+    (node_rank = rank // gpus_per_node, tensorrt_llm/mapping.py @b35ac1b6) starts a server that spans nodes from a
+    node boundary (straddling_server); the --ep list is the ep values that predicate accepts."""
+    from llmplan.specs.check import dp_attention_nodes_message
+    from llmplan.specs.cluster import ClusterSpec
+    from llmplan.specs.serve import ServePlan
+    from llmplan.specs.registry import builtin_systems
+
+    cluster = ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=9)
+    plan = ServePlan(tp=1, pp=1, dp=72, ep=36, dp_attention=True)
+    msg = dp_attention_nodes_message(plan, cluster, "trtllm")
+    assert "each server that spans nodes must start at a node boundary" in msg, msg
+    assert "even share of one" not in msg and "use --ep 2, 4, 8, 24, 72 on these 72 GPUs" in msg, msg
+    sglang = dp_attention_nodes_message(plan, cluster, "sglang")
+    assert "whole nodes (ep a multiple of 8) or an even share of one (ep dividing 8)" in sglang
+    assert "start at a node boundary" not in sglang
