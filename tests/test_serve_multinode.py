@@ -14,6 +14,7 @@ Every node's command is parsed with the launchers' recorded parsers (tests/data/
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -306,3 +307,27 @@ def test_trtllm_refusal_words_its_own_rule():
     sglang = dp_attention_nodes_message(plan, cluster, "sglang")
     assert "whole nodes (ep a multiple of 8) or an even share of one (ep dividing 8)" in sglang
     assert "start at a node boundary" not in sglang
+
+
+def _notes(script: str) -> str:
+    """The script's comment lines, each note on one line (the export wraps them with '#   ')."""
+    return re.sub(r"\n#   ", " ", script)
+
+
+DPA = ("--model", "qwen3-30b-a3b", "--dp-attention", "--moe-dispatcher", "deepep")
+
+
+@pytest.mark.parametrize("target,nodes,dp,ep,groups", [("vllm", "4", "32", "16", 2), ("sglang", "4", "32", "16", 2),
+                                                        ("sglang", "1", "8", "4", 1)])
+def test_several_servers_notes_say_one_head_address_a_group(cli, tmp_path: Path, target, nodes, dp, ep, groups):
+    """Before: the per-node script laid out the servers and the one-command note still said 'start this command on
+    each group of N GPUs'; with several servers over nodes, the node note said 'HEAD_ADDR the same on all'."""
+    s = _notes(_export(cli, tmp_path, f"{target}{nodes}", target, *DPA, "--nodes", nodes, "--dp", dp, "--ep", ep,
+                       "--engine", target))
+    assert "start this command on each group" not in s and "HEAD_ADDR the same on all" not in s, s
+    if groups > 1:
+        assert (f"# {groups} DP-attention servers of {ep} GPUs (2 nodes each), independent servers as priced: start "
+                "this script on each group of nodes, HEAD_ADDR that group's node 0,") in s, s
+        assert "HEAD_ADDR that server's node 0 on all" in s, s
+    else:
+        assert "# 2 DP-attention servers of 4 GPUs, 2 on a node: each command is one server" in s, s

@@ -74,6 +74,23 @@ def _on_nodes(n: int) -> str:
     return "on its node" if n == 1 else f"on each of the {n} nodes with NODE_RANK 0 to {n - 1}"
 
 
+def _head_note(n: int, per_node: int, groups: int, head: str = "the head") -> str:
+    """The first note of a server over n nodes: where to run the script, and whose address HEAD_ADDR is."""
+    whose = "HEAD_ADDR the same on all" if groups == 1 else "HEAD_ADDR that server's node 0 on all of them"
+    return (f"# one server over {n} nodes of {per_node} GPUs: run this script on each of them with NODE_RANK 0 "
+            f"({head}) to {n - 1}, {whose}\n")
+
+
+def _groups_note(groups: int, what: str, g: int, n: int) -> str:
+    """The note of `groups` independent servers of g GPUs over n nodes each: one group of nodes each, its own
+    HEAD_ADDR; empty for one server."""
+    if groups == 1:
+        return ""
+    return (f"# {groups} {what} of {g} GPUs ({n} nodes each), independent servers as priced: start this script on "
+            "each group of nodes, HEAD_ADDR that group's node 0, and spread requests over the servers (e.g. a "
+            "router)\n")
+
+
 def _shares(servers: int, per_node: int) -> list[int]:
     """Servers (or DP ranks) on each node, `per_node` on each but the last."""
     return [min(per_node, servers - k) for k in range(0, servers, per_node)]
@@ -90,12 +107,8 @@ def sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
         n = _span(s, per_node, "sglang", "a DP-attention server" if p.dp_attention else "a replica (tp x pp)")
         dist = '--dist-init-addr "$HEAD_ADDR:$DIST_PORT"'
         nodes = [[[f"--nnodes {n}", f"--node-rank {k}", dist]] for k in range(n)]
-        note = (f"# one server over {n} nodes of {per_node} GPUs: run this script on each of them with NODE_RANK 0 "
-                f"(the head) to {n - 1}, HEAD_ADDR the same on all\n")
-        if copies > 1 and not p.dp_attention:
-            note += (f"# {copies} replicas as independent servers of {s} GPUs ({n} nodes each), as priced: start "
-                     "this script on each group of nodes, HEAD_ADDR that group's node 0, and spread requests over "
-                     "the servers (e.g. a router)\n")
+        note = _head_note(n, per_node, copies) + _groups_note(
+            copies, "DP-attention servers" if p.dp_attention else "replicas", s, n)
         return NodeLaunch(nodes, note, head=True, ports="DIST_PORT=${DIST_PORT:-20000}\n", drop=("--dp-size",))
     if p.dp_attention and s < per_node and copies > 1:
         if per_node % s:
@@ -141,12 +154,8 @@ def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
                          f"re-plan with tp x pp at most {per_node}, or one replica")
         nodes = [[[f"--nnodes {n}", f"--node-rank {k}", '--master-addr "$HEAD_ADDR"', *(["--headless"] if k else [])]]
                  for k in range(n)]
-        note = (f"# one server over {n} nodes of {per_node} GPUs: run this script on each of them with NODE_RANK 0 "
-                f"(the head, which serves the API) to {n - 1}, HEAD_ADDR the same on all\n")
-        if ranks > 1:
-            note += (f"# {ranks} replicas as independent servers of {unit} GPUs ({n} nodes each), as priced: start "
-                     "this script on each group of nodes, HEAD_ADDR that group's node 0, and spread requests over "
-                     "the servers (e.g. a router)\n")
+        note = _head_note(n, per_node, p.copies, "the head, which serves the API") + _groups_note(
+            p.copies, "DP-attention servers" if p.dp_attention else "replicas", p.gpus_per_copy, n)
         return NodeLaunch(nodes, note, head=True, drop=("--data-parallel-size",))
     if per_node % unit:
         raise refuse("vllm", f"DP ranks of tp x pp = {unit} GPUs on nodes of {per_node} would straddle nodes",
@@ -156,9 +165,10 @@ def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
     common = ['--data-parallel-address "$HEAD_ADDR"', '--data-parallel-rpc-port "$RPC_PORT"']
     nodes = [[[f"--data-parallel-size-local {m}", *([f"--data-parallel-start-rank {k * local}", "--headless"]
                                                     if k else []), *common]] for k, m in enumerate(shares)]
-    return NodeLaunch(nodes, (f"# {ranks} DP ranks of {unit} GPU{'s' * (unit > 1)} over {len(shares)} nodes, one endpoint: run this "
-                              f"script on each node with NODE_RANK 0 (the head, which serves the API) to "
-                              f"{len(shares) - 1}, HEAD_ADDR the same on all\n"), head=True,
+    n, whose = len(shares), "HEAD_ADDR the same on all" if p.copies == 1 else "HEAD_ADDR that server's node 0 on all"
+    note = (f"# {ranks} DP ranks of {unit} GPU{'s' * (unit > 1)} over {n} nodes, one endpoint: run this script on each "
+            f"node with NODE_RANK 0 (the head, which serves the API) to {n - 1}, {whose}\n")
+    return NodeLaunch(nodes, note + _groups_note(p.copies, "DP-attention servers", unit * ranks, n), head=True,
                       ports="RPC_PORT=${RPC_PORT:-13345}\n")
 
 
