@@ -149,7 +149,9 @@ SGLANG_BASE = '''case "$NODE_RANK" in
         python -m sglang.launch_server --model-path "$MODEL" "${ARGS[@]}" \\
             --base-gpu-id 4 \\
             --port 31000 &
-        wait
+        for _ in 1 2; do
+            wait -n || { s=$?; kill $(jobs -p) 2>/dev/null || true; exit "$s"; }
+        done
         ;;
     *) echo "NODE_RANK must be 0 to 0" >&2; exit 2 ;;
 esac
@@ -331,3 +333,28 @@ def test_several_servers_notes_say_one_head_address_a_group(cli, tmp_path: Path,
         assert "HEAD_ADDR that server's node 0 on all" in s, s
     else:
         assert "# 2 DP-attention servers of 4 GPUs, 2 on a node: each command is one server" in s, s
+
+
+def test_a_server_that_dies_ends_the_node_script_with_its_status(cli, tmp_path: Path):
+    """Before: the servers of a node ended in a plain `wait`, which returns 0 however they exited. A stand-in for
+    python on PATH: the server at --base-gpu-id 4 exits 3 at once, the other after a moment with 0."""
+    s = _export(cli, tmp_path, "dpa4", "sglang", *DPA, "--nodes", "1", "--dp", "8", "--ep", "4", "--engine", "sglang")
+    script, bin_dir = tmp_path / "run.sh", tmp_path / "bin"
+    script.write_text(s)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text('#!/bin/bash\ncase " $* " in *" --base-gpu-id 4 "*) exit 3 ;; esac\nsleep 0.5\n')
+    (bin_dir / "python").chmod(0o755)
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30,
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert r.returncode == 3, (r.returncode, r.stderr)
+
+
+def test_every_node_script_parses(cli, tmp_path: Path):
+    for target, args in (("vllm", ("--nodes", "4", "--dp", "32", "--ep", "16")),
+                         ("sglang", ("--nodes", "4", "--dp", "32", "--ep", "16")),
+                         ("sglang", ("--nodes", "1", "--dp", "8", "--ep", "2"))):
+        script = tmp_path / f"{target}.sh"
+        script.write_text(_export(cli, tmp_path, f"{target}{args[3]}", target, *DPA, *args, "--engine", target))
+        r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr

@@ -174,7 +174,8 @@ def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
 
 def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
     """The shell text that runs `command` with the common `flags` (less launch.drop) and each node's own: the
-    head address placeholder and the port lines where the commands need them, NODE_RANK, one case per node."""
+    head address placeholder and the port lines where the commands need them, NODE_RANK, one case per node; several
+    servers on a node run in the background, and the first that exits non-zero ends the script (bash wait -n)."""
     kept = [f for f in flags if f.split(" ", 1)[0] not in launch.drop]
     n = len(launch.nodes)
     text = (HEAD_LINE if launch.head else "") + launch.ports
@@ -189,6 +190,9 @@ def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
             words = [f'{command} "${{ARGS[@]}}"', *extra]
             text += " \\\n".join(f"        {w}" if i == 0 else f"            {w}" for i, w in enumerate(words))
             text += (" &" if many else "") + "\n"
-        text += "        wait\n" if many else ""
+        if many:  # the first server to fail stops the others and the script with its status (plain wait: 0)
+            text += (f"        for _ in {' '.join(str(i + 1) for i in range(len(servers)))}; do\n"
+                     '            wait -n || { s=$?; kill $(jobs -p) 2>/dev/null || true; exit "$s"; }\n'
+                     "        done\n")
         text += "        ;;\n"
     return text + f'    *) echo "NODE_RANK must be 0 to {n - 1}" >&2; exit 2 ;;\nesac\n'
