@@ -11,8 +11,11 @@ _HybridEPManager never reads the switch.
 
 from __future__ import annotations
 
+import math
+import tracemalloc
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from llmplan.cost.comm import ep_transfers
@@ -39,6 +42,38 @@ def test_expected_pad_by_hand():
     # a count spread over many multiples of the alignment: the residue is uniform, (a - 1) / 2
     assert expected_alignment_pad(8192, 8000, 32) == pytest.approx(15.5, rel=1e-3)
     assert expected_alignment_pad(8192, 8000, 16) == pytest.approx(7.5, rel=1e-3)
+
+
+def _binomial_pad(T: int, p: float, a: int) -> float:
+    """E[(-n) mod a] for n ~ Binomial(T, p), the pmf from lgamma, summed to 12 sd above the mean (independent of
+    the code under test)."""
+    mu, sd = T * p, math.sqrt(T * p * (1 - p))
+    total = 0.0
+    for n in range(0, min(T, int(mu + 12 * sd + 20)) + 1):
+        log_pmf = (math.lgamma(T + 1) - math.lgamma(n + 1) - math.lgamma(T - n + 1) + n * math.log(p)
+                   + (T - n) * math.log1p(-p))
+        total += math.exp(log_pmf) * ((-n) % a)
+    return total
+
+
+@pytest.mark.parametrize("T,p,a", [(64, 1 / 32, 16), (32, 1 / 32, 16), (64, 1 / 32, 256), (128, 1 / 32, 16),
+                                   (520, 1 / 32, 16), (1024, 1 / 32, 32), (2048, 1 / 32, 32), (4096, 1 / 32, 32),
+                                   (600, 1 / 32, 256), (8, 1 / 4, 16), (200, 1 / 4, 32), (131072, 1 / 32, 16)])
+def test_expected_pad_matches_the_exact_binomial(T, p, a):
+    """Before: a normal law clamped at 0 (the count 0 weighted once per clamped integer): DeepSeek-V3's 64 tokens a
+    rank (E 256, k 8: Binomial(64, 1/32), mean 2) at 16 gave 6.6 rows against the binomial's 11.9."""
+    assert expected_alignment_pad(T * p, T * p * (1 - p), a) == pytest.approx(_binomial_pad(T, p, a), rel=2e-3)
+
+
+def test_expected_pad_arrays_do_not_grow_with_the_spread():
+    """Before: a (2J + 1) x N array, J 6 sd: 12,000 x 2,000 floats for counts of sd 1,000."""
+    mean = np.linspace(1.0, 1e6, 2000)
+    tracemalloc.start()
+    out = expected_alignment_pad(mean, mean * (31 / 32), 16)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert out.shape == (2000,) and peak < 64 * 2000 * 8 * 12
+    assert np.allclose(out[mean > 1e4], 7.5, atol=1e-3)
 
 
 def test_alignment_per_recipe():

@@ -14,6 +14,7 @@ Every node's command is parsed with the launchers' recorded parsers (tests/data/
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -147,8 +148,10 @@ SGLANG_BASE = '''case "$NODE_RANK" in
             --port 30000 &
         python -m sglang.launch_server --model-path "$MODEL" "${ARGS[@]}" \\
             --base-gpu-id 4 \\
-            --port 30001 &
-        wait
+            --port 31000 &
+        for _ in 1 2; do
+            wait -n || { s=$?; kill $(jobs -p) 2>/dev/null || true; exit "$s"; }
+        done
         ;;
     *) echo "NODE_RANK must be 0 to 0" >&2; exit 2 ;;
 esac
@@ -162,6 +165,28 @@ def test_sglang_dp_attention_servers_smaller_than_a_node_get_their_own_gpus_and_
     assert _cases(s) == SGLANG_BASE
     assert "NODE_RANK=${NODE_RANK:-0}\n" in s and "HEAD_ADDR" not in s
     assert [int(_parsed(s, "sglang", j).base_gpu_id) for j in (0, 1)] == [0, 4]
+
+
+def _sglang_dp_attention_ports(port: int, dp_size: int) -> set[int]:
+    """The TCP ports an SGLang DP-attention server on one node binds from its --port, read in sgl-project/sglang
+    @001067ff python/sglang/srt/server_args.py PortArgs.init_new (ZMQ_TCP_PORT_DELTA = 233; dist-init port, then
+    port_base = dist-init + 1 .. + 5, one scheduler-input port per DP rank from port_base + 6 on the Rust path) and
+    in its older form (scheduler input of DP rank r at port_base + 5 + r)."""
+    dist = port + 233
+    return {port, dist, *range(dist + 1, dist + 1 + 6 + dp_size)}
+
+
+def test_sglang_servers_on_one_node_bind_disjoint_ports(cli, tmp_path: Path):
+    """Before: --port 30000 and 30001, so server 0's tokenizer port (30234) was server 1's dist-init port."""
+    s = _export(cli, tmp_path, "dpa2", "sglang", "--model", "qwen3-30b-a3b", "--nodes", "1", "--dp-attention",
+                "--dp", "8", "--ep", "2", "--moe-dispatcher", "deepep", "--engine", "sglang")
+    servers = [_parsed(s, "sglang", j) for j in range(4)]
+    assert [int(ns.base_gpu_id) for ns in servers] == [0, 2, 4, 6]
+    taken: set[int] = set()
+    for ns in servers:
+        ports = _sglang_dp_attention_ports(int(ns.port), int(ns.attn_dp_size))
+        assert not ports & taken, sorted(ports & taken)
+        taken |= ports
 
 
 def test_sglang_replicas_over_nodes_run_one_server_a_node(cli, tmp_path: Path):
@@ -265,3 +290,71 @@ def test_trtllm_refuses_a_dp_attention_server_that_starts_part_way_into_a_node(c
     assert "use --ep 2, 4, 8, 24, 72 on these 72 GPUs" in r.err, r.err
     for ep in ("72", "24", "8", "4"):  # whole nodes, or an even share of one
         assert cli(*DSV3, "--ep", ep).code == 0, ep
+
+
+def test_trtllm_refusal_words_its_own_rule():
+    """Before: 'a server must be whole nodes or an even share of one' under TensorRT-LLM too, though its Mapping
+    (node_rank = rank // gpus_per_node, tensorrt_llm/mapping.py @b35ac1b6) starts a server that spans nodes from a
+    node boundary (straddling_server); the --ep list is the ep values that predicate accepts."""
+    from llmplan.specs.check import dp_attention_nodes_message
+    from llmplan.specs.cluster import ClusterSpec
+    from llmplan.specs.serve import ServePlan
+    from llmplan.specs.registry import builtin_systems
+
+    cluster = ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=9)
+    plan = ServePlan(tp=1, pp=1, dp=72, ep=36, dp_attention=True)
+    msg = dp_attention_nodes_message(plan, cluster, "trtllm")
+    assert "each server that spans nodes must start at a node boundary" in msg, msg
+    assert "even share of one" not in msg and "use --ep 2, 4, 8, 24, 72 on these 72 GPUs" in msg, msg
+    sglang = dp_attention_nodes_message(plan, cluster, "sglang")
+    assert "whole nodes (ep a multiple of 8) or an even share of one (ep dividing 8)" in sglang
+    assert "start at a node boundary" not in sglang
+
+
+def _notes(script: str) -> str:
+    """The script's comment lines, each note on one line (the export wraps them with '#   ')."""
+    return re.sub(r"\n#   ", " ", script)
+
+
+DPA = ("--model", "qwen3-30b-a3b", "--dp-attention", "--moe-dispatcher", "deepep")
+
+
+@pytest.mark.parametrize("target,nodes,dp,ep,groups", [("vllm", "4", "32", "16", 2), ("sglang", "4", "32", "16", 2),
+                                                        ("sglang", "1", "8", "4", 1)])
+def test_several_servers_notes_say_one_head_address_a_group(cli, tmp_path: Path, target, nodes, dp, ep, groups):
+    """Before: the per-node script laid out the servers and the one-command note still said 'start this command on
+    each group of N GPUs'; with several servers over nodes, the node note said 'HEAD_ADDR the same on all'."""
+    s = _notes(_export(cli, tmp_path, f"{target}{nodes}", target, *DPA, "--nodes", nodes, "--dp", dp, "--ep", ep,
+                       "--engine", target))
+    assert "start this command on each group" not in s and "HEAD_ADDR the same on all" not in s, s
+    if groups > 1:
+        assert (f"# {groups} DP-attention servers of {ep} GPUs (2 nodes each), independent servers as priced: start "
+                "this script on each group of nodes, HEAD_ADDR that group's node 0,") in s, s
+        assert "HEAD_ADDR that server's node 0 on all" in s, s
+    else:
+        assert "# 2 DP-attention servers of 4 GPUs, 2 on a node: each command is one server" in s, s
+
+
+def test_a_server_that_dies_ends_the_node_script_with_its_status(cli, tmp_path: Path):
+    """Before: the servers of a node ended in a plain `wait`, which returns 0 however they exited. A stand-in for
+    python on PATH: the server at --base-gpu-id 4 exits 3 at once, the other after a moment with 0."""
+    s = _export(cli, tmp_path, "dpa4", "sglang", *DPA, "--nodes", "1", "--dp", "8", "--ep", "4", "--engine", "sglang")
+    script, bin_dir = tmp_path / "run.sh", tmp_path / "bin"
+    script.write_text(s)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text('#!/bin/bash\ncase " $* " in *" --base-gpu-id 4 "*) exit 3 ;; esac\nsleep 0.5\n')
+    (bin_dir / "python").chmod(0o755)
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30,
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert r.returncode == 3, (r.returncode, r.stderr)
+
+
+def test_every_node_script_parses(cli, tmp_path: Path):
+    for target, args in (("vllm", ("--nodes", "4", "--dp", "32", "--ep", "16")),
+                         ("sglang", ("--nodes", "4", "--dp", "32", "--ep", "16")),
+                         ("sglang", ("--nodes", "1", "--dp", "8", "--ep", "2"))):
+        script = tmp_path / f"{target}.sh"
+        script.write_text(_export(cli, tmp_path, f"{target}{args[3]}", target, *DPA, *args, "--engine", target))
+        r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr

@@ -150,3 +150,23 @@ def test_megatron_fsdp_all_reduces_only_the_local_shard(zero, dp_replicate, shar
     assert float(summed) == pytest.approx(1_047_895_040 / shard, rel=1e-12)
     live = [t for t in tp_step_end_transfers(m, plan, "tp") if t.calls]
     assert float(live[0].message) == pytest.approx(4 * 1_047_895_040 / shard, rel=1e-12)
+
+
+def test_deepspeed_autotp_zero2_limitation_is_written(cli, tmp_path):
+    """fsdp_tp_sync_shard prices Megatron-FSDP's local-shard all-reduce for any ZeRO >= 2 plan with tp_impl
+    megatron, and export.deepspeed takes such a plan (AutoTP with ZeRO 2), though DeepSpeed has no Megatron-FSDP
+    all-reduce: the limitation stands in docs/formulas.md#comm.tp_grad_sync (before: not written)."""
+    from pathlib import Path
+
+    from llmplan.cost.comm import fsdp_tp_sync_shard
+
+    plan_path = tmp_path / "ds.json"
+    assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "2",
+               "--dp", "4", "--zero", "2", "--no-sp", "--save", plan_path).code == 0
+    assert cli("export", plan_path, "--to", "deepspeed", "-o", tmp_path / "ds").code == 0
+    plan = ParallelPlan(tp=2, pp=1, dp=4, zero=2, sp=False, micro_batch=1, global_batch=64, seq_len=4096)
+    assert plan.tp_impl == "megatron" and fsdp_tp_sync_shard(plan) == 4
+    doc = (Path(__file__).parent.parent / "docs" / "formulas.md").read_text()
+    section = doc[doc.index("## comm.tp_grad_sync"):]
+    section = section[:section.index("\n## ", 1)]
+    assert "ZeRO-2 + AutoTP plan exported to DeepSpeed" in section and "not a DeepSpeed mechanism" in section

@@ -95,19 +95,62 @@ def router_padding_align(m: ModelSpec, plan: ParallelPlan) -> Any:
     return where(fused_mlp_path(plan) & fused, 256, recipe)
 
 
+PAD_WINDOW, PAD_BLOCKS = 64, 16
+"""Counts summed one by one (0 to PAD_WINDOW - 1) for means of at most PAD_WINDOW / 4, and multiples of the alignment
+summed (PAD_BLOCKS) for larger means: fixed array sizes, whatever the spread (expected_alignment_pad)."""
+
+
+def _normal_sf(z: Any) -> Any:
+    """P(Z > z) for a standard normal Z, elementwise, absolute error below 1e-7 (erfc by Abramowitz & Stegun,
+    Handbook of Mathematical Functions, 1964, formula 7.1.26). Derived: docs/formulas.md#moe.router_padding"""
+    x = np.abs(z) / np.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * x)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    half = 0.5 * poly * np.exp(-x * x)
+    return np.where(z >= 0, half, 1.0 - half)
+
+
+def _pad_counted(mu: Any, v: Any, a: Any) -> Any:
+    """E[(-n) mod a] summed over n = 0 .. PAD_WINDOW - 1, n Binomial(mu / q, q) with q = 1 - v / mu (Poisson(mu)
+    where v >= mu): the pmf by its ratio p(n + 1) / p(n) = (mu - n q) / ((n + 1) (1 - q)) from p(0) = (1 - q)^(mu/q).
+    Exact for a binomial count of mean at most PAD_WINDOW / 4. Derived: docs/formulas.md#moe.router_padding"""
+    q = np.clip(1.0 - v / np.where(mu > 0, mu, 1.0), 0.0, 1.0 - 1e-12)
+    n = np.arange(PAD_WINDOW, dtype=float).reshape((-1,) + (1,) * mu.ndim)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_p0 = np.where(q > 0, mu / np.where(q > 0, q, 1.0) * np.log1p(-q), -mu)
+        log_ratio = np.log(np.maximum(mu - n[:-1] * q, 0.0)) - np.log((n[:-1] + 1) * (1 - q))
+    log_p = np.concatenate([log_p0[None], log_p0 + np.cumsum(log_ratio, axis=0)])
+    return (np.exp(log_p) * np.mod(-n, a)).sum(axis=0)
+
+
+def _pad_blocks(mu: Any, sd: Any, a: Any) -> Any:
+    """E[(-n) mod a] = a E[ceil(n / a)] - E[n], E[n] = mu, E[ceil(n / a)] = sum over m >= 0 of P(n > m a), n a
+    normal law rounded to the integers (P(n > m a) = P(X > m a + 1/2)) with the binomial's skewness (1 - 2 p) / sd
+    as its first Edgeworth term (Feller, An Introduction to Probability Theory and Its Applications II, 1971,
+    XVI.4): the PAD_BLOCKS multiples from 8 sd below the mean counted, those below it 1 each; (a - 1) / 2 (a uniform
+    residue, error below e^(-2 pi^2 (sd / a)^2)) where 8 sd covers more of them.
+    Derived: docs/formulas.md#moe.router_padding"""
+    lo = np.maximum(np.floor((mu - 8 * sd) / a), 0.0)
+    m = lo + np.arange(PAD_BLOCKS, dtype=float).reshape((-1,) + (1,) * mu.ndim)
+    s = np.where(sd > 0, sd, 1.0)
+    z = (m * a + 0.5 - mu) / s
+    skew = (2 * sd * sd / np.where(mu > 0, mu, 1.0) - 1) / s
+    tail = (_normal_sf(z) + skew / 6 * (z * z - 1) * np.exp(-z * z / 2) / np.sqrt(2 * np.pi)).sum(axis=0)
+    blocks = a * (lo + tail) - mu
+    return np.where(16 * sd + 2 * a <= PAD_BLOCKS * a, blocks, (a - 1) / 2)
+
+
 def expected_alignment_pad(mean: Any, var: Any, align: Any) -> Any:
-    """Expected rows (-n) mod align that pad a count n up to a multiple of align, n an integer count of mean `mean`
-    and variance `var` (a normal law on the integers within 6 standard deviations; var 0: n = round(mean)).
-    About (align - 1) / 2 once the spread covers several multiples of align; align - mean for small counts.
-    Elementwise. Derived: docs/formulas.md#moe.router_padding"""
+    """Expected rows (-n) mod align that pad a count n up to a multiple of align, n a binomial count of mean
+    `mean` and variance `var` (Binomial(T, p): mean T p, var T p (1 - p); var 0: n = round(mean)). Means up to
+    PAD_WINDOW / 4: the pmf summed (_pad_counted, exact); above: by multiples of align over a normal law
+    (_pad_blocks), about (align - 1) / 2 once the spread covers several multiples of align. Array sizes fixed
+    (PAD_WINDOW, PAD_BLOCKS), whatever the spread. Elementwise. Derived: docs/formulas.md#moe.router_padding"""
     mu, v, a = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (mean, var, align)))
-    sd = np.sqrt(np.maximum(v, 0.0))
-    J = int(np.ceil(6 * float(sd.max(initial=0.0)))) + 1
-    j = np.arange(-J, J + 1).reshape((-1,) + (1,) * mu.ndim)
-    n = np.maximum(np.round(mu) + j, 0.0)
-    w = np.where(sd > 0, np.exp(-0.5 * ((n - mu) / np.where(sd > 0, sd, 1.0)) ** 2), (j == 0) * 1.0)
-    pad = np.mod(-n, a)
-    out = (w * pad).sum(axis=0) / w.sum(axis=0)
+    v = np.maximum(v, 0.0)
+    fixed = np.mod(-np.maximum(np.round(mu), 0.0), a)
+    out = np.where(v <= 0, fixed, np.where(mu <= PAD_WINDOW / 4, _pad_counted(mu, v, a),
+                                           _pad_blocks(mu, np.sqrt(v), a)))
     return float(out) if out.ndim == 0 else out
 
 

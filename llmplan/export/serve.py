@@ -194,10 +194,10 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     if p.weight_dtype in ("mxfp8", "nvfp4"):
         note += (f"# {p.weight_dtype} weights: point MODEL at a pre-quantised {p.weight_dtype} checkpoint (e.g. "
                  "NVIDIA ModelOpt); vLLM reads its quantisation from the checkpoint\n")
-    note += moe_notes(pf)
+    nodes = vllm_nodes(pf)
+    note += moe_notes(pf, laid_out=nodes is not None)
     text = (sh_header(pf, "vLLM (vllm serve; flags checked against vLLM 0.33.0)") + "set -euo pipefail\n" + note
             + cap_note + fraction_note + spec_note + sizes_note + context_note(pf, "--max-model-len"))
-    nodes = vllm_nodes(pf)
     if nodes is None:
         text += _model_var(pf) + "\n" + 'vllm serve "$MODEL" \\\n' + " \\\n".join(f"    {f}" for f in flags) + "\n"
     else:
@@ -223,7 +223,8 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     note = cap_note + fraction_note + chunk_note + sizes_note
     if p.weight_dtype in ("int4", "int8", "mxfp8", "nvfp4"):
         note += f"# {p.weight_dtype} weights: point MODEL at a pre-quantised checkpoint\n"
-    note += moe_notes(pf)
+    nodes = sglang_nodes(pf)
+    note += moe_notes(pf, laid_out=nodes is not None)
     # SGLang's --tp-size counts every GPU of the instance; with DP attention --attn-dp-size splits them into
     # attention ranks (attention TP = tp-size / attn-dp-size) while the experts spread over --ep-size; SGLang
     # 0.5.23 refuses --dp-size > 1 with --attn-dp-size > 1 (arg_groups/parallel_hook.py).
@@ -248,7 +249,6 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     note += spec_note
     text = (sh_header(pf, "SGLang (python -m sglang.launch_server; flags checked against SGLang 0.5.23)") + "set -euo pipefail\n" + note
             + context_note(pf, "--context-length"))
-    nodes = sglang_nodes(pf)
     command = 'python -m sglang.launch_server --model-path "$MODEL"'
     if nodes is None:
         text += _model_var(pf) + "\n" + command + " \\\n" + " \\\n".join(f"    {f}" for f in flags) + "\n"
@@ -347,8 +347,9 @@ def vllm_moe_flags(pf: PlanFile) -> list[tuple[str, object]]:
             ("--enable-eplb", bool(p.redundant_experts)), ("--eplb-config", eplb), ("--kv-transfer-config", kv)]
 
 
-def moe_notes(pf: PlanFile) -> str:
-    """Comment lines for what the launch line cannot say: the other pool, the expert checkpoint."""
+def moe_notes(pf: PlanFile, laid_out: bool = False) -> str:
+    """Comment lines for what the launch line cannot say: the other pool, the expert checkpoint, the DP-attention
+    servers (left to the per-node script's notes where it lays them out: `laid_out`, export.serve_nodes)."""
     p = pf.plan
     out = ""
     if p.phase != "both":
@@ -357,7 +358,7 @@ def moe_notes(pf: PlanFile) -> str:
                 "each request to both (the KV cache moves between them)\n")
     if p.expert_dtype:
         out += f"# routed experts in {p.expert_dtype}: point MODEL at a checkpoint whose experts are {p.expert_dtype}\n"
-    if p.dp_attention and p.copies > 1:
+    if p.dp_attention and p.copies > 1 and not laid_out:
         out += (f"# DP attention over {p.num_gpus} GPUs as {p.copies} independent servers of {p.ep} GPUs (dp {p.dp} / "
                 f"ep {p.ep}), as priced: start this command on each group of {p.ep} GPUs and spread requests over "
                 "the servers (e.g. a router)\n")

@@ -43,6 +43,16 @@ class NodeLaunch:
     drop: tuple[str, ...] = field(default=())
 
 
+SGLANG_PORT, PORT_STRIDE = 30000, 1000
+"""The --port of the first SGLang server on a node and the step between the servers of one node. With DP attention
+SGLang binds TCP ports derived from --port: the dist-init port --port + 233 (ZMQ_TCP_PORT_DELTA, single node, no
+--dist-init-addr), then the tokenizer, detokenizer, rpc, metrics and scheduler-input ports at +234 to +238, the load
+collector at +239 and, on its Rust-server path, one scheduler-input port a DP rank from +240
+(sgl-project/sglang @001067ff, python/sglang/srt/server_args.py, PortArgs.init_new; older versions put the DP ranks'
+scheduler-input ports at +239 + dp_rank and the nccl port at --port + 100 to 1000, checked free). Servers 1 apart
+overlapped (server j's +234 is server j+1's +233); 1000 apart, each server's ports stay below the next one's --port
+for any DP size up to 760 ranks."""
+
 UNEVEN = {"sglang": "SGLang starts tp-size / nnodes ranks on every node of a server (entrypoints/engine.py "
                     "_calculate_rank_ranges)",
           "vllm": "llmplan writes vLLM's --nnodes launch for whole nodes only (its documented example: 8 GPUs on "
@@ -64,6 +74,23 @@ def _on_nodes(n: int) -> str:
     return "on its node" if n == 1 else f"on each of the {n} nodes with NODE_RANK 0 to {n - 1}"
 
 
+def _head_note(n: int, per_node: int, groups: int, head: str = "the head") -> str:
+    """The first note of a server over n nodes: where to run the script, and whose address HEAD_ADDR is."""
+    whose = "HEAD_ADDR the same on all" if groups == 1 else "HEAD_ADDR that server's node 0 on all of them"
+    return (f"# one server over {n} nodes of {per_node} GPUs: run this script on each of them with NODE_RANK 0 "
+            f"({head}) to {n - 1}, {whose}\n")
+
+
+def _groups_note(groups: int, what: str, g: int, n: int) -> str:
+    """The note of `groups` independent servers of g GPUs over n nodes each: one group of nodes each, its own
+    HEAD_ADDR; empty for one server."""
+    if groups == 1:
+        return ""
+    return (f"# {groups} {what} of {g} GPUs ({n} nodes each), independent servers as priced: start this script on "
+            "each group of nodes, HEAD_ADDR that group's node 0, and spread requests over the servers (e.g. a "
+            "router)\n")
+
+
 def _shares(servers: int, per_node: int) -> list[int]:
     """Servers (or DP ranks) on each node, `per_node` on each but the last."""
     return [min(per_node, servers - k) for k in range(0, servers, per_node)]
@@ -80,19 +107,16 @@ def sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
         n = _span(s, per_node, "sglang", "a DP-attention server" if p.dp_attention else "a replica (tp x pp)")
         dist = '--dist-init-addr "$HEAD_ADDR:$DIST_PORT"'
         nodes = [[[f"--nnodes {n}", f"--node-rank {k}", dist]] for k in range(n)]
-        note = (f"# one server over {n} nodes of {per_node} GPUs: run this script on each of them with NODE_RANK 0 "
-                f"(the head) to {n - 1}, HEAD_ADDR the same on all\n")
-        if copies > 1 and not p.dp_attention:
-            note += (f"# {copies} replicas as independent servers of {s} GPUs ({n} nodes each), as priced: start "
-                     "this script on each group of nodes, HEAD_ADDR that group's node 0, and spread requests over "
-                     "the servers (e.g. a router)\n")
+        note = _head_note(n, per_node, copies) + _groups_note(
+            copies, "DP-attention servers" if p.dp_attention else "replicas", s, n)
         return NodeLaunch(nodes, note, head=True, ports="DIST_PORT=${DIST_PORT:-20000}\n", drop=("--dp-size",))
     if p.dp_attention and s < per_node and copies > 1:
         if per_node % s:
             raise refuse("sglang", f"DP-attention servers of {s} GPUs on nodes of {per_node} would straddle nodes",
                          f"re-plan with --ep dividing {per_node}")
         shares = _shares(copies, per_node // s)
-        nodes = [[[f"--base-gpu-id {j * s}", f"--port {30000 + j}"] for j in range(m)] for m in shares]
+        nodes = [[[f"--base-gpu-id {j * s}", f"--port {SGLANG_PORT + PORT_STRIDE * j}"] for j in range(m)]
+                 for m in shares]
         return NodeLaunch(nodes, (f"# {copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each "
                                   "command is one server on GPUs --base-gpu-id onward, at its own --port; run this "
                                   f"script {_on_nodes(len(shares))} and spread requests over the servers (e.g. a "
@@ -130,12 +154,8 @@ def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
                          f"re-plan with tp x pp at most {per_node}, or one replica")
         nodes = [[[f"--nnodes {n}", f"--node-rank {k}", '--master-addr "$HEAD_ADDR"', *(["--headless"] if k else [])]]
                  for k in range(n)]
-        note = (f"# one server over {n} nodes of {per_node} GPUs: run this script on each of them with NODE_RANK 0 "
-                f"(the head, which serves the API) to {n - 1}, HEAD_ADDR the same on all\n")
-        if ranks > 1:
-            note += (f"# {ranks} replicas as independent servers of {unit} GPUs ({n} nodes each), as priced: start "
-                     "this script on each group of nodes, HEAD_ADDR that group's node 0, and spread requests over "
-                     "the servers (e.g. a router)\n")
+        note = _head_note(n, per_node, p.copies, "the head, which serves the API") + _groups_note(
+            p.copies, "DP-attention servers" if p.dp_attention else "replicas", p.gpus_per_copy, n)
         return NodeLaunch(nodes, note, head=True, drop=("--data-parallel-size",))
     if per_node % unit:
         raise refuse("vllm", f"DP ranks of tp x pp = {unit} GPUs on nodes of {per_node} would straddle nodes",
@@ -145,15 +165,17 @@ def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
     common = ['--data-parallel-address "$HEAD_ADDR"', '--data-parallel-rpc-port "$RPC_PORT"']
     nodes = [[[f"--data-parallel-size-local {m}", *([f"--data-parallel-start-rank {k * local}", "--headless"]
                                                     if k else []), *common]] for k, m in enumerate(shares)]
-    return NodeLaunch(nodes, (f"# {ranks} DP ranks of {unit} GPU{'s' * (unit > 1)} over {len(shares)} nodes, one endpoint: run this "
-                              f"script on each node with NODE_RANK 0 (the head, which serves the API) to "
-                              f"{len(shares) - 1}, HEAD_ADDR the same on all\n"), head=True,
+    n, whose = len(shares), "HEAD_ADDR the same on all" if p.copies == 1 else "HEAD_ADDR that server's node 0 on all"
+    note = (f"# {ranks} DP ranks of {unit} GPU{'s' * (unit > 1)} over {n} nodes, one endpoint: run this script on each "
+            f"node with NODE_RANK 0 (the head, which serves the API) to {n - 1}, {whose}\n")
+    return NodeLaunch(nodes, note + _groups_note(p.copies, "DP-attention servers", unit * ranks, n), head=True,
                       ports="RPC_PORT=${RPC_PORT:-13345}\n")
 
 
 def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
     """The shell text that runs `command` with the common `flags` (less launch.drop) and each node's own: the
-    head address placeholder and the port lines where the commands need them, NODE_RANK, one case per node."""
+    head address placeholder and the port lines where the commands need them, NODE_RANK, one case per node; several
+    servers on a node run in the background, and the first that exits non-zero ends the script (bash wait -n)."""
     kept = [f for f in flags if f.split(" ", 1)[0] not in launch.drop]
     n = len(launch.nodes)
     text = (HEAD_LINE if launch.head else "") + launch.ports
@@ -168,6 +190,9 @@ def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
             words = [f'{command} "${{ARGS[@]}}"', *extra]
             text += " \\\n".join(f"        {w}" if i == 0 else f"            {w}" for i, w in enumerate(words))
             text += (" &" if many else "") + "\n"
-        text += "        wait\n" if many else ""
+        if many:  # the first server to fail stops the others and the script with its status (plain wait: 0)
+            text += (f"        for _ in {' '.join(str(i + 1) for i in range(len(servers)))}; do\n"
+                     '            wait -n || { s=$?; kill $(jobs -p) 2>/dev/null || true; exit "$s"; }\n'
+                     "        done\n")
         text += "        ;;\n"
     return text + f'    *) echo "NODE_RANK must be 0 to {n - 1}" >&2; exit 2 ;;\nesac\n'

@@ -363,10 +363,14 @@ def straddling_server(plan: ServePlan, cluster: ClusterSpec, engine: str = "sgla
     nodes (topology.placement), spans a node boundary with uneven ranks per node (ep neither a multiple nor a
     divisor of the GPUs per node), under TensorRT-LLM the first that also starts part way into a node, or None
     when none does."""
-    g, per_node = plan.ep, cluster.gpus_per_node_used
+    return _first_straddling(plan.ep, cluster.gpus_per_node_used, plan.num_gpus // plan.ep, engine)
+
+
+def _first_straddling(g: int, per_node: int, servers: int, engine: str) -> int | None:
+    """straddling_server for `servers` servers of g GPUs placed one after another on nodes of per_node GPUs."""
     if g % per_node == 0 or per_node % g == 0:
         return None
-    return next((k for k in range(plan.num_gpus // g) if k * g // per_node != ((k + 1) * g - 1) // per_node
+    return next((k for k in range(servers) if k * g // per_node != ((k + 1) * g - 1) // per_node
                  and (engine != "trtllm" or k * g % per_node)), None)
 
 
@@ -376,22 +380,30 @@ NODE_ALIGNED = {
     "trtllm": "TensorRT-LLM's Mapping puts rank r of a server on node r // gpus_per_node (tensorrt_llm/mapping.py "
               "node_rank, local_rank)",
 }
-"""The engines whose DP-attention servers must be whole nodes or an even share of one, and why
-(dp_attention_server_nodes_ok)."""
+"""The engines whose DP-attention servers cannot straddle node boundaries as placed, and why
+(dp_attention_server_nodes_ok): under SGLang a server is whole nodes or an even share of one; under TensorRT-LLM each
+server that spans nodes starts at a node boundary (NODE_RULE)."""
+
+NODE_RULE = {
+    "sglang": "a server must be whole nodes (ep a multiple of {per_node}) or an even share of one (ep dividing "
+              "{per_node})",
+    "trtllm": "each server that spans nodes must start at a node boundary (servers of ep GPUs placed one after "
+              "another do where ep is a multiple of {per_node} or divides it, or where one server takes all the GPUs)",
+}
+"""What NODE_ALIGNED's placement asks of a DP-attention server, per engine (dp_attention_nodes_message)."""
 
 
 def dp_attention_nodes_message(plan: ServePlan, cluster: ClusterSpec, engine: str = "sglang") -> str:
     """Why `engine` cannot start a DP-attention server straddling node boundaries (dp_attention_server_nodes_ok),
     with the ep values it can start on these GPUs."""
     g, per_node, n = plan.ep, cluster.gpus_per_node_used, plan.num_gpus
-    valid = [e for e in divisors(n) if e > 1 and (e % per_node == 0 or per_node % e == 0)]
+    valid = [e for e in divisors(n) if e > 1 and _first_straddling(e, per_node, n // e, engine) is None]
     k = straddling_server(plan, cluster, engine)
     where = "" if k is None else f" (server {k + 1} takes GPUs {k * g}-{(k + 1) * g - 1})"
     return (f"--dp-attention under {engine}: servers of ep {g} GPUs on consecutive GPUs of nodes of {per_node} "
-            f"straddle node boundaries with uneven ranks per node{where}; {NODE_ALIGNED[engine]}, so a server must "
-            f"be whole nodes (ep a multiple of {per_node}) or an even share of one (ep dividing "
-            f"{per_node}); use --ep {bounded_list(valid)} on these {n} GPUs (the experts permitting), or --engine "
-            "vllm, which takes uneven ranks per node")
+            f"straddle node boundaries with uneven ranks per node{where}; {NODE_ALIGNED[engine]}, so "
+            f"{NODE_RULE[engine].format(per_node=per_node)}; use --ep {bounded_list(valid)} on these {n} GPUs (the "
+            "experts permitting), or --engine vllm, which takes uneven ranks per node")
 
 
 def ep_serve_engine_message(m: ModelSpec, plan: ServePlan, job: ServeJob) -> str:
