@@ -45,9 +45,10 @@ def test_the_off_arms_all_to_alls_cannot_carry_its_miss(arms):
 def test_rows_on_the_same_path_are_priced_fast_and_bf16_rows_slow(published_runs, arms):
     off, _ = arms
     assert off["err"] < -8
-    # the rows on the same all-to-all path are priced fast (the two 26.x rows +8.7 / +9.6%, the 25.09 row +2.8%
-    # since docs/validation.md#routing-passes): none slow like the arm
-    assert all(P.take_apart(published_runs[rid])["err"] > 0 for rid in P.SAME_PATH)
+    # the rows on the same all-to-all path are priced near (the two 26.x rows -1.4 / -0.6% since the quantisation
+    # padding and the later stages' gathers, docs/validation.md#dsv3-variants, #te-ce-later-stages; +8.7 / +9.6%
+    # before; the 25.09 row +0.4%): none slow like the arm (under -8%)
+    assert all(P.take_apart(published_runs[rid])["err"] > -4 for rid in P.SAME_PATH)
     assert all(P.take_apart(published_runs[rid])["err"] < -8 for rid in P.SAME_PRECISION)
 
 
