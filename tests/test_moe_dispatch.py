@@ -110,6 +110,32 @@ def test_deepep_cannot_pad_to_capacity():
     assert len(v) == 1 and "moe_capacity_factor (1.25)" in v[0].message and "--moe-dispatcher alltoall" in v[0].message
 
 
+def test_cli_refuses_deepep_backend_padding_in_one_line(cli):
+    # Megatron-Core TransformerConfig.__post_init__ (NVIDIA/Megatron-LM 6513e3e23, d98e8a6): "Flex token dispatcher
+    # with deepep backend does not support moe_pad_expert_input_to_capacity" (core_v0.14.0: any flex dispatcher)
+    args = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--ep", "8", "--dp", "8",
+            "--moe-dispatcher", "deepep", "--moe-capacity-factor", "1.25")
+    r = cli(*args)
+    assert r.code == 2 and r.out == "" and len(r.err.strip().splitlines()) == 1
+    assert "moe_capacity_factor (1.25)" in r.err and "deepep backend" in r.err and "hybridep" in r.err
+    assert "Traceback" not in r.err
+    assert cli(*args, "--moe-flex-backend", "hybridep").code == 0
+
+
+def test_megatron_export_pads_to_capacity_with_hybridep():
+    # the HybridEP backend pads (token_dispatcher.py _HybridEPManager drop_and_pad at 6513e3e23): flex, hybridep,
+    # the capacity factor and the padding flag, as Megatron-Bridge's Nemotron-3 Super H100 recipe runs them
+    base = load_plan(PLANS / "moe_train.json")
+    pf = dataclasses.replace(base, plan=base.plan.model_copy(update={
+        "moe_dispatcher": "deepep", "moe_flex_backend": "hybridep", "moe_capacity_factor": 1.25}))
+    assert check_plan(pf.model, pf.plan, pf.cluster) == []
+    ns, _ = parse_megatron(render_all(pf, "megatron")[0]["megatron_pretrain.sh"])
+    assert ns.moe_token_dispatcher_type == "flex" and ns.moe_flex_dispatcher_backend == "hybridep"
+    assert float(ns.moe_expert_capacity_factor) == 1.25 and ns.moe_pad_expert_input_to_capacity
+    deepep = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"moe_flex_backend": "deepep"}))
+    assert [v.rule for v in check_plan(deepep.model, deepep.plan, deepep.cluster)] == ["deepep_capacity"]
+
+
 def test_moe_dispatcher_option_reaches_the_plan_and_the_ep_bytes(cli):
     args = ("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--ep", "8", "--dp", "8", "--json")
     a2a, deepep = cli(*args), cli(*args, "--moe-dispatcher", "deepep")

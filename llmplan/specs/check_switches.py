@@ -608,7 +608,10 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "num_layers_at_start_in_bf16 / _end_); lower them or use a smaller --pp"),
     # Megatron-Core TransformerConfig.__post_init__ (6513e3e23, the Megatron-LM Megatron-Bridge ffeb5a7ae pins):
     # "Flex token dispatcher with deepep backend does not support moe_pad_expert_input_to_capacity"; the hybridep
-    # backend pads (Megatron-Bridge's Nemotron-3 Super H100 recipe: flex + hybridep, capacity factor 1.10, padded)
+    # backend pads (Megatron-Bridge's Nemotron-3 Super H100 recipe: flex + hybridep, capacity factor 1.10, padded).
+    # Before HybridEP (3df200905e, first in core_v0.16.0) flex meant DeepEP and refused padding outright
+    # (core_v0.14.0 TransformerConfig.__post_init__ and MoEFlexTokenDispatcher's assert); a capacity factor
+    # without padding only drops tokens there (_DeepepManager.setup_metadata), which llmplan does not price
     Rule("deepep_capacity", lambda m, p, c: p.moe_dispatcher != "deepep" or p.moe_capacity_factor is None
          or p.moe_flex_backend != "deepep",
          lambda m, p, c: f"moe_dispatcher deepep with moe_capacity_factor ({p.moe_capacity_factor}): Megatron's flex "

@@ -509,7 +509,8 @@ class ParallelPlan(PlanQuantities, Spec):
     """MoE expert capacity factor (Megatron --moe-expert-capacity-factor with
     --moe-pad-expert-input-to-capacity): tokens over capacity are dropped and every expert's input is padded
     to capacity, so expert GEMMs, their activations and the dispatch run at factor x the average tokens;
-    None: dropless (every routed token runs, no padding)."""
+    None: dropless (every routed token runs, no padding). With moe_dispatcher deepep it needs moe_flex_backend
+    hybridep: Megatron's deepep backend does not pad (check_plan rule deepep_capacity)."""
     ep_comm_overlap: bool = False
     """Overlap the expert-parallel all-to-alls with another micro-batch's compute (Megatron
     --overlap-moe-expert-parallel-comm, DeepEP / DualPipe-style); off: the all-to-alls are exposed."""
