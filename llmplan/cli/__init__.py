@@ -128,6 +128,8 @@ def _run(args: list[str]) -> int:
             return _stdout_closed(0)  # typer's and rich's answer to a closed stdout (exit 1)
         return code if isinstance(code, int) else (0 if code is None else 1)
     except Exception as e:  # usage errors (typer's click) and anything unexpected: never a bare traceback
+        if _caught:  # a signal's KeyboardInterrupt that a library wrapped (pydantic's class set-up: RuntimeError)
+            raise KeyboardInterrupt from e
         exit_code = getattr(e, "exit_code", None)
         if hasattr(e, "show") and isinstance(exit_code, int):
             ranged = _range_error(e)
