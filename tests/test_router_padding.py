@@ -172,3 +172,10 @@ def test_vectorised_search_prices_it_as_the_scalar_estimate():
         estimate_training(m, cluster, plans.plan(i).model_copy(update={"moe_router_padding": False})).time.total)]
     assert len(moved) >= 3
     assert_arrays_agree(m, cluster, plans, idx)
+
+
+def test_cli_refuses_it_without_fp8_or_fp4_in_one_line(cli):
+    # Megatron-Core (cd4afffa6) refuses moe_router_padding_for_quantization without an fp8 / fp4 recipe
+    line = cli("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-b200", "--nodes", "2", "--ep", "8",
+               "--moe-router-padding").refusal()
+    assert "moe_router_padding with dtype bf16" in line and "drop --moe-router-padding" in line, line

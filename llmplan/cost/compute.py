@@ -46,7 +46,6 @@ from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home w
     jit_routed_bytes,
     loss_bytes,
     moe_routing_bytes,
-    quant_padding_bytes,
     sink_rescale_bytes,
 )
 from llmplan.cost.flops import (  # noqa: F401  (re-exported: their home was this module)
