@@ -174,8 +174,8 @@ def test_vectorised_search_prices_hybridep_as_the_scalar_estimate():
 
 
 def test_megatron_export_names_the_plans_backend():
-    # --moe-flex-backend reaches Megatron-LM's --moe-flex-dispatcher-backend (a full-iteration graph keeps
-    # forcing hybridep, as before).
+    # --moe-flex-backend reaches Megatron-LM's --moe-flex-dispatcher-backend, under a full-iteration graph too
+    # (where check_plan cuda_graphs_flex_backend admits hybridep alone).
     import dataclasses
 
     from test_export import PLANS, parse_megatron

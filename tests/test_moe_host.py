@@ -88,7 +88,8 @@ def test_only_dropless_eager_moe_layers_wait_for_the_host():
     m = M["qwen3-30b-a3b"]
     assert host_syncs_per_layer(m, _moe_plan()) == 1.0
     assert host_syncs_per_layer(m, _moe_plan(cuda_graphs="layers")) == 1.0  # the wait is not captured
-    assert host_syncs_per_layer(m, _moe_plan(cuda_graphs="full-iteration", moe_dispatcher="deepep")) == 0.0
+    assert host_syncs_per_layer(m, _moe_plan(cuda_graphs="full-iteration", moe_dispatcher="deepep",
+                                             moe_flex_backend="hybridep")) == 0.0
     assert host_syncs_per_layer(m, _moe_plan(moe_capacity_factor=1.25)) == 0.0  # counts known on the host
     assert host_syncs_per_layer(M["qwen3-8b"], ParallelPlan(dp=8, global_batch=64)) == 0.0
 
@@ -130,7 +131,7 @@ def test_short_layers_run_at_the_hosts_pace_and_per_layer_graphs_cut_it():
     eager = float(host_sync_seconds(1, 0, 1.0, MOE_CYCLE_HOST_OPS, 100e-6))
     assert eager == pytest.approx(HOST_SYNC_S + MOE_CYCLE_HOST_OPS * EAGER_OP_HOST_S - 100e-6)
     plan, layers = _moe_plan(), _moe_plan(cuda_graphs="layers")
-    full = _moe_plan(cuda_graphs="full-iteration", moe_dispatcher="deepep")
+    full = _moe_plan(cuda_graphs="full-iteration", moe_dispatcher="deepep", moe_flex_backend="hybridep")
     t = [float(host_seconds(p, 48, 10.0, 0, 48, host_syncs_per_layer(M["qwen3-30b-a3b"], p), 100e-6))
          for p in (plan, layers, full)]
     assert t[0] > t[1] > t[2] == pytest.approx(float(host_seconds(full, 48, 10.0, 0)))  # the step start only
@@ -139,11 +140,14 @@ def test_short_layers_run_at_the_hosts_pace_and_per_layer_graphs_cut_it():
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(mb=st.sampled_from([1, 2, 4, 8]), ep=st.sampled_from([1, 2, 4, 8]))
 def test_more_graphed_never_slower(mb, ep):
+    # one dispatcher under all three: the flex dispatcher's hybridep backend, the one a full-iteration graph runs
+    # (check_plan cuda_graphs_flex_backend)
     m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=S["dgx-b200"], num_nodes=1)
     times = []
     for graphs in ("none", "layers", "full-iteration"):
         plan = ParallelPlan(ep=ep, dp=8, etp=1, micro_batch=mb, global_batch=64, seq_len=4096, zero=1,
-                            moe_dispatcher="deepep", cuda_graphs=graphs)
+                            moe_dispatcher="deepep", moe_flex_backend="hybridep", cuda_graphs=graphs)
+        assert not check_plan(m, plan, cluster), graphs
         times.append(float(estimate_training(m, cluster, plan).time.total))
     assert times[0] >= times[1] >= times[2]
 
@@ -153,12 +157,58 @@ def test_check_plan_refuses_a_full_iteration_graph_around_the_alltoall_dispatche
     rules = {v.rule for v in check_plan(m, _moe_plan(cuda_graphs="full-iteration"))}
     assert "cuda_graphs_moe" in rules
     assert "cuda_graphs_moe" not in {v.rule for v in check_plan(m, _moe_plan(cuda_graphs="full-iteration",
-                                                                               moe_dispatcher="deepep"))}
+                                                                               moe_dispatcher="deepep",
+                                                                               moe_flex_backend="hybridep"))}
     assert "cuda_graphs_moe" not in {v.rule for v in check_plan(m, _moe_plan(cuda_graphs="full-iteration",
                                                                                moe_capacity_factor=1.0))}
     dense = {v.rule for v in check_plan(M["qwen3-8b"], ParallelPlan(dp=8, global_batch=64, recompute="full",
                                                                         cuda_graphs="layers"))}
     assert "cuda_graphs_recompute" in dense
+
+
+def test_check_plan_refuses_deepeps_normal_kernels_in_a_full_iteration_graph():
+    # Megatron-LM d98e8a6: DeepEP's normal dispatch waits on the host (moe/fused_a2a.py:107-108, "not compatible
+    # with CUDA graph") and the static per-rank budget needs hybridep (transformer_config.py:1868-1873); the export
+    # used to write hybridep for such a plan while the estimate priced DeepEP's kernels
+    from llmplan.search.grid import from_plan
+    from llmplan.specs.check_switches import SWITCH_RULES
+    from llmplan.specs.rule import as_bool
+
+    m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=S["dgx-h100"], num_nodes=1)
+    pair = _moe_plan(cuda_graphs="full-iteration", moe_dispatcher="deepep")
+    assert pair.moe_flex_backend == "deepep"  # the default backend
+    got = [v.message for v in check_plan(m, pair, cluster) if v.rule == "cuda_graphs_flex_backend"]
+    assert len(got) == 1, got
+    assert got[0].startswith("cuda_graphs full-iteration with moe_dispatcher deepep and moe_flex_backend deepep "
+                             "(qwen3-30b-a3b)")
+    assert got[0].endswith("use --moe-flex-backend hybridep, or cuda_graphs layers / none")
+    for ok in (pair.model_copy(update={"moe_flex_backend": "hybridep"}),
+               pair.model_copy(update={"cuda_graphs": "layers"}), pair.model_copy(update={"cuda_graphs": "none"})):
+        assert "cuda_graphs_flex_backend" not in {v.rule for v in check_plan(m, ok, cluster)}, ok.cuda_graphs
+    # the search's arrays read the same predicate: the pair is cut from every plan of such a workload
+    rule = next(r for r in SWITCH_RULES if r.name == "cuda_graphs_flex_backend")
+    assert not as_bool(rule.ok(m, from_plan(pair), cluster)).any()
+    assert as_bool(rule.ok(m, from_plan(pair.model_copy(update={"moe_flex_backend": "hybridep"})), cluster)).all()
+
+
+def test_a_plan_file_with_deepep_in_a_full_iteration_graph_exits_2(cli, tmp_path):
+    # estimate and export of the pair: one line, exit 2, nothing written; with hybridep the export writes the
+    # plan's own backend
+    from test_switch_cli import edited
+
+    path = edited(tmp_path, "moe_train", cuda_graphs="full-iteration", moe_dispatcher="deepep")
+    for args in (("estimate", "--plan", path), ("export", path, "--to", "megatron", "-o", tmp_path / "out")):
+        r = cli(*args)
+        lines = [x for x in r.err.splitlines() if x.strip()]
+        assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+        assert "cuda_graphs full-iteration with moe_dispatcher deepep and moe_flex_backend deepep" in lines[0]
+        assert "use --moe-flex-backend hybridep" in lines[0], r.err
+    assert not (tmp_path / "out").exists()
+    path = edited(tmp_path, "moe_train", cuda_graphs="full-iteration", moe_dispatcher="deepep",
+                  moe_flex_backend="hybridep")
+    r = cli("export", path, "--to", "megatron", "-o", tmp_path / "ok")
+    assert r.code == 0, r.err
+    assert "--moe-flex-dispatcher-backend hybridep" in (tmp_path / "ok" / "megatron_pretrain.sh").read_text()
 
 
 def test_megatron_export_names_the_graphs_in_megatrons_flags():
@@ -168,7 +218,8 @@ def test_megatron_export_names_the_graphs_in_megatrons_flags():
     assert ns.cuda_graph_impl == "transformer_engine"
     assert ns.cuda_graph_modules == ["attn", "moe_router", "moe_preprocess"]
     full = dataclasses.replace(base, plan=base.plan.model_copy(update={"cuda_graphs": "full-iteration",
-                                                                       "moe_dispatcher": "deepep"}))
+                                                                       "moe_dispatcher": "deepep",
+                                                                       "moe_flex_backend": "hybridep"}))
     ns, _ = parse_megatron(render_all(full, "megatron")[0]["megatron_pretrain.sh"])
     assert ns.cuda_graph_impl == "full_iteration" and ns.no_check_for_nan_in_loss_and_grad
     assert ns.moe_flex_dispatcher_backend == "hybridep" and float(ns.moe_expert_rank_capacity_factor) == 1.5
@@ -183,7 +234,8 @@ def test_vectorised_search_agrees_with_the_scalar_host_terms():
     from llmplan.search.grid import from_plan
 
     m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=S["dgx-h100"], num_nodes=2)
-    for upd in ({}, {"cuda_graphs": "layers"}, {"cuda_graphs": "full-iteration", "moe_dispatcher": "deepep"},
+    for upd in ({}, {"cuda_graphs": "layers"},
+                {"cuda_graphs": "full-iteration", "moe_dispatcher": "deepep", "moe_flex_backend": "hybridep"},
                 {"moe_capacity_factor": 1.25}, {"pp": 2, "dp": 8, "ep": 8, "recompute": "full"}):
         plan = ParallelPlan(dp=16, ep=16, etp=1, global_batch=256, micro_batch=1, seq_len=4096).model_copy(update=upd)
         scalar = estimate_training(m, cluster, plan)

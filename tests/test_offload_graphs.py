@@ -33,8 +33,9 @@ def _megatron(cli, path, out):
     return r, "\n".join(p.read_text() for p in sorted(out.glob("*"))) if r.code == 0 else ""
 
 
+# the flex dispatcher's hybridep backend: the one a full-iteration graph runs (check_plan cuda_graphs_flex_backend)
 QWEN = ("--model", "qwen3-30b-a3b", "--ep", "8", "--seq-len", "4096", "--global-batch", "64",
-        "--moe-dispatcher", "deepep")
+        "--moe-dispatcher", "deepep", "--moe-flex-backend", "hybridep")
 QWEN_OFFLOAD = (*QWEN, "--recompute", "none", "--offload-modules", "expert_fc1")
 
 
@@ -96,7 +97,8 @@ def test_layer_graphs_leave_an_moe_models_mlp_recompute_alone():
     plan = ParallelPlan(dp=8, ep=8, seq_len=4096, global_batch=64, recompute="selective",
                         recompute_modules=("mlp",), cuda_graphs="layers")
     assert not [v for v in check_plan(m, plan, CLUSTER) if v.rule == "cuda_graphs_recompute_dropout"]
-    full = plan.model_copy(update={"cuda_graphs": "full-iteration", "moe_dispatcher": "deepep"})
+    full = plan.model_copy(update={"cuda_graphs": "full-iteration", "moe_dispatcher": "deepep",
+                                   "moe_flex_backend": "hybridep"})
     got = [v.message for v in check_plan(m, full, CLUSTER) if v.rule == "cuda_graphs_recompute_dropout"]
     assert len(got) == 1 and "recompute module mlp and dropout" in got[0]
 

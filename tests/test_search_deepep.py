@@ -41,6 +41,9 @@ def test_dispatchers_tried_follow_the_hardware_the_model_and_the_pins():
     # Megatron's flex dispatcher with the deepep backend does not pad to capacity (check_switches deepep_capacity)
     padded = Workload(moe_capacity_factor=1.0)
     assert dispatcher_variants(moe, cluster("dgx-h100"), padded, False, True) == FLEX[1:]
+    # nor does it run inside a full-iteration CUDA graph (check_switches cuda_graphs_flex_backend)
+    graphed = Workload(cuda_graphs="full-iteration")
+    assert dispatcher_variants(moe, cluster("dgx-h100"), graphed, False, True) == FLEX[1:]
 
 
 def test_the_dispatcher_leaves_every_plans_memory_alike():

@@ -71,8 +71,8 @@ def model_flags(pf: PlanFile) -> list[str]:
                   # DeepEP runs under the flex dispatcher (TransformerConfig: moe_enable_deepep is deprecated
                   # for --moe-flex-dispatcher-backend deepep)
                   ("--moe-token-dispatcher-type", "flex" if p.moe_dispatcher == "deepep" else "alltoall"),
-                  ("--moe-flex-dispatcher-backend", None if p.moe_dispatcher != "deepep" else
-                   "hybridep" if p.cuda_graphs == "full-iteration" else p.moe_flex_backend),  # cuda_graph_pairs
+                  # the plan's own backend: a full-iteration graph needs hybridep (check_plan cuda_graphs_flex_backend)
+                  ("--moe-flex-dispatcher-backend", p.moe_flex_backend if p.moe_dispatcher == "deepep" else None),
                   # TransformerConfig.moe_flex_dispatcher_num_sms (a flag through ArgumentGroupFactory)
                   ("--moe-flex-dispatcher-num-sms", p.moe_dispatch_sms if p.moe_dispatcher == "deepep" else None),
                   # the experts' GEMM path the plan prices (common.op_fuser): one grouped kernel through

@@ -250,7 +250,7 @@ def dispatcher_variants(m: ModelSpec, cluster: ClusterSpec, w: Workload, pinned:
     out = []
     for backend in ("deepep", "hybridep"):
         if backend == "deepep" and (w.moe_capacity_factor is not None or w.cuda_graphs == "full-iteration"):
-            continue  # check_switches deepep_capacity; the full-iteration graph exports hybridep (cuda_graph_pairs)
+            continue  # check_switches deepep_capacity, cuda_graphs_flex_backend (a full-iteration graph: hybridep)
         if dispatch_runs(cluster):
             out.append({"moe_dispatcher": "deepep", "moe_flex_backend": backend})
     return out

@@ -629,6 +629,17 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "which a CUDA graph cannot capture (Megatron's static per-rank budget, "
                          "--moe-expert-rank-capacity-factor, needs the flex dispatcher); use --moe-dispatcher "
                          "deepep, a --moe-capacity-factor, or cuda_graphs layers / none"),
+    # Megatron-LM d98e8a6: DeepEP's normal dispatch makes the CPU wait for the GPU's received counts, "not compatible
+    # with CUDA graph" (moe/fused_a2a.py:107-108, FusedDispatch.forward); the static per-rank budget of a graphed
+    # dropless layer "requires moe_flex_dispatcher_backend to be 'hybridep' or 'ncclep'" (transformer_config.py:1868-1873)
+    Rule("cuda_graphs_flex_backend",
+         lambda m, p, c: (p.cuda_graphs != "full-iteration") | (not m.is_moe) | (p.moe_dispatcher != "deepep")
+         | (p.moe_flex_backend != "deepep"),
+         lambda m, p, c: f"cuda_graphs full-iteration with moe_dispatcher deepep and moe_flex_backend deepep "
+                         f"({m.name}): DeepEP's normal dispatch waits on the host for its received token counts, "
+                         "which a CUDA graph cannot capture, and Megatron's static per-rank budget "
+                         "(--moe-expert-rank-capacity-factor) requires the hybridep backend (TransformerConfig "
+                         "rule); use --moe-flex-backend hybridep, or cuda_graphs layers / none"),
     # Megatron-Core TransformerConfig (d98e8a6): "full recompute is only supported with full iteration CUDA graph"
     Rule("cuda_graphs_recompute", lambda m, p, c: (p.cuda_graphs != "layers") | (p.full == 0),
          lambda m, p, c: "cuda_graphs layers with recompute full: Megatron-Core captures per-layer graphs only "

@@ -544,7 +544,8 @@ class ParallelPlan(PlanQuantities, Spec):
     """Which kernels run the deepep dispatcher (Megatron's moe_flex_dispatcher_backend): deepep (DeepEP's normal
     kernels, bound by their SMs: docs/formulas.md#comm.ep_sms) or hybridep (NVIDIA's Hybrid-EP in DeepEP: TMA
     kernels whose NVLink time grows with the ranks of the domain, little with their SMs:
-    docs/formulas.md#comm.hybridep). Unused by alltoall."""
+    docs/formulas.md#comm.hybridep). Unused by alltoall. A full-iteration CUDA graph needs hybridep (check_plan
+    rule cuda_graphs_flex_backend: DeepEP's normal dispatch waits on the host)."""
     nvlink_domain_ranks: int = Field(default=0, ge=0, exclude=True)
     """Ranks of one NVLink domain as the job fills it (the cluster's domain_gpus / gpus_per_node nodes times the
     GPUs it uses a node), which the compute cost functions read without the cluster: estimate and search set it
