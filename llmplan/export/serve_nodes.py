@@ -57,23 +57,24 @@ metrics, scheduler-input and load-collector ports at + 234 to + 239 and, on its 
 (SGLANG_RUST_SERVER), one scheduler-input port a DP rank from + 240 and one listener a local DP rank from --port
 itself (srt/server_args.py PortArgs.init_new; rust_server/server.py); the DP controller's handshake at --port + 13
 (DP_ATTENTION_HANDSHAKE_PORT_DELTA, managers/data_parallel_controller.py); the legacy gRPC server (--smg-grpc-mode)
-at --port + 10000, whose range SGLang checks (arg_groups/serving_hook.py _handle_deprecated_args; older releases
-checked --port + 10000 <= 65535 on every launch). A prefill server of a disaggregated deployment also binds its KV
-bootstrap server at --disaggregation-bootstrap-port, 8998 unless given (managers/disagg_service.py
-start_disagg_service, which warns that servers on one host need distinct ones). Where a derived port would pass
-65535 SGLang moves the block below --port instead, into the previous server's ports; so the script keeps every
-server's --port + 10000 within 65535 (sglang_ports). The NCCL and worker ports are picked free by the OS."""
+at --port + 10000, whose range SGLang checks (arg_groups/serving_hook.py _handle_deprecated_args; an older
+server_args.py, quoted in notes in the code index, checked --port + 10000 <= 65535 on every launch). A prefill
+server of a disaggregated deployment also binds its KV bootstrap server at --disaggregation-bootstrap-port, 8998
+unless given (managers/disagg_service.py start_disagg_service, which warns that servers on one host need distinct
+ones). Where a derived port would pass 65535 SGLang moves the block below --port instead, outside the layout below;
+so the script keeps every server's --port + 10000 within 65535 (sglang_ports). The NCCL and DP worker ports are
+picked free by the OS."""
+
+
+ZMQ_SPAN = 240
+"""--port + 233 (the dist-init port) + 1 (port_base) + 6 fixed ports: the derived block ends at --port + 239, the
+Rust path's DP-rank ports follow it (SGLANG_PORT)."""
 
 
 def sglang_span(ranks: int) -> int:
     """Ports from a DP-attention server's --port through the last one it derives (SGLANG_PORT's list, the Rust
     path's one port a DP rank included): --port + 239 + ranks is its last."""
     return ZMQ_SPAN + ranks
-
-
-ZMQ_SPAN = 240
-"""--port + 233 (the dist-init port) + 1 (port_base) + 6 fixed ports: the derived block ends at --port + 239, the
-Rust path's DP-rank ports follow it (SGLANG_PORT)."""
 
 
 def sglang_stride(servers: int, ranks: int, per_node: int) -> int:
@@ -144,7 +145,9 @@ dp_rank (vllm-project/vllm @026c83f9, docs/features/nixl_connector_usage.md, "En
 needs a unique port on its host), so the servers' bases are one server's ranks apart. A server whose DP ranks are
 all on its node binds nothing else at a fixed port: its engines' handshake and client sockets are IPC paths
 (vllm-project/vllm @0018dd01, vllm/v1/engine/utils.py launch_core_engines: handshake_local_only when
-local_engine_count == dp_size, so --data-parallel-rpc-port is not read) and its DP master ports are picked free by
+local_engine_count == dp_size, so --data-parallel-rpc-port is not read), so are its DP coordinator's (@0090ad12,
+vllm/v1/engine/coordinator.py DPCoordinator: local_only_eng when dp_size == data_parallel_size_local), and its DP
+master ports are picked free by
 the OS (@00193b82, vllm/config/parallel.py ParallelConfig.__post_init__, get_open_ports_list). Its GPUs are the
 ones CUDA_VISIBLE_DEVICES makes visible, DP rank r on visible devices r x (tp x pp) onward (vllm/v1/engine/utils.py
 get_physical_gpu_ids_for_local_dp_rank); the documented co-located launch sets CUDA_VISIBLE_DEVICES and --port per
