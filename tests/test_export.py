@@ -166,11 +166,16 @@ def test_deepspeed_batch_identity():
     assert cfg["zero_optimization"]["stage"] == 1 and cfg["bf16"]["enabled"] is True
 
 
+ASSIGNMENTS = re.compile(r"^\s*(?:[A-Z_][A-Z0-9_]*=\S+\s+)*")
+"""Environment assignments before a command (CUDA_VISIBLE_DEVICES=0,1 vllm serve ...)."""
+
+
 def command_argv(script: str, program: str, index: int = 0) -> list[str]:
     """The arguments after `program` in the script's `index`-th launch command (continuation lines joined; a
-    multi-node script's common "${ARGS[@]}" array expanded in place, export.serve_nodes.node_script)."""
+    multi-node script's common "${ARGS[@]}" array expanded in place, export.serve_nodes.node_script; environment
+    assignments before the command left out)."""
     text = script.replace("\\\n", " ")
-    line = [x for x in text.splitlines() if x.lstrip().startswith(program)][index]
+    line = [ASSIGNMENTS.sub("", x) for x in text.splitlines() if ASSIGNMENTS.sub("", x).startswith(program)][index]
     array = re.search(r"^ARGS=\(\n(.*?)^\)$", script, re.S | re.M)
     if array is not None:
         line = line.replace('"${ARGS[@]}"', " ".join(x.strip() for x in array.group(1).splitlines()))

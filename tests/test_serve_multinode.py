@@ -145,10 +145,10 @@ SGLANG_BASE = '''case "$NODE_RANK" in
     0)
         python -m sglang.launch_server --model-path "$MODEL" "${ARGS[@]}" \\
             --base-gpu-id 0 \\
-            --port 30000 &
+            --port "$PORT" &
         python -m sglang.launch_server --model-path "$MODEL" "${ARGS[@]}" \\
             --base-gpu-id 4 \\
-            --port 31000 &
+            --port "$((PORT+1000))" &
         for _ in 1 2; do
             wait -n || { s=$?; kill $(jobs -p) 2>/dev/null || true; exit "$s"; }
         done
@@ -167,26 +167,19 @@ def test_sglang_dp_attention_servers_smaller_than_a_node_get_their_own_gpus_and_
     assert [int(_parsed(s, "sglang", j).base_gpu_id) for j in (0, 1)] == [0, 4]
 
 
-def _sglang_dp_attention_ports(port: int, dp_size: int) -> set[int]:
-    """The TCP ports an SGLang DP-attention server on one node binds from its --port, read in sgl-project/sglang
-    @001067ff python/sglang/srt/server_args.py PortArgs.init_new (ZMQ_TCP_PORT_DELTA = 233; dist-init port, then
-    port_base = dist-init + 1 .. + 5, one scheduler-input port per DP rank from port_base + 6 on the Rust path) and
-    in its older form (scheduler input of DP rank r at port_base + 5 + r)."""
-    dist = port + 233
-    return {port, dist, *range(dist + 1, dist + 1 + 6 + dp_size)}
-
-
 def test_sglang_servers_on_one_node_bind_disjoint_ports(cli, tmp_path: Path):
-    """Before: --port 30000 and 30001, so server 0's tokenizer port (30234) was server 1's dist-init port."""
+    """Before: --port 30000 and 30001, so server 0's tokenizer port (30234) was server 1's dist-init port. The
+    script is run with stand-ins and each server's ports checked (tests/test_serve_dpa_ports.py)."""
+    from tests.test_serve_dpa_ports import _disjoint, _parsed as _recorded, _run, _sglang_ports
     s = _export(cli, tmp_path, "dpa2", "sglang", "--model", "qwen3-30b-a3b", "--nodes", "1", "--dp-attention",
                 "--dp", "8", "--ep", "2", "--moe-dispatcher", "deepep", "--engine", "sglang")
-    servers = [_parsed(s, "sglang", j) for j in range(4)]
+    script = tmp_path / "dpa2.sh"
+    script.write_text(s)
+    r, runs = _run(script, tmp_path, 0)
+    assert r.returncode == 0, r.stderr
+    servers = [_recorded("sglang", run[2:]) for run in runs]
     assert [int(ns.base_gpu_id) for ns in servers] == [0, 2, 4, 6]
-    taken: set[int] = set()
-    for ns in servers:
-        ports = _sglang_dp_attention_ports(int(ns.port), int(ns.attn_dp_size))
-        assert not ports & taken, sorted(ports & taken)
-        taken |= ports
+    _disjoint([_sglang_ports(ns) for ns in servers])
 
 
 def test_sglang_replicas_over_nodes_run_one_server_a_node(cli, tmp_path: Path):

@@ -34,24 +34,146 @@ HEAD_LINE = ("# FILL IN HEAD_ADDR: the IP address of node 0 of the server, reach
 @dataclass(frozen=True)
 class NodeLaunch:
     """The commands of a plan's launch that needs more than one command: `nodes[k]` the extra flags of each
-    server command node k runs (appended to the common ones), `drop` the common flags left out (a per-node value
-    replaces them), `head` whether the commands name node 0's address, `note` comment lines saying how to run it."""
+    server command node k runs (appended to the common ones), `env[k]` the environment assignments written before
+    each of those commands (none where empty), `drop` the common flags left out (a per-node value replaces them),
+    `head` whether the commands name node 0's address, `ports` the port variables the commands read (each with
+    its default, the user's value taken), `checks` the lines that stop the script (exit 2) on a port value whose
+    ports would collide, `note` comment lines saying how to run it."""
     nodes: list[list[list[str]]]
     note: str
     head: bool = False
     ports: str = ""
     drop: tuple[str, ...] = field(default=())
+    env: list[list[str]] = field(default_factory=list)
+    checks: str = ""
 
 
-SGLANG_PORT, PORT_STRIDE = 30000, 1000
-"""The --port of the first SGLang server on a node and the step between the servers of one node. With DP attention
-SGLang binds TCP ports derived from --port: the dist-init port --port + 233 (ZMQ_TCP_PORT_DELTA, single node, no
---dist-init-addr), then the tokenizer, detokenizer, rpc, metrics and scheduler-input ports at +234 to +238, the load
-collector at +239 and, on its Rust-server path, one scheduler-input port a DP rank from +240
-(sgl-project/sglang @001067ff, python/sglang/srt/server_args.py, PortArgs.init_new; older versions put the DP ranks'
-scheduler-input ports at +239 + dp_rank and the nccl port at --port + 100 to 1000, checked free). Servers 1 apart
-overlapped (server j's +234 is server j+1's +233); 1000 apart, each server's ports stay below the next one's --port
-for any DP size up to 760 ranks."""
+SGLANG_PORT, PORT_STRIDE, GRPC_DELTA, BOOTSTRAP_PORT = 30000, 1000, 10000, 8998
+"""SGLang servers on one node (sgl-project/sglang, the 0.5.23 PyPI wheel, read): the default --port of the first,
+the step between the --port of the servers of a node, the offset of the gRPC port from --port, and the default
+--disaggregation-bootstrap-port. Besides --port, a DP-attention server binds TCP ports derived from it: the
+dist-init port --port + 233 (ZMQ_TCP_PORT_DELTA, one node, no --dist-init-addr), the tokenizer, detokenizer, rpc,
+metrics, scheduler-input and load-collector ports at + 234 to + 239 and, on its Rust-server path
+(SGLANG_RUST_SERVER), one scheduler-input port a DP rank from + 240 and one listener a local DP rank from --port
+itself (srt/server_args.py PortArgs.init_new; rust_server/server.py); the DP controller's handshake at --port + 13
+(DP_ATTENTION_HANDSHAKE_PORT_DELTA, managers/data_parallel_controller.py); the legacy gRPC server (--smg-grpc-mode)
+at --port + 10000, whose range SGLang checks (arg_groups/serving_hook.py _handle_deprecated_args; an older
+server_args.py, quoted in notes in the code index, checked --port + 10000 <= 65535 on every launch). A prefill
+server of a disaggregated deployment also binds its KV bootstrap server at --disaggregation-bootstrap-port, 8998
+unless given (managers/disagg_service.py start_disagg_service, which warns that servers on one host need distinct
+ones). Where a derived port would pass 65535 SGLang moves the block below --port instead, outside the layout below;
+so the script keeps every server's --port + 10000 within 65535 (sglang_ports). The NCCL and DP worker ports are
+picked free by the OS."""
+
+
+ZMQ_SPAN = 240
+"""--port + 233 (the dist-init port) + 1 (port_base) + 6 fixed ports: the derived block ends at --port + 239, the
+Rust path's DP-rank ports follow it (SGLANG_PORT)."""
+
+
+def sglang_span(ranks: int) -> int:
+    """Ports from a DP-attention server's --port through the last one it derives (SGLANG_PORT's list, the Rust
+    path's one port a DP rank included): --port + 239 + ranks is its last."""
+    return ZMQ_SPAN + ranks
+
+
+def sglang_stride(servers: int, ranks: int, per_node: int) -> int:
+    """The step between the --port of `servers` DP-attention servers of `ranks` ranks on one node: PORT_STRIDE,
+    or where that many would not fit their blocks inside GRPC_DELTA ports (so that no gRPC port lands in a block),
+    GRPC_DELTA // servers; refuses when a block does not fit that step."""
+    stride = PORT_STRIDE if servers * PORT_STRIDE <= GRPC_DELTA else GRPC_DELTA // servers
+    if stride < sglang_span(ranks):
+        raise refuse("sglang", f"{servers} DP-attention servers of {ranks} ranks on a node of {per_node} GPUs: each "
+                     f"binds {sglang_span(ranks)} ports from its --port (PortArgs.init_new), and {servers} such "
+                     f"blocks do not fit under the {GRPC_DELTA} ports below their gRPC ports (--port + {GRPC_DELTA})",
+                     "re-plan with fewer, larger servers (a larger --ep)")
+    return stride
+
+
+def _port_word(var: str, offset: int) -> str:
+    """A shell word for the port `offset` above the port variable `var`."""
+    return f'"${var}"' if offset == 0 else f'"$(({var}+{offset}))"'
+
+
+def _stop(test: str, message: str) -> str:
+    """Shell lines that end the script with `message` on stderr and status 2 unless the shell `test` holds;
+    the message goes to echo as several quoted words (echo joins them with spaces), so that the 80-column fitting
+    can break the line between them (shell_lines.fit_shell)."""
+    chunks: list[str] = []
+    for word in message.split(" "):
+        if chunks and len(chunks[-1]) + len(word) < 56:
+            chunks[-1] += " " + word
+        else:
+            chunks.append(word)
+    words = " ".join(f'"{c}"' for c in chunks)
+    return f"if ! {test}; then\n    echo {words} >&2\n    exit 2\nfi\n"
+
+
+def _number_check(var: str) -> str:
+    """The line that stops the script when the port variable `var` is not a number."""
+    return _stop(f'[[ "${var}" =~ ^[0-9]+$ ]]', f"{var}=${var} is not a port number")
+
+
+def sglang_ports(servers: int, stride: int, ranks: int, prefill: bool) -> tuple[str, str]:
+    """The port variables of `servers` SGLang DP-attention servers on a node and the checks on the user's values:
+    server j's --port is PORT + stride j; PORT must keep the last server's gRPC port (--port + GRPC_DELTA) within
+    65535, and a prefill server's bootstrap ports (BOOTSTRAP_PORT + j) must lie outside every server's ports
+    (SGLANG_PORT)."""
+    last = stride * (servers - 1)
+    top, reach = 65535 - GRPC_DELTA - last, last + GRPC_DELTA
+    ports = f"PORT=${{PORT:-{SGLANG_PORT}}}\n"
+    checks = _number_check("PORT") + _stop(
+        f"(( PORT >= 1024 && PORT <= {top} ))",
+        f"PORT=$PORT: the {servers} SGLang servers of a node take --port PORT to PORT+{last}, each deriving ports up "
+        f"to --port+{sglang_span(ranks) - 1} and its gRPC port at --port+{GRPC_DELTA}, which must stay within "
+        f"65535; set PORT from 1024 to {top}")
+    if prefill:
+        ports += f"BOOTSTRAP_PORT=${{BOOTSTRAP_PORT:-{BOOTSTRAP_PORT}}}\n"
+        checks += _number_check("BOOTSTRAP_PORT") + _stop(
+            f"(( BOOTSTRAP_PORT >= 1024 && BOOTSTRAP_PORT + {servers - 1} <= 65535 && (BOOTSTRAP_PORT + {servers} "
+            f"<= PORT || BOOTSTRAP_PORT > PORT + {reach}) ))",
+            f"BOOTSTRAP_PORT=$BOOTSTRAP_PORT: the {servers} prefill servers' bootstrap ports BOOTSTRAP_PORT to "
+            f"BOOTSTRAP_PORT+{servers - 1} must lie outside the servers' ports PORT to PORT+{reach} (PORT=$PORT); "
+            f"set BOOTSTRAP_PORT from 1024 to $((PORT-{servers})) or above $((PORT+{reach}))")
+    return ports, checks
+
+
+VLLM_PORT, NIXL_PORT = 8000, 5600
+"""vLLM servers on one node: the default --port of the first (vllm serve's own default), the servers' --port one
+apart; and the default VLLM_NIXL_SIDE_CHANNEL_PORT, from which each DP rank of a server on the node takes base +
+dp_rank (vllm-project/vllm @026c83f9, docs/features/nixl_connector_usage.md, "Environment Variables": each worker
+needs a unique port on its host), so the servers' bases are one server's ranks apart. A server whose DP ranks are
+all on its node binds nothing else at a fixed port: its engines' handshake and client sockets are IPC paths
+(vllm-project/vllm @0018dd01, vllm/v1/engine/utils.py launch_core_engines: handshake_local_only when
+local_engine_count == dp_size, so --data-parallel-rpc-port is not read), so are its DP coordinator's (@0090ad12,
+vllm/v1/engine/coordinator.py DPCoordinator: local_only_eng when dp_size == data_parallel_size_local), and its DP
+master ports are picked free by
+the OS (@00193b82, vllm/config/parallel.py ParallelConfig.__post_init__, get_open_ports_list). Its GPUs are the
+ones CUDA_VISIBLE_DEVICES makes visible, DP rank r on visible devices r x (tp x pp) onward (vllm/v1/engine/utils.py
+get_physical_gpu_ids_for_local_dp_rank); the documented co-located launch sets CUDA_VISIBLE_DEVICES and --port per
+server (vllm-project/vllm @01e4fce0, docs/serving/data_parallel_deployment.md, "External Load Balancing")."""
+
+
+def vllm_ports(servers: int, ranks: int, nixl: bool) -> tuple[str, str]:
+    """The port variables of `servers` vLLM servers of `ranks` DP ranks on a node and the checks on the user's
+    values: server j's --port is PORT + j and (a pool of a disaggregated deployment) its NIXL side-channel base
+    NIXL_PORT + ranks j, whose ranges must not meet (VLLM_PORT)."""
+    ports = f"PORT=${{PORT:-{VLLM_PORT}}}\n"
+    checks = _number_check("PORT") + _stop(
+        f"(( PORT >= 1024 && PORT + {servers - 1} <= 65535 ))",
+        f"PORT=$PORT: the {servers} vLLM servers of a node listen on PORT to PORT+{servers - 1}; set PORT from "
+        f"1024 to {65535 - servers + 1}")
+    if nixl:
+        width = servers * ranks
+        ports += f"NIXL_PORT=${{NIXL_PORT:-{NIXL_PORT}}}\n"
+        checks += _number_check("NIXL_PORT") + _stop(
+            f"(( NIXL_PORT >= 1024 && NIXL_PORT + {width - 1} <= 65535 && (NIXL_PORT + {width} <= PORT || NIXL_PORT "
+            f"> PORT + {servers - 1}) ))",
+            f"NIXL_PORT=$NIXL_PORT: the NIXL side-channel ports of the {width} DP ranks of a node, NIXL_PORT to "
+            f"NIXL_PORT+{width - 1}, must lie outside the servers' ports PORT to PORT+{servers - 1} (PORT=$PORT); "
+            f"set NIXL_PORT from 1024 to $((PORT-{width})) or above $((PORT+{servers - 1}))")
+    return ports, checks
+
 
 UNEVEN = {"sglang": "SGLang starts tp-size / nnodes ranks on every node of a server (entrypoints/engine.py "
                     "_calculate_rank_ranges)",
@@ -115,12 +237,17 @@ def sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
             raise refuse("sglang", f"DP-attention servers of {s} GPUs on nodes of {per_node} would straddle nodes",
                          f"re-plan with --ep dividing {per_node}")
         shares = _shares(copies, per_node // s)
-        nodes = [[[f"--base-gpu-id {j * s}", f"--port {SGLANG_PORT + PORT_STRIDE * j}"] for j in range(m)]
-                 for m in shares]
+        stride, prefill = sglang_stride(shares[0], s, per_node), p.phase == "prefill"
+        nodes = [[[f"--base-gpu-id {j * s}", f"--port {_port_word('PORT', stride * j)}",
+                   *([f"--disaggregation-bootstrap-port {_port_word('BOOTSTRAP_PORT', j)}"] if prefill else [])]
+                  for j in range(m)] for m in shares]
+        ports, checks = sglang_ports(shares[0], stride, s, prefill)
+        boot = ", its KV bootstrap server at BOOTSTRAP_PORT + j (the router needs each one)" if prefill else ""
         return NodeLaunch(nodes, (f"# {copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each "
-                                  "command is one server on GPUs --base-gpu-id onward, at its own --port; run this "
-                                  f"script {_on_nodes(len(shares))} and spread requests over the servers (e.g. a "
-                                  "router)\n"))
+                                  "command is one server on GPUs --base-gpu-id onward; server j of a node listens on "
+                                  f"--port PORT + {stride} j{boot}, its derived ports between; run this script "
+                                  f"{_on_nodes(len(shares))} and spread requests over the servers (e.g. a router)\n"),
+                          ports=ports, checks=checks)
     if not p.dp_attention and p.num_gpus > per_node:
         if per_node % s:
             raise refuse("sglang", f"replicas of tp x pp = {s} GPUs on nodes of {per_node} would straddle nodes",
@@ -143,6 +270,8 @@ def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
     --headless but on node 0. Refuses DP ranks whose TP group spans nodes when they share experts."""
     p, per_node = pf.plan, pf.cluster.gpus_per_node_used
     unit, ranks = p.tp * p.pp, p.attn_dp if p.dp_attention else p.dp
+    if p.dp_attention and p.copies > 1 and unit * ranks < per_node:
+        return _vllm_servers_on_nodes(pf, unit * ranks, ranks)
     if unit * ranks <= per_node:
         return None
     if unit > per_node:
@@ -172,13 +301,36 @@ def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
                       ports="RPC_PORT=${RPC_PORT:-13345}\n")
 
 
+def _vllm_servers_on_nodes(pf: PlanFile, s: int, ranks: int) -> NodeLaunch:
+    """Several DP-attention servers of s GPUs (`ranks` DP ranks each) on a node: one `vllm serve` a server, on its
+    own GPUs (CUDA_VISIBLE_DEVICES) at its own --port and, in a pool of a disaggregated deployment, its own NIXL
+    side-channel ports (VLLM_PORT); refuses servers that would straddle nodes."""
+    p, per_node = pf.plan, pf.cluster.gpus_per_node_used
+    if per_node % s:
+        raise refuse("vllm", f"DP-attention servers of {s} GPUs on nodes of {per_node} would straddle nodes (llmplan "
+                     "places them on consecutive GPUs; one server's GPUs are one node's CUDA_VISIBLE_DEVICES)",
+                     f"re-plan with --ep dividing {per_node}")
+    shares, nixl = _shares(p.copies, per_node // s), p.phase != "both"
+    env = [[f"CUDA_VISIBLE_DEVICES={','.join(str(g) for g in range(j * s, (j + 1) * s))}"
+            + (f" VLLM_NIXL_SIDE_CHANNEL_PORT={_port_word('NIXL_PORT', ranks * j)}" if nixl else "")
+            for j in range(m)] for m in shares]
+    nodes = [[[f"--port {_port_word('PORT', j)}"] for j in range(m)] for m in shares]
+    ports, checks = vllm_ports(shares[0], ranks, nixl)
+    side = (f", its DP ranks' NIXL side-channel ports from NIXL_PORT + {ranks} j" if nixl else "")
+    note = (f"# {p.copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each command is one server "
+            f"on the GPUs its CUDA_VISIBLE_DEVICES names; server j of a node listens on --port PORT + j{side}; run "
+            f"this script {_on_nodes(len(shares))} and spread requests over the servers (e.g. a router)\n")
+    return NodeLaunch(nodes, note, ports=ports, env=env, checks=checks)
+
+
 def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
     """The shell text that runs `command` with the common `flags` (less launch.drop) and each node's own: the
     head address placeholder and the port lines where the commands need them, NODE_RANK, one case per node; several
-    servers on a node run in the background, and the first that exits non-zero ends the script (bash wait -n)."""
+    servers on a node run in the background, and the first that exits non-zero ends the script (bash wait -n); a
+    server's environment assignments (launch.env) stand on the line above its command, continued to it."""
     kept = [f for f in flags if f.split(" ", 1)[0] not in launch.drop]
     n = len(launch.nodes)
-    text = (HEAD_LINE if launch.head else "") + launch.ports
+    text = (HEAD_LINE if launch.head else "") + launch.ports + launch.checks
     text += ("NODE_RANK=${NODE_RANK:-0}\n" if n == 1 else
              f"NODE_RANK=${{NODE_RANK:?set NODE_RANK to the rank of this node, 0 to {n - 1}}}\n")
     text += "ARGS=(\n" + "".join(f"    {f}\n" for f in kept) + ")\n"
@@ -186,8 +338,9 @@ def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
     for k, servers in enumerate(launch.nodes):
         many = len(servers) > 1
         text += f"    {k})\n"
-        for extra in servers:
-            words = [f'{command} "${{ARGS[@]}}"', *extra]
+        for j, extra in enumerate(servers):
+            env = [launch.env[k][j]] if launch.env and launch.env[k][j] else []
+            words = [*env, f'{command} "${{ARGS[@]}}"', *extra]
             text += " \\\n".join(f"        {w}" if i == 0 else f"            {w}" for i, w in enumerate(words))
             text += (" &" if many else "") + "\n"
         if many:  # the first server to fail stops the others and the script with its status (plain wait: 0)
