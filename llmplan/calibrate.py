@@ -147,6 +147,9 @@ def scaled_system(system: SystemSpec, clock: float, comm: float | None = None,
     sys_upd: dict[str, Any] = {"gpu": gpu.model_copy(update=upd)}
     for k in COMM_KEYS:
         sys_upd[k] = _clamp(SystemSpec, k, getattr(system, k) * comm)
+    if system.allreduce_nic_efficiency is not None:  # set only where a published all-reduce reading gave it
+        sys_upd["allreduce_nic_efficiency"] = _clamp(SystemSpec, "allreduce_nic_efficiency",
+                                                     system.allreduce_nic_efficiency * comm)
     return system.model_copy(update=sys_upd)
 
 

@@ -56,6 +56,8 @@ class Links:
     inter_alpha: float
     nvls_bw: float | None
     """All-reduce busbw with NVLink SHARP inside the domain, when the hardware has it and it is on."""
+    ar_inter_bw: float = 0.0
+    """The network rate NCCL's ring / tree all-reduce reaches (SystemSpec.allreduce_nic_efficiency)."""
 
 
 def group_links(system: SystemSpec, span: GroupSpan, nvls: bool = True) -> Links:
@@ -72,10 +74,12 @@ def group_links(system: SystemSpec, span: GroupSpan, nvls: bool = True) -> Links
         intra = prof.intra.bw * system.ring_efficiency
     inter_path = prof.inter_spine if span.leaves > 1 else (prof.inter_leaf or prof.inter_spine)
     inter = inter_path.bw * system.nic_efficiency if inter_path else 0.0
+    ar_share = system.allreduce_nic_efficiency or system.nic_efficiency
     use_nvls = nvls and system.nvls and g >= NVLS_MIN_GPUS
     return Links(intra_bw=intra, intra_alpha=prof.intra.latency, inter_bw=inter,
                  inter_alpha=inter_path.latency if inter_path else 0.0,
-                 nvls_bw=prof.intra.bw * system.nvls_factor if use_nvls else None)
+                 nvls_bw=prof.intra.bw * system.nvls_factor if use_nvls else None,
+                 ar_inter_bw=inter_path.bw * ar_share if inter_path else 0.0)
 
 
 @dataclass(frozen=True)
@@ -160,23 +164,28 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
         return (Coeff("tree", math.ceil(math.log2(n)) * L.inter_alpha, 1 / flat_bw),)
     if op in ("all-gather", "reduce-scatter"):
         return (nccl_ring(n, k, ring_bw, L),)
-    # Hierarchical (all-reduce only; the other ops returned above): intra-domain reduce-scatter, inter-domain
-    # step on S/g per GPU, intra-domain all-gather.
-    # NCCL pipelines the phases over chunks and channels, so the bandwidth terms overlap (the slowest one
-    # sets the pace) while the latencies add up. Derived: docs/formulas.md#comm.hierarchical
-    phases = 2 if op == "all-reduce" else 1
-    intra_alpha = phases * (g - 1) * L.intra_alpha
-    intra_beta = phases * (g - 1) / g / L.intra_bw
-    inter_beta = bus_factor(op, k) / g / L.inter_bw
-    cands = [_ring(op, n, ring_bw, L.inter_alpha),
-             Coeff("hierarchical", intra_alpha + phases * (k - 1) * L.inter_alpha, max(intra_beta, inter_beta))]
-    if op == "all-reduce":  # double binary tree between domains: log latency, at best the ring's bandwidth
-        cands.append(Coeff("tree", intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha,
-                           max(intra_beta, inter_beta)))
-    if algorithm != "auto":
-        chosen = [c for c in cands if c.algorithm == algorithm]
-        return tuple(chosen or cands[:1])
-    return tuple(cands)
+    return allreduce_coeffs(n, k, L, algorithm)
+
+
+def allreduce_coeffs(n: int, k: int, L: Links, algorithm: str = "auto") -> tuple[Coeff, ...]:
+    """All-reduce over n ranks in k > 1 NVLink domains: the algorithms NCCL chooses among, ring (2(n-1)/n of
+    S/g on each NIC) and double binary tree (each domain interior in one tree: 2 S/g on each NIC, S/g at
+    k = 2; log latency), both at the all-reduce network rate, so busbw does not fall with k. The
+    hierarchical form (2(k-1)/k of S/g on each NIC), which NCCL does not run, only when asked for.
+    Source: NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc ncclTopoTuneModel (busBw = nChannels x bwInter for
+    nNodes > 2, bwIntra at 2; algbw ring busBw nRanks/nsteps, tree busBw x .5; tree latency
+    2((nRanks/nNodes-1) intraLat + log2(nNodes) interLat)). Derived: docs/formulas.md#comm.collective"""
+    g = max(1, n // k)
+    intra_alpha = 2 * (g - 1) * L.intra_alpha
+    intra_beta = 2 * (g - 1) / g / L.intra_bw
+    tree_beta = (1.0 if k == 2 else 2.0) / g / L.ar_inter_bw
+    hier_beta = bus_factor("all-reduce", k) / g / L.ar_inter_bw  # docs/formulas.md#comm.hierarchical
+    cands = [_ring("all-reduce", n, min(L.intra_bw, g * L.ar_inter_bw), L.inter_alpha),
+             Coeff("tree", intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha, max(intra_beta, tree_beta)),
+             Coeff("hierarchical", intra_alpha + 2 * (k - 1) * L.inter_alpha, max(intra_beta, hier_beta))]
+    if algorithm == "auto":
+        return tuple(c for c in cands if c.algorithm != "hierarchical")
+    return tuple([c for c in cands if c.algorithm == algorithm] or cands[:1])
 
 
 def collective_time(op: str, S: float, span: GroupSpan, system: SystemSpec, algorithm: str = "auto",
