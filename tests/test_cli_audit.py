@@ -105,3 +105,10 @@ def test_export_over_an_existing_file_needs_force_and_leaves_it(cli, tmp_path):
     assert all(p.read_text() == "mine" for p in written)
     assert cli("export", PLAN, "--to", "megatron", "-o", out, "--force").code == 0
     assert all(p.read_text() != "mine" for p in written)
+
+
+def test_check_of_a_missing_path_says_what_it_takes(cli, tmp_path):
+    missing = tmp_path / "nosuch.yaml"
+    r = cli("check", missing)
+    assert r.code == 2 and "Traceback" not in r.err, r.err
+    assert f"{missing} does not exist" in r.err and "existing spec, profile or plan files" in r.err, r.err
