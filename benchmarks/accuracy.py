@@ -878,7 +878,7 @@ def spec_for(rec: dict, fam: str) -> ModelSpec:
     """The record's model: a built-in with the same layers, width and heads (Llama, GPT-3 shapes), else a
     plain GPT of the record's dimensions (MPT: learned positions and biases, MPT_BENCHMARK_ARCH)."""
     md = rec["model"]
-    if not described(rec):  # e.g. nemo2407-pretrain-nemotron-22b: the table gives only the name (predict skips it)
+    if not described(rec):  # a record that gives only the model's name (predict skips it)
         raise ValueError(f"{rec['id']}: the record gives no model dimensions (model.hidden, layers, heads, vocab) "
                          f"and its name {md.get('name')!r} is no built-in the accuracy report maps; predict skips "
                          "it (record the dimensions to score it)")

@@ -150,6 +150,9 @@ def read_document(path: Path) -> dict[str, Any]:
 def parse_document(text: str, kind: str, origin: str) -> dict[str, Any]:
     """Parse JSON or YAML text (from a file or a git revision) into a mapping, within the bounds above."""
     path = origin
+    if not text.strip():
+        raise LlmplanError(f"{origin} is empty: llmplan reads a {kind} mapping of keys to values from it (a model "
+                           "spec or config.json, a hardware profile or a plan file); fill it in or give another file")
     if len(text) > MAX_INPUT_BYTES:
         raise LlmplanError(f"{origin} is over {MAX_INPUT_BYTES // 2**20} MiB; llmplan reads files of at most that")
     try:
@@ -173,7 +176,9 @@ def parse_document(text: str, kind: str, origin: str) -> dict[str, Any]:
         why = str(getattr(e, "problem", None) or getattr(e, "msg", e))
         raise LlmplanError(f"{path}{line}: not valid {kind}: {excerpt(why)}") from None
     if not isinstance(data, dict):
-        raise LlmplanError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
+        got = "nothing (comments only)" if data is None else f"a {type(data).__name__}"
+        raise LlmplanError(f"{path}: expected a mapping of keys to values at the top level, got {got}; give a file "
+                           "of `key: value` entries (a JSON object)")
     return data
 
 
@@ -205,11 +210,12 @@ def check_target(path: Path, force: bool = False) -> None:
     try:
         pst = os.stat(parent)
     except FileNotFoundError:
-        raise LlmplanError(f"folder {parent} does not exist") from None
+        raise LlmplanError(f"folder {parent} does not exist; create it first (mkdir -p {parent}) or give a path in an "
+                           "existing folder") from None
     except OSError as e:
         raise LlmplanError(f"cannot write in {excerpt(str(parent))}: {e.strerror or e}") from None
     if not stat.S_ISDIR(pst.st_mode):
-        raise LlmplanError(f"{parent} is a file, not a folder")
+        raise LlmplanError(f"{parent} is a file, not a folder; give a path inside a folder")
     size, most = len(os.fsencode(path.name)), _name_max(parent)
     if size > most:
         raise LlmplanError(f"the file name {excerpt(path.name, 40)} is {size} bytes; the file system of {parent} "
@@ -379,7 +385,7 @@ def make_folder(folder: Path) -> None:
     """Create an output folder (and its parents); a file in the way or no permission is one clear error."""
     folder = Path(folder)
     if exists(folder) and not folder.is_dir():
-        raise LlmplanError(f"{folder} is a file, not a folder")
+        raise LlmplanError(f"{folder} is a file, not a folder; give a folder (created if missing), not that file")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:

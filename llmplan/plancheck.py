@@ -100,7 +100,8 @@ def discover(paths: list[Path]) -> list[Path]:
     files: list[Path] = []
     for p in paths:
         if not exists(p):
-            raise LlmplanError(f"{p} does not exist")
+            raise LlmplanError(f"{p} does not exist; give `llmplan check` existing spec, profile or plan files, or "
+                               "folders of them")
         if p.is_dir():
             files += sorted(f for f in p.rglob("*") if f.suffix in SPEC_SUFFIXES and f.is_file())
         else:

@@ -236,7 +236,8 @@ def read_plan_document(path: Path) -> PlanDocument:
     the wrong type is one clear error naming the field."""
     path = Path(path)
     if not exists(path):
-        raise LlmplanError(f"plan file {path} does not exist")
+        raise LlmplanError(f"plan file {path} does not exist; save one with `llmplan estimate ... --save {path}` "
+                           "(or `llmplan search ... --save`)")
     raw = read_document(path)
     if raw.get("kind") != KIND:
         raise LlmplanError(f"{path}: not an llmplan plan file (kind is {raw.get('kind')!r}, expected '{KIND}'); "

@@ -13,6 +13,7 @@ import pytest
 
 from llmplan.export import EVERY_PLAN, SERVE_TARGETS, TRAIN_TARGETS, every_plan_refusal, refusal, render_all
 from llmplan.export.common import CannotExpress
+from llmplan.export.megatron import connections_refusal
 from llmplan.planfile import load_plan
 from llmplan.specs.check import check_plan
 from llmplan.specs.plan import ParallelPlan
@@ -63,26 +64,54 @@ def choices(name: str, annotation) -> list:
     return []
 
 
-def drawn_plans(pf, rng: random.Random, n: int, tries: int = 4000) -> list[ParallelPlan]:
-    """Up to `n` plans check_plan accepts, each the saved plan with a few fields drawn at random (one to six
-    switches, ZeRO, micro-batch and the data / tensor / expert degrees reshuffled over the same GPUs)."""
+DRAW_RATE = 0.04
+"""The chance each drawn field is set on a drawn plan (about 3 of the 83 fields the draw takes in 2026-12)."""
+
+
+def draw_fields() -> dict[str, list]:
+    """The plan fields the draw sets and the values it tries for each (choices), SKIP left out."""
     fields = {k: choices(k, f.annotation) for k, f in ParallelPlan.model_fields.items() if k not in SKIP}
-    fields = {k: v for k, v in fields.items() if v}
+    return {k: v for k, v in fields.items() if v}
+
+
+def keyed(seed: str, i: int, key: str) -> random.Random:
+    """The random stream of one draw decision: plan attempt `i`, field (or 'layout') `key`. Each decision has its own
+    stream, so a field added to ParallelPlan (or a value added to one field's choices) changes only the plans that
+    draw that field: the other fields' draws, and the plans that do not draw it, stay as they were. (One stream over
+    `sorted(fields)` used to reshuffle every plan whenever a field was added, which moved the module-recipe and
+    queue-count rules in and out of the draw: ad2d0aa1, f47eec20, a4106bc2.)"""
+    return random.Random(f"{seed}/{i}/{key}")
+
+
+def drawn_plan(pf, seed: str, i: int, fields: dict[str, list]) -> ParallelPlan | None:
+    """Attempt `i` of the draw: the saved plan with each field set with chance DRAW_RATE to one of its values, and
+    the tensor / data / expert degrees reshuffled over the same GPUs; None where ParallelPlan rejects the mix."""
     base, gpus = pf.plan, pf.cluster.num_gpus
+    update = {}
+    for k, values in fields.items():
+        r = keyed(seed, i, k)
+        if r.random() < DRAW_RATE:
+            update[k] = r.choice(values)
+    r = keyed(seed, i, "layout")
+    tp = r.choice([t for t in (1, 2, 4, 8) if gpus % (t * base.pp * base.cp) == 0])
+    update.update(tp=tp, dp=gpus // (tp * base.pp * base.cp), sp=tp > 1 and r.random() < 0.7)
+    if base.ep > 1:
+        update["ep"] = r.choice([e for e in (1, 2, 4, 8, 16, 32) if e <= base.ep])
+    try:
+        return ParallelPlan.model_validate({**base.model_dump(), **update})
+    except ValueError:
+        return None
+
+
+def drawn_plans(pf, seed: str, n: int, tries: int = 4000, fields: dict[str, list] | None = None) -> list[ParallelPlan]:
+    """Up to `n` plans check_plan accepts, other than the saved one, from attempts 0, 1, ... of the draw (drawn_plan)."""
+    fields = draw_fields() if fields is None else fields
     out: list[ParallelPlan] = []
-    for _ in range(tries):
+    for i in range(tries):
         if len(out) == n:
             break
-        update = {k: rng.choice(fields[k]) for k in rng.sample(sorted(fields), rng.randint(1, 6))}
-        tp = rng.choice([t for t in (1, 2, 4, 8) if gpus % (t * base.pp * base.cp) == 0])
-        update.update(tp=tp, dp=gpus // (tp * base.pp * base.cp), sp=tp > 1 and rng.random() < 0.7)
-        if base.ep > 1:
-            update["ep"] = rng.choice([e for e in (1, 2, 4, 8, 16, 32) if e <= base.ep])
-        try:
-            p = ParallelPlan.model_validate({**base.model_dump(), **update})
-        except ValueError:
-            continue
-        if p != base and not check_plan(pf.model, p, pf.cluster):
+        p = drawn_plan(pf, seed, i, fields)
+        if p is not None and p != pf.plan and not check_plan(pf.model, p, pf.cluster):
             out.append(p)
     return out
 
@@ -95,6 +124,13 @@ def module_recipe_plans(pf, drawn: list[ParallelPlan]) -> list[ParallelPlan]:
         with_it = [p.model_copy(update={field: value}) for p in [pf.plan, *drawn[:3]]]
         out += [p for p in with_it if not check_plan(pf.model, p, pf.cluster)]
     return out
+
+
+def tp2_variant(pf) -> ParallelPlan:
+    """The saved plan at TP 2 with sequence parallelism, the data degree taking up the rest of the GPUs."""
+    p = pf.plan
+    return ParallelPlan.model_validate({**p.model_dump(), "tp": 2, "sp": True,
+                                        "dp": pf.cluster.num_gpus // (2 * p.pp * p.cp)})
 
 
 @pytest.fixture(scope="module")
@@ -120,17 +156,21 @@ def test_refusal_agrees_with_the_render_on_random_training_plans(saved, name):
     """Every training target, on the saved plan and on up to 60 valid plans drawn from it: refusal (the checks)
     and the full render give the same answer and the same text. The draw meets both outcomes for each file."""
     pf = saved[name]
-    # 80 on the hybrid file: its MXFP8 / bf16 module lists are two of many drawn fields (each new plan field
-    # reshuffles the draw; with fused_loss_impl, 60 plans reach no mxfp8_modules there)
-    plans = [pf.plan, *drawn_plans(pf, random.Random(f"refusal-{name}"), 80 if name == "hybrid" else 60)]
+    # 80 on the hybrid file, whose plans fail check_plan more often (its module recipes are chosen below)
+    plans = [pf.plan, *drawn_plans(pf, f"refusal-{name}", 80 if name == "hybrid" else 60)]
     assert len(plans) > 20
     if name == "hybrid":  # Megatron-Bridge's module recipes on the NVFP4 hybrid, chosen, not drawn
         chosen = module_recipe_plans(pf, plans[1:])
         assert {f for f in MODULE_RECIPES for p in chosen if getattr(p, f)} == set(MODULE_RECIPES), chosen
         plans += chosen
-    else:  # Megatron-LM's queue assert (an optional integer): CUDA_DEVICE_MAX_CONNECTIONS chosen, not drawn
-        queues = [p.model_copy(update={"cuda_max_connections": v}) for v in (1, 8) for p in plans[:4]]
-        plans += [p for p in queues if not check_plan(pf.model, p, pf.cluster)]
+    else:  # Megatron-LM's queue assert (an optional integer): CUDA_DEVICE_MAX_CONNECTIONS chosen, not drawn, on the
+        # saved plan, its TP 2 variant (the assert needs TP or CP > 1; the MLA file saves TP 1) and two drawn plans
+        queues = [p.model_copy(update={"cuda_max_connections": v}) for v in (1, 8)
+                  for p in [pf.plan, tp2_variant(pf), *plans[1:3]]]
+        queues = [p for p in queues if not check_plan(pf.model, p, pf.cluster)]
+        # the chosen plans meet the rule whatever the draw gives
+        assert any(connections_refusal(dataclasses.replace(pf, plan=p))[1] for p in queues), queues
+        plans += queues
     seen = set()
     for p in plans:
         one = dataclasses.replace(pf, plan=p)
@@ -139,12 +179,6 @@ def test_refusal_agrees_with_the_render_on_random_training_plans(saved, name):
             assert refusal(one, target) == want, (target, p)
             seen.add(want is None)
     assert seen == {True, False}
-    # the plans reach the rule on optional integers: Megatron-LM's queue assert on the H100 files (the queue counts
-    # and the module recipes on the NVFP4 hybrid are chosen above)
-    from llmplan.export.megatron import connections_refusal
-
-    if name != "hybrid":
-        assert any(connections_refusal(dataclasses.replace(pf, plan=p))[1] for p in plans)
 
 
 def test_refusal_agrees_with_the_render_on_serving_plans(saved):
@@ -169,7 +203,7 @@ def test_every_plan_refusal_holds_for_every_drawn_plan(saved):
     plan with EP, in those words wherever no earlier rule of its check is met (and the draw meets such a plan);
     every other target says nothing of the kind."""
     pf = saved["moe"]
-    plans = [p for p in drawn_plans(pf, random.Random("every-plan"), 80) if p.ep > 1]
+    plans = [p for p in drawn_plans(pf, "every-plan", 80) if p.ep > 1]
     assert len(plans) > 20 and {t for t, rules in EVERY_PLAN.items() if "ep" in rules} == {"deepspeed"}
     worded = 0
     for p in plans:
@@ -194,7 +228,7 @@ def test_every_plan_mask_agrees_with_refusal(saved):
 
     for name in sorted(TRAIN_FILES):
         pf = saved[name]
-        for p in drawn_plans(pf, random.Random(f"mask-{name}"), 30):
+        for p in drawn_plans(pf, f"mask-{name}", 30):
             for target in TRAIN_TARGETS:
                 marked = bool(every_plan_mask(from_plan(p), target)[0])
                 assert marked == any(rule(p)[1] for rule in EVERY_PLAN.get(target, {}).values()), (target, p)
@@ -252,3 +286,19 @@ def test_bridge_module_recipes_are_every_plan_rules(saved, field, value, words):
     p = base.model_copy(update={field: value})
     assert bool(every_plan_mask(from_plan(p), "megatron-bridge")[0])
     assert words in str(every_plan_reason(p, "megatron-bridge"))
+
+
+def test_a_field_added_to_the_draw_leaves_the_other_plans_as_they_were(saved):
+    """The draw keys each decision by (seed, attempt, field) (keyed): a field added to the plan, here one the plan
+    model rejects, changes only the attempts that draw it; the rest give the same plans, so the rules the test
+    meets do not come and go with unrelated fields. It does change some (the new field is drawn)."""
+    pf, fields = saved["dense"], draw_fields()
+    grown = {**fields, "a_field_added_later": [True]}
+    changed = 0
+    for i in range(200):
+        before, after = drawn_plan(pf, "grown", i, fields), drawn_plan(pf, "grown", i, grown)
+        if keyed("grown", i, "a_field_added_later").random() < DRAW_RATE:
+            changed += after is None  # extra="forbid": the plan model refuses the unknown field
+        else:
+            assert before == after, i
+    assert changed

@@ -82,9 +82,12 @@ def test_megascale_530b_speedup_over_megatron_lm(published_runs, acc) -> None:
 
 
 def test_a_record_without_model_dimensions_is_refused_in_one_line(published_runs, acc) -> None:
-    # NeMo 24.07's Nemotron-22B row gives only the model's name: plan_for used to fail with KeyError 'hidden'
-    # (model_for, reached for the layer count); predict skips the row.
-    rec = published_runs["nemo2407-pretrain-nemotron-22b-64gpu-gbs256"]
+    # A row that gives only the model's name (as NeMo 24.07's Nemotron-22B row did before its dimensions were
+    # recorded from its launcher config): plan_for used to fail with KeyError 'hidden' (model_for, reached for the
+    # layer count); predict skips the row.
+    src = published_runs["nemo2407-pretrain-nemotron-22b-64gpu-gbs256"]
+    rec = {**src, "model": {k: v for k, v in src["model"].items() if k in ("name", "params_b", "seq_len")}}
+    assert acc.described(src)
     assert not acc.described(rec)
     with pytest.raises(ValueError, match="no model dimensions"):
         acc.plan_for(rec, "nemo2407", 64)

@@ -41,3 +41,20 @@ def test_nemo2407_tie_flags_follow_their_configs(acc, published_runs):
             continue
         m = acc.model_for(rec, "nemo2407")
         assert m.tie_word_embeddings == ("-gpt3-" in rid), rid
+
+
+def test_nemotron_22b_reads_its_launcher_config(acc, published_runs):
+    # NeMo-Framework-Launcher tag 24.07 (8325688d83) conf/training/nemotron/nemotron_22b.yaml: num_layers 40,
+    # hidden_size 6144, ffn_hidden_size 24576 (ungated squared ReLU), num_attention_heads 48, num_query_groups null,
+    # bias false, share_embeddings_and_output_weights false, layernorm1p (weight and bias), rope (no position
+    # table). By hand: 12 L h^2 (4h^2 attention + 2 x h x 4h MLP) + 2 V h (untied) + (4L + 2) h (two norms a
+    # layer and the final one, 2h each) = 18,119,393,280 + 3,145,728,000 + 995,328 = 21,266,116,608.
+    rec = published_runs["nemo2407-pretrain-nemotron-22b-64gpu-gbs256"]
+    m = acc.model_for(rec, "nemo2407")
+    assert (m.num_hidden_layers, m.hidden_size, m.intermediate_size, m.num_attention_heads) == (40, 6144, 24576, 48)
+    assert m.num_key_value_heads in (None, 48)
+    assert not (m.tie_word_embeddings or m.attention_bias or m.mlp_bias or m.gated_mlp)
+    L, h, V = 40, 6144, 256_000
+    assert float(param_counts(m).total) == 12 * L * h * h + 2 * V * h + (4 * L + 2) * h
+    # scored now (it used to be skipped for want of dimensions)
+    assert [k for k, *_ in acc.predict(rec, "nemo2407")] == ["model TFLOP/s", "fits"]

@@ -214,6 +214,10 @@ def load_model_file(path: Path) -> ModelSpec:
     _not_a_plan(data, path, "a model spec")
     if not any(k in data for k in MODEL_KEYS) if isinstance(data, dict) else False:
         _other_kind(data, path, SYSTEM_KEYS, "a hardware profile", "a model spec", "--hardware")
+    if "name" not in data and "model_type" not in data:
+        raise LlmplanError(f"{path} has neither model_type (a Hugging Face config.json's architecture, e.g. "
+                           "\"model_type\": \"llama\") nor name (an llmplan model spec); add the one it is, or give "
+                           "the model's own config.json")
     if "name" not in data and "model_type" in data:
         try:
             data = from_hf_config(data, default_name=path.parent.name if path.stem == "config" else path.stem)
