@@ -11,8 +11,6 @@ align_grad_reduce, True by default). Hand values are worked in the docstrings, n
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 

@@ -959,6 +959,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     (fp32_embedding_grad_bytes more: NVIDIA/apex @810ffae374 apex/contrib/optimizers/distributed_fused_adam.py
     _start_bucket_grad_sync, reduce_scatter_tensor of each bucket in its grads_bucket dtype, the grad_sync_dtype
     torch.float32 NeMo's init_params_bucket gives them; docs/formulas.md#comm.fp32_embedding_grads).
+    A later pipeline stage's DDP is unbucketed: one call per chunk (docs/formulas.md#step.dp_later_rs).
     Derived: docs/formulas.md#comm.dp, docs/formulas.md#step.stage_tail, docs/formulas.md#mem.hsdp"""
     rp = stepped_rank_params(m, plan, stage)
     n, z = plan.num_microbatches, plan.zero
