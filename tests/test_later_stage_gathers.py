@@ -54,8 +54,9 @@ def test_the_later_stages_whole_gathers_are_exposed_and_listed_stages_agree():
     (norms) = 218,112,000 parameters; a middle stage 8 of them, 1,744,896,000 (3,489,792,000 bytes); the last
     stage also the final norm (4,096) and the untied output layer (4,096 · 128,256), 2,270,236,672 (4,540,473,344
     bytes). A ring all-gather over 4 ranks moves 3/4 of the bytes at the profile's 450 GB/s per GPU x the ring
-    efficiency 0.80 (HardwareSpec.ring_efficiency) = 360 GB/s, plus 3 steps of 1 us per call, one call per
-    40M-parameter bucket (44 and 57: comm.dp_bucket). The chain is the two middle stages' gathers and the last
+    efficiency 0.80 (HardwareSpec.ring_efficiency) = 360 GB/s, plus 3 steps of 1 us per call, one call: a later
+    stage's DDP is unbucketed (step.dp_later_rs; the first stage's 40M-parameter buckets, comm.dp_bucket, are not
+    its). The chain is the two middle stages' gathers and the last
     stage's: 2·G_mid + G_last; the DP exposure is the first stage's tail plus it. A plan listing the same stages
     (pp_layers 8, 8, 8, 8: summed stage by stage) prices the same step, and so does the search."""
     from dataclasses import replace
@@ -68,9 +69,9 @@ def test_the_later_stages_whole_gathers_are_exposed_and_listed_stages_agree():
     assert layer == 218_112_000
     mid, last = 8 * layer, 8 * layer + 4096 + 4096 * 128_256
     bw, hop = 450e9 * 0.80, 1e-6
-    g_mid = 44 * 3 * hop + 2 * mid * 3 / 4 / bw  # 0.0074024 s
-    g_last = 57 * 3 * hop + 2 * last * 3 / 4 / bw  # 0.0096303 s
-    assert (g_mid, g_last) == pytest.approx((0.0074024, 0.00963032), rel=1e-6)
+    g_mid = 1 * 3 * hop + 2 * mid * 3 / 4 / bw  # 0.0072734 s
+    g_last = 1 * 3 * hop + 2 * last * 3 / 4 / bw  # 0.0094623 s
+    assert (g_mid, g_last) == pytest.approx((0.0072734, 0.00946232), rel=1e-6)
     m = M["llama-3.1-8b"]
     plan = _plan()
     est = estimate_training(m, H100, plan)

@@ -40,7 +40,7 @@ from llmplan.cost.params import (
 )
 from llmplan.cost.runtime_memory import userbuffers_on
 from llmplan.cost.stages import attention_rerun_share, most_moe_layers, stage_mtp_modules
-from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, zero3_gathers
+from llmplan.cost.exposure import GRAD_RING_BYTES, CommSeconds, bucket_params, later_stage_unbucketed, zero3_gathers
 from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_a2a_group, cp_ring_size, has_layout
@@ -959,6 +959,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     (fp32_embedding_grad_bytes more: NVIDIA/apex @810ffae374 apex/contrib/optimizers/distributed_fused_adam.py
     _start_bucket_grad_sync, reduce_scatter_tensor of each bucket in its grads_bucket dtype, the grad_sync_dtype
     torch.float32 NeMo's init_params_bucket gives them; docs/formulas.md#comm.fp32_embedding_grads).
+    A later pipeline stage's DDP is unbucketed: one call per chunk (docs/formulas.md#step.dp_later_rs).
     Derived: docs/formulas.md#comm.dp, docs/formulas.md#step.stage_tail, docs/formulas.md#mem.hsdp"""
     rp = stepped_rank_params(m, plan, stage)
     n, z = plan.num_microbatches, plan.zero
@@ -972,7 +973,8 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     host = where(gathered, zero3_host_seconds(plan), 0.0)
     per_tensor = gathered & (plan.zero3_unit == "tensor")  # ZERO3_GATHER_COPIES
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
-    bucketed = first_chunk_bucketed(plan)  # the first chunk cut into buckets (comm.dp_bucket)
+    # the first chunk cut into buckets (comm.dp_bucket), on the first stage only (step.dp_later_rs)
+    bucketed = first_chunk_bucketed(plan) & np.logical_not(later_stage_unbucketed(plan, stage))
     out: list[Transfer[G]] = []
     # NeMo 1.x / Apex: the embeddings' fp32 buckets reduce-scattered in fp32 (comm.fp32_embedding_grads)
     emb32 = fp32_embedding_grad_bytes(m, plan, stage)

@@ -378,6 +378,48 @@ def gathers_on_warmup_chain(plan: ParallelPlan) -> Any:
             & plan.overlap_param_gather)
 
 
+def later_stage_unbucketed(plan: ParallelPlan, stage: Any) -> Any:
+    """Elementwise: pipeline stage `stage` runs Megatron-Core's DDP with the gradient-reduce overlap and without
+    buckets, one reduction and one gather per model chunk: a stage after the first (its DDP sets bucket_size
+    None for pp_rank > 0, whatever the flags), on Megatron-Core's schedules (pp_schedule 1f1b, interleaved or
+    not), ZeRO 0-1. Without the overlap every stage is one bucket per chunk already (comm.dp_bucket).
+    Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/distributed_data_parallel.py (__init__:
+    "if disable_bucketing or pp_rank > 0: self.bucket_size = None"). Derived: docs/formulas.md#step.dp_later_rs"""
+    return (stage > 0) & (plan.pp_schedule == "1f1b") & (plan.zero <= 1) & plan.overlap_grad_reduce
+
+
+def later_stage_reduce_exposed(plan: ParallelPlan, reduce: Any, slack: Any, backward: Any, kappa: float) -> Any:
+    """Exposed seconds, after the first stage's last backward, of a later stage's unbucketed gradient reduction
+    of `reduce` seconds (later_stage_unbucketed), `slack` seconds of the 1F1B cool-down after its own last
+    backward (cooldown_slack), `backward` one micro-batch's backward of the stage. Each chunk is one
+    reduction, dispatched once the chunk's last backward is over: the last chunk's, 1/v, in the slack beside no
+    compute of the stage. Interleaved, the other chunks' are dispatched in step with the first stage's
+    (align_grad_reduce), chunk k about k·p chunk-backwards before the end, and share one link in order: the
+    whole `reduce` ends no earlier than (v-1)·p chunk-backwards after chunk v-1's dispatch; they slow the compute
+    beside them by kappa (overlap). At v = 1: max(0, reduce - slack). Elementwise.
+    Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/pipeline_parallel/schedules.py
+    (forward_backward_pipelining_without_interleaving: "Other pipeline stages do grad reduction during
+    pipeline bubble", grad_sync_func after the cool-down; interleaved: grad_sync_func at virtual_microbatch_id -
+    pipeline_parallel_rank, the chunks left after the cool-down). Derived: docs/formulas.md#step.dp_later_rs"""
+    v = plan.vpp
+    ahead = (v - 1) * plan.pp * backward / v  # chunk v-1's dispatch before the first stage's last backward ends
+    rest = reduce * (v - 1) / v
+    busy = where(v > 1, reduce - ahead, 0.0)  # the link still carrying the earlier chunks
+    return maximum(0.0, maximum(reduce / v - slack, busy)) + kappa * minimum(rest, ahead)
+
+
+def cooldown_slack(plan: ParallelPlan, stages: list[Any], backwards: list[Any]) -> list[Any]:
+    """Seconds from each stage of `stages`' last backward to the first stage's in the pipeline's cool-down: the
+    stages before stage j run their last (chunk-)backward in turn after it, j of them, each at least the fastest of
+    `backwards` (one micro-batch's backward compute of each candidate stage), 1/v of it interleaved; the
+    pipeline sends between them are not counted (a lower bound). Elementwise.
+    Derived: docs/formulas.md#step.dp_later_rs"""
+    fastest = backwards[0]
+    for b in backwards[1:]:
+        fastest = minimum(fastest, b)
+    return [stage * fastest / plan.vpp for stage in stages]
+
+
 def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,
                         params_on_rank: Any, last_param: Any, optimizer_s: Any = 0.0) -> Any:
     """ZeRO 0-1 (distributed optimizer), and ZeRO 2-3 under a pipeline, per step: the gradient reduction

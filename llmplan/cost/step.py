@@ -35,10 +35,13 @@ from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was 
     CommSeconds,
     bucket_share,
     chunked_sync_window,
+    cooldown_slack,
     cp_exposed,
     dp_exposed_per_mb,
     dp_exposed_per_step,
     gathers_on_warmup_chain,
+    later_stage_reduce_exposed,
+    later_stage_unbucketed,
     overlap,
     tp_edge_exposed,
     tp_exposed,
@@ -474,45 +477,56 @@ def stage_tails(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSecond
     (pipeline stages included) sits between: every stage's update waits for the slowest reduction. The tail is
     the slowest stage's (buffer passes + reduction) plus the slowest stage's (optimizer + gather + copy-out or
 MXFP8 unstaging),
-    not the fullest stage's (memory's) nor the slowest compute's. On Megatron-Core's 1F1B with the overlapped
-    gather (gathers_on_warmup_chain) a later stage's whole gather sits on the warm-up's chain instead: out of
-    the tail, the later stages' gathers added (later_stage_chain).
+    not the fullest stage's (memory's) nor the slowest compute's. A later stage of Megatron-Core's DDP reduces
+    unbucketed in the cool-down's slack (later_stage_reduce_exposed). On Megatron-Core's 1F1B with the
+    overlapped gather (gathers_on_warmup_chain) a later stage's whole gather sits on the warm-up's chain instead:
+    out of the tail, the later stages' gathers added (later_stage_chain).
     Source: NVIDIA/Megatron-LM megatron/core/optimizer/clip_grads.py at 0293807e53 (get_grad_norm_fp32:
     all_reduce over grad_stats_parallel_group). Derived: docs/formulas.md#step.stage_tail,
-    docs/formulas.md#step.dp_later_stages"""
+    docs/formulas.md#step.dp_later_stages, docs/formulas.md#step.dp_later_rs"""
     before: tuple[Any, ...] = ()
     after: tuple[Any, ...] = ()
-    done: dict[tuple, tuple[tuple, tuple, Any]] = {}  # stages of one class with equal DP seconds: priced once
+    done: dict[tuple, tuple] = {}  # stages of one class with equal DP seconds: priced once
     classes = class_key(m, plan)
     chain_on = gathers_on_warmup_chain(plan)
+    backwards = [sc.total - sc.forward for _, sc, _, _ in stages]
+    slack = cooldown_slack(plan, [stage for stage, _, _, _ in stages], backwards)
     wholes: list[tuple[Any, Any]] = []  # (stage, its rank's whole gather seconds)
     for j, (stage, sc, _, _) in enumerate(stages):
         key = None if classes is None else classes(stage) + (id(sc),) + (comm.dp_stages[j] if comm.dp_stages else ())
         if key is None or key not in done:
-            c = stage_comm(comm, j)
-            rp = stepped_rank_params(m, plan, stage)
-            emb = word_embedding_on_rank(m, plan, stage)  # the last bucket's last parameter (step.dp_last_bucket)
-            kept = bf16_kept_params(m, plan, stage)  # fp8_params' bf16 parts (mem.fp8_param_bf16_parts)
-            opt = (optimizer_step_seconds(rp.total, plan, gpu, rp.expert, kept, muon_params(m, plan, stage))
-                   + newton_schulz_seconds(m, plan, gpu, stage))  # Muon's step (optim.muon_ns)
-            reduce = dp_exposed_per_step(plan, replace(c, dp_gather=0.0), sc, kappa, rp.total, emb)
-            # the first chunk's gather beside the other chunks' step (step.dp_optstep_gather)
-            gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total, emb, opt)
-            tail = ((reduce, grad_buffer_seconds(plan, rp.total, gpu)),
-                    (gather, opt,
-                     zero3_copy_out_seconds(plan, rp.total, gpu, bf16_gathered_params(m, plan, stage).total),
-                     mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, stage), gpu)),
-                    c.dp_gather)
+            tail = _stage_tail(m, plan, gpu, stage_comm(comm, j), stage, sc, kappa)
             if key is not None:
                 done[key] = tail
         else:
             tail = done[key]
         wholes.append((stage, tail[2]))
+        # a later stage's one reduction in the cool-down's slack (step.dp_later_rs)
+        later = later_stage_reduce_exposed(plan, tail[3], slack[j], backwards[j], kappa)
+        before_i = (where(later_stage_unbucketed(plan, stage), later, tail[0][0]), tail[0][1])
         on_chain = chain_on & (stage > 0)  # its gather waits on the warm-up's chain, not in the tail
         after_i = (where(on_chain, 0.0, tail[1][0]),) + tail[1][1:]
-        before, after = _slower(before, tail[0]), _slower(after, after_i)
+        before, after = _slower(before, before_i), _slower(after, after_i)
     chain = where(chain_on, later_stage_chain(plan, wholes, explicit_stages(plan) is not None), 0.0)
     return before[0] + after[0] + chain, after[1], before[1], after[2], after[3]
+
+
+def _stage_tail(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, c: CommSeconds, stage: Any, sc: StageCompute,
+                kappa: float) -> tuple:
+    """((exposed reduction at the bucket share, buffer passes), (exposed gather, optimizer, copy-out, unstaging),
+    the whole gather, the whole reduction) of a rank of `stage`, `c` its DP seconds (stage_comm)."""
+    rp = stepped_rank_params(m, plan, stage)
+    emb = word_embedding_on_rank(m, plan, stage)  # the last bucket's last parameter (step.dp_last_bucket)
+    kept = bf16_kept_params(m, plan, stage)  # fp8_params' bf16 parts (mem.fp8_param_bf16_parts)
+    opt = (optimizer_step_seconds(rp.total, plan, gpu, rp.expert, kept, muon_params(m, plan, stage))
+           + newton_schulz_seconds(m, plan, gpu, stage))  # Muon's step (optim.muon_ns)
+    reduce = dp_exposed_per_step(plan, replace(c, dp_gather=0.0), sc, kappa, rp.total, emb)
+    # the first chunk's gather beside the other chunks' step (step.dp_optstep_gather)
+    gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total, emb, opt)
+    return ((reduce, grad_buffer_seconds(plan, rp.total, gpu)),
+            (gather, opt, zero3_copy_out_seconds(plan, rp.total, gpu, bf16_gathered_params(m, plan, stage).total),
+             mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, stage), gpu)),
+            c.dp_gather, c.dp_reduce)
 
 
 def later_stage_chain(plan: ParallelPlan, wholes: list[tuple[Any, Any]], every_stage: bool) -> Any:

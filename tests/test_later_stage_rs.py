@@ -1,0 +1,147 @@
+"""A later pipeline stage's gradient reduction under Megatron-Core's DDP: one unbucketed collective per model chunk,
+run in the 1F1B cool-down's slack (docs/formulas.md#step.dp_later_rs; docs/validation.md#later-stage-rs).
+
+NVIDIA/Megatron-LM d98e8a64dd: distributed_data_parallel.py __init__ ("if disable_bucketing or pp_rank > 0:
+self.bucket_size = None"); pipeline_parallel/schedules.py forward_backward_pipelining_without_interleaving (grad
+sync enabled in the last backward only on the first stage, "Other pipeline stages do grad reduction during pipeline
+bubble": grad_sync_func after the cool-down loop), forward_backward_pipelining_with_interleaving (grad_sync_func at
+virtual_microbatch_id - pipeline_parallel_rank); training/training.py (grad_sync_func = start_grad_sync under
+align_grad_reduce, True by default). Hand values are worked in the docstrings, not by the code under test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmplan.cost.comm import comm_seconds
+from llmplan.cost.compute import StageCompute
+from llmplan.cost.exposure import (CommSeconds, cooldown_slack, dp_exposed_per_step, later_stage_reduce_exposed,
+                                   later_stage_unbucketed)
+from llmplan.cost.step import stage_times
+from llmplan.estimate import estimate_training
+from llmplan.search.grid import Workload, default_space, enumerate_plans
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
+from agreement import assert_arrays_agree, valid_sample
+
+M, S = builtin_models(), builtin_systems()
+H100 = ClusterSpec(system=S["dgx-h100"], num_nodes=2)
+
+
+def _plan(**kw):
+    base = dict(tp=1, pp=4, dp=4, zero=1, micro_batch=1, global_batch=32, seq_len=4096,
+                overlap_grad_reduce=True, overlap_param_gather=True)
+    return ParallelPlan(**{**base, **kw})
+
+
+def test_which_stages_are_unbucketed():
+    """Stages after the first, on Megatron-Core's schedule (1F1B, interleaved or not), ZeRO 0-1, with the
+    gradient-reduce overlap (without it every stage is one bucket per chunk already)."""
+    assert not later_stage_unbucketed(_plan(), 0)
+    for j in (1, 3):
+        assert later_stage_unbucketed(_plan(), j) and later_stage_unbucketed(_plan(vpp=2), j)
+        assert later_stage_unbucketed(_plan(zero=0), j)
+    for off in (dict(overlap_grad_reduce=False, overlap_param_gather=False), dict(pp_schedule="zero-bubble"),
+                dict(zero=2)):
+        assert not later_stage_unbucketed(_plan(**off), 1), off
+
+
+def test_the_exposed_reduction_by_hand():
+    """1F1B (v 1): max(0, R - slack): R 1.0 s, slack 0.3 s -> 0.7 s; slack 1.2 s -> 0.
+    Interleaved v 2, pp 4, backward 0.4 s a micro-batch (0.2 s a chunk), kappa 0.1: chunk 1's reduction is
+    dispatched (v-1)·p = 4 chunk-backwards = 0.8 s before the first stage's last backward ends. R 1.0 s, slack
+    0.2 s: the last chunk 0.5 - 0.2 = 0.3 s, the link still busy 1.0 - 0.8 = 0.2 s, the larger 0.3 s, + 0.1 x
+    min(0.5, 0.8) = 0.05 s beside compute: 0.35 s. R 2.0 s: max(1.0 - 0.2, 2.0 - 0.8) = 1.2 s + 0.1 x min(1.0,
+    0.8) = 0.08: 1.28 s."""
+    one, two = _plan(), _plan(vpp=2)
+    assert float(later_stage_reduce_exposed(one, 1.0, 0.3, 0.5, 0.1)) == pytest.approx(0.7, abs=1e-12)
+    assert float(later_stage_reduce_exposed(one, 1.0, 1.2, 0.5, 0.1)) == 0.0
+    assert float(later_stage_reduce_exposed(two, 1.0, 0.2, 0.4, 0.1)) == pytest.approx(0.35, abs=1e-12)
+    assert float(later_stage_reduce_exposed(two, 2.0, 0.2, 0.4, 0.1)) == pytest.approx(1.28, abs=1e-12)
+
+
+def test_the_cooldown_slack_by_hand():
+    """Stages 0, 1, 1, 3 with backwards 0.5, 0.9, 0.9, 0.7 s: the fastest is 0.5 s, so 0, 0.5, 0.5, 1.5 s at v 1;
+    at v 2 each chunk-backward is half: 0, 0.25, 0.25, 0.75 s."""
+    backs = [0.5, 0.9, 0.9, 0.7]
+    assert cooldown_slack(_plan(), [0, 1, 1, 3], backs) == pytest.approx([0.0, 0.5, 0.5, 1.5], abs=1e-12)
+    assert cooldown_slack(_plan(vpp=2), [0, 1, 1, 3], backs) == pytest.approx([0.0, 0.25, 0.25, 0.75], abs=1e-12)
+
+
+def test_never_more_than_the_reduction_nor_the_bucketed_price_once_the_slack_covers_a_backward():
+    """Seeded property over reductions, slacks, backwards, contention, v and pp: the exposed reduction is
+    between 0 and R(1 + kappa), is exactly max(0, R - slack) at v 1, never grows with more slack; and at v 1,
+    where the slack is at least the stage's own backward, it never exceeds the bucketed price (step.dp: the last
+    bucket plus the rest beside the last backward, dp_exposed_per_step), which hid the same reduction behind
+    that backward at contention kappa."""
+    rng = np.random.default_rng(32)
+    for _ in range(400):
+        v, pp = int(rng.choice([1, 2, 4])), int(rng.integers(2, 17))
+        plan = _plan(pp=pp, vpp=v, dp=2, global_batch=8 * pp)
+        r, b, kappa = rng.uniform(0, 2), rng.uniform(0.01, 1), rng.uniform(0, 0.5)
+        slack = rng.uniform(0, 2)
+        e = float(later_stage_reduce_exposed(plan, r, slack, b, kappa))
+        assert -1e-12 <= e <= r * (1 + kappa) + 1e-12
+        assert float(later_stage_reduce_exposed(plan, r, slack + 0.1, b, kappa)) <= e + 1e-12
+        if v == 1:
+            assert e == pytest.approx(max(0.0, r - slack), abs=1e-12)
+            covered = float(later_stage_reduce_exposed(plan, r, b * (1 + rng.uniform(0, 2)), b, kappa))
+            comm = CommSeconds(tp=0.0, pp=0.0, cp=0.0, ep=0.0, dp_reduce=r, dp_gather=0.0)
+            sc = StageCompute(gemm=2 * b, attention=0.0, memory_bound=0.0, forward=b)
+            bucketed = float(dp_exposed_per_step(plan, comm, sc, kappa, rng.uniform(1e8, 1e10), 0.0))
+            assert covered <= bucketed + 1e-12
+
+
+def test_a_later_stage_reduction_sets_the_tail_by_hand():
+    """Llama 3.1 8B, PP4 with 2, 10, 10, 10 layers, plain DDP (ZeRO 0: an all-reduce, no gather) over dp 4 inside one
+    DGX-H100, the gradient-reduce overlap on. A middle stage holds 10 x 218,112,000 = 2,181,120,000 parameters,
+    fp32 gradients (4 bytes, Megatron-Core's default buffer): 8,724,480,000 bytes, all-reduced by a ring of 4 in
+    2 x 3/4 of them at 360 GB/s (450 x 0.80) = 0.036352 s, plus 2 x 3 steps of 1 us, one call (unbucketed; 55
+    calls at 40M a bucket would add 0.33 ms): R_1 = 0.036358 s. Its one all-reduce starts after its last backward,
+    and the first stage's last backward (b_0, the fastest stage's) is all the cool-down left: R_1 - b_0 is the
+    step's exposed DP (stage 2: R_1 - 2 b_0; the last stage, 3 b_0 of slack; the first stage's buckets hide
+    behind its own backward)."""
+    m = M["llama-3.1-8b"]
+    plan = _plan(zero=0, pp_layers=(2, 10, 10, 10), overlap_param_gather=False)
+    est = estimate_training(m, H100, plan)
+    secs = comm_seconds(est.comm, H100.system)
+    r1 = 1 * 2 * 3 * 1e-6 + 2 * 0.75 * 4 * 10 * 218_112_000 / 360e9
+    assert r1 == pytest.approx(0.036358, rel=1e-9)
+    assert float(secs.dp_stages[1][0]) == pytest.approx(r1, rel=1e-9)
+    calls = [int(t.calls) for t in est.comm.dp_stages[1].transfers if t.calls]
+    assert calls == [1]
+    stages = stage_times(m, plan, H100.system.gpu)
+    b0 = float(stages[0][1].total - stages[0][1].forward)
+    assert b0 == min(float(sc.total - sc.forward) for _, sc, _, _ in stages)
+    assert float(est.time.exposed["dp"]) == pytest.approx(r1 - b0, rel=1e-9)
+
+
+def test_later_stages_count_one_call_per_chunk():
+    """The first stage's chunk 0 is cut into 40M-parameter buckets (comm.dp_bucket); every later stage's DDP is
+    unbucketed: one reduce-scatter and one all-gather per model chunk, v calls (1 at vpp 1, 2 at vpp 2), also on the
+    DP seconds the later stages' tails and the 1F1B gather chain read (dp_stages)."""
+    m = M["llama-3.1-8b"]
+    for v in (1, 2):
+        est = estimate_training(m, H100, _plan(vpp=v, global_batch=32))
+        per_stage = [{t.collective: int(t.calls) for t in a.transfers if t.calls} for a in est.comm.dp_stages]
+        assert per_stage[0]["reduce-scatter"] > v and per_stage[0]["all-gather"] == per_stage[0]["reduce-scatter"]
+        for calls in per_stage[1:]:
+            assert calls == {"reduce-scatter": v, "all-gather": v}
+    zb = estimate_training(m, H100, _plan(pp_schedule="zero-bubble"))
+    assert all(int(t.calls) > 1 for a in zb.comm.dp_stages for t in a.transfers if t.calls)
+
+
+@pytest.mark.parametrize("name,system,nodes,gbs", [("llama-3.1-70b", "dgx-h100", 16, 256),
+                                                   ("kimi-k2", "dgx-h800", 32, 1024)])
+def test_vectorised_search_agrees_on_later_stage_reductions(name, system, nodes, gbs):
+    """Random valid plans with pipeline stages, ZeRO 0-1 and the gradient-reduce overlap, interleaved and not: the
+    search's arrays price the step the scalar estimate prices (kimi-k2: a dense first layer, so the candidate
+    stages' backwards, and the cool-down's fastest, differ)."""
+    m, cluster = M[name], ClusterSpec(system=S[system], num_nodes=nodes)
+    w = Workload(global_batch=gbs, seq_len=4096)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    keep = (lambda p: p.pp > 1 and p.zero <= 1 and p.overlap_grad_reduce)
+    idx = valid_sample(m, cluster, plans, 32, 600, 16, keep=keep)
+    assert len(idx) >= 8 and {plans.plan(i).vpp > 1 for i in idx} == {True, False}
+    assert_arrays_agree(m, cluster, plans, idx)
