@@ -13,6 +13,7 @@ from llmplan.cost.serve_memory import sglang_chunk_total
 from llmplan.cost.serve_step import captured_graph_sizes, sglang_default_list_empty
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
 from llmplan.export.serve_nodes import node_script, sglang_nodes, vllm_nodes
+from llmplan.export.serve_router import router_script
 from llmplan.planfile import PlanFile
 from llmplan.serving import ServeEstimate, admitted_run, estimate_serving
 from llmplan.specs.serve import DEFAULT_BATCHED_TOKENS
@@ -203,7 +204,8 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     else:
         text += nodes.note + _model_var(pf) + "\n"
         text += node_script(nodes, 'vllm serve "$MODEL"', flags)
-    return {"vllm_serve.sh": text}
+    router = router_script(pf, nodes, "vllm")
+    return {"vllm_serve.sh": text, **({"vllm_router.sh": router} if router else {})}
 
 
 def render_sglang(pf: PlanFile) -> dict[str, str]:
@@ -255,7 +257,8 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     else:
         text += nodes.note + _model_var(pf) + "\n"
         text += node_script(nodes, command, flags)
-    return {"sglang_serve.sh": text}
+    router = router_script(pf, nodes, "sglang")
+    return {"sglang_serve.sh": text, **({"sglang_router.sh": router} if router else {})}
 
 
 GRAPH_SIZES_FLAG = {"vllm": "--cudagraph-capture-sizes", "sglang": "--cuda-graph-bs-decode"}

@@ -20,7 +20,7 @@ Launcher facts (each read in the launcher's source):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmplan.export.common import refuse
 from llmplan.planfile import PlanFile
@@ -38,7 +38,9 @@ class NodeLaunch:
     each of those commands (none where empty), `drop` the common flags left out (a per-node value replaces them),
     `head` whether the commands name node 0's address, `ports` the port variables the commands read (each with
     its default, the user's value taken), `checks` the lines that stop the script (exit 2) on a port value whose
-    ports would collide, `note` comment lines saying how to run it."""
+    ports would collide, `note` comment lines saying how to run it; `endpoints` the servers a router reaches,
+    per address (one address a node, or a server's node 0 where `per_server`): each server's --port and, for a
+    prefill server, its bootstrap port, as shell words over the port variables (export.serve_router)."""
     nodes: list[list[list[str]]]
     note: str
     head: bool = False
@@ -46,6 +48,8 @@ class NodeLaunch:
     drop: tuple[str, ...] = field(default=())
     env: list[list[str]] = field(default_factory=list)
     checks: str = ""
+    endpoints: list[list[tuple[str, str]]] = field(default_factory=list)
+    per_server: bool = False
 
 
 SGLANG_PORT, PORT_STRIDE, GRPC_DELTA, BOOTSTRAP_PORT = 30000, 1000, 10000, 8998
@@ -175,6 +179,99 @@ def vllm_ports(servers: int, ranks: int, nixl: bool) -> tuple[str, str]:
     return ports, checks
 
 
+DIST_PORT, DIST_HANDSHAKE, DIST_FIXED = 20000, 13, 6
+"""SGLang's port of a server over nodes, --dist-init-addr HEAD:DIST_PORT (llmplan's default 20000, SGLang's own
+examples' port): node 0 binds DIST_PORT itself (the torch.distributed rendezvous, distributed/bootstrap.py) and,
+with DP attention, the 6 ports after it (tokenizer, detokenizer, rpc, metrics, scheduler input, load collector:
+port_base = DIST_PORT + 1) and on the Rust-server path one scheduler-input port a DP rank from DIST_PORT + 7
+(srt/server_args.py PortArgs.init_new), and the DP controller's handshake at DIST_PORT + 13
+(DP_ATTENTION_HANDSHAKE_PORT_DELTA, managers/data_parallel_controller.py); --port itself is then its HTTP port
+(and the Rust path's listeners from it) and --port + 10000 the legacy gRPC port (SGLANG_PORT). SGLang 0.5.23
+PyPI wheel, read."""
+
+
+def _outside(var: str, width: int, ranges: list[tuple[str, str]]) -> str:
+    """Shell arithmetic: the ports var .. var + width - 1 meet none of the ranges (lo, hi), each end a shell
+    arithmetic expression over the port variables."""
+    last = var if width == 1 else f"{var} + {width - 1}"
+    return " && ".join(f"({last} < {lo} || {var} > {hi})" for lo, hi in ranges)
+
+
+def sglang_server_ports(ranks: int, dpa: bool, prefill: bool, dist: bool) -> tuple[str, str]:
+    """The port variables of one SGLang server a node (over nodes with `dist`, or one node's replicas) and the
+    checks on the user's values: PORT (--port, its gRPC port + 10000 within 65535); over nodes DIST_PORT and the
+    ports SGLang derives from it (DIST_PORT) outside PORT's; a prefill server's BOOTSTRAP_PORT outside all."""
+    top = max(DIST_HANDSHAKE, DIST_FIXED + ranks) if dpa else 0
+    http = [("PORT", f"PORT + {ranks - 1}" if ranks > 1 else "PORT"), (f"PORT + {GRPC_DELTA}", f"PORT + {GRPC_DELTA}")]
+    ports = f"PORT=${{PORT:-{SGLANG_PORT}}}\n"
+    checks = _number_check("PORT") + _stop(
+        f"(( PORT >= 1024 && PORT <= {65535 - GRPC_DELTA} ))",
+        f"PORT=$PORT: the SGLang server's gRPC port --port+{GRPC_DELTA} must stay within 65535; set PORT from 1024 "
+        f"to {65535 - GRPC_DELTA}")
+    taken, which = list(http), f"PORT to PORT+{ranks - 1}, PORT+{GRPC_DELTA}" if ranks > 1 else \
+        f"PORT, PORT+{GRPC_DELTA}"
+    if dist:
+        binds = (f"DIST_PORT to DIST_PORT+{top} (the dist-init port, the ports SGLang derives from it and its DP "
+                 f"handshake at +{DIST_HANDSHAKE})" if dpa else "DIST_PORT (the dist-init port)")
+        ports += f"DIST_PORT=${{DIST_PORT:-{DIST_PORT}}}\n"
+        checks += _number_check("DIST_PORT") + _stop(
+            f"(( DIST_PORT >= 1024 && DIST_PORT + {top} <= 65535 && {_outside('DIST_PORT', top + 1, http)} ))",
+            f"DIST_PORT=$DIST_PORT: node 0 binds {binds}, which must lie outside the server's ports {which} "
+            f"(PORT=$PORT); set DIST_PORT from 1024 to $((PORT-{top + 1}))")
+        taken.append(("DIST_PORT", f"DIST_PORT + {top}" if top else "DIST_PORT"))
+        which += f", DIST_PORT to DIST_PORT+{top}" if top else ", DIST_PORT"
+    if prefill:
+        ports += f"BOOTSTRAP_PORT=${{BOOTSTRAP_PORT:-{BOOTSTRAP_PORT}}}\n"
+        checks += _number_check("BOOTSTRAP_PORT") + _stop(
+            f"(( BOOTSTRAP_PORT >= 1024 && BOOTSTRAP_PORT <= 65535 && {_outside('BOOTSTRAP_PORT', 1, taken)} ))",
+            f"BOOTSTRAP_PORT=$BOOTSTRAP_PORT: the prefill server's bootstrap port must lie outside its ports {which} "
+            f"(PORT=$PORT); set BOOTSTRAP_PORT from 1024, outside those")
+    return ports, checks
+
+
+MASTER_PORT, RPC_PORT = 29501, 13345
+"""vLLM's ports of a deployment over nodes besides --port (vllm serve's 8000, the constant VLLM_PORT above): --master-port, the
+torch.distributed rendezvous of a DP rank over nodes on node 0 (ParallelConfig.master_port, default 29501), and
+--data-parallel-rpc-port, the DP ranks' handshake on the head ("fixed port for data parallel messaging, shared by
+all nodes", ParallelConfig.data_parallel_rpc_port; vLLM's default 29550, llmplan writes the documented example's
+13345: docs/serving/data_parallel_deployment.md): vllm-project/vllm @00193b82, vllm/config/parallel.py. The DP
+master ports are picked free (get_open_ports_list)."""
+
+
+def vllm_head_ports(var: str, default: int, what: str) -> tuple[str, str]:
+    """The port variables of a vLLM deployment over nodes, PORT and `var` (--master-port or
+    --data-parallel-rpc-port, both bound on the head), and the checks on the user's values: numbers in range, and
+    `var` not PORT."""
+    ports = f"PORT=${{PORT:-{VLLM_PORT}}}\n{var}=${{{var}:-{default}}}\n"
+    checks = _number_check("PORT") + _stop("(( PORT >= 1024 && PORT <= 65535 ))",
+                                           "PORT=$PORT: set PORT from 1024 to 65535")
+    checks += _number_check(var) + _stop(
+        f"(( {var} >= 1024 && {var} <= 65535 && {var} != PORT ))",
+        f"{var}=${var}: the head binds {what} at {var} and the API server at PORT (PORT=$PORT); set {var} from "
+        "1024 to 65535, not PORT")
+    return ports, checks
+
+
+PORT_ENV = {
+    "vllm": "VLLM_PORT: set, vLLM searches each server's free ports (its DP master ports among them) upward from it, "
+            "probing by bind and close (vllm-project/vllm @aedcda89, vllm/foundation/utilities/network_utils.py "
+            "_get_open_port, get_open_ports_list), so servers started together pick the same ports, and a search can "
+            "take a port the script gives a server; unset, the OS picks free ones",
+    "sglang": "SGLANG_PORT: set, SGLang searches its free ports upward from it, probing before it binds "
+              "(srt/utils/network.py get_open_port; shm_broadcast.py binds in SGLANG_PORT .. + 8), so servers "
+              "started together pick the same ports, and a search can take a port the script gives a server; "
+              "unset, the OS picks free ones",
+}
+"""Why the per-node scripts clear the launcher's base-port variable (SGLang 0.5.23 PyPI wheel, srt/environ.py
+SGLANG_PORT, read)."""
+
+
+def _clear_env(launch: NodeLaunch, engine: str) -> NodeLaunch:
+    """The launch with the engine's base-port variable cleared before its port lines (PORT_ENV)."""
+    var = PORT_ENV[engine].split(":", 1)[0]
+    return replace(launch, ports=f"# unset {PORT_ENV[engine]}\nunset {var}\n" + launch.ports)
+
+
 UNEVEN = {"sglang": "SGLang starts tp-size / nnodes ranks on every node of a server (entrypoints/engine.py "
                     "_calculate_rank_ranges)",
           "vllm": "llmplan writes vLLM's --nnodes launch for whole nodes only (its documented example: 8 GPUs on "
@@ -218,7 +315,7 @@ def _shares(servers: int, per_node: int) -> list[int]:
     return [min(per_node, servers - k) for k in range(0, servers, per_node)]
 
 
-def sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
+def _sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
     """SGLang's commands when one command on one node does not run the plan (None: it does). A server over n
     nodes: one command per node with --nnodes / --node-rank / --dist-init-addr; TP replicas that fill several
     nodes: one server per node with that node's --dp-size (each its own DP controller); DP-attention servers
@@ -227,11 +324,15 @@ def sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
     s, copies = p.gpus_per_copy, p.copies
     if s > per_node:
         n = _span(s, per_node, "sglang", "a DP-attention server" if p.dp_attention else "a replica (tp x pp)")
-        dist = '--dist-init-addr "$HEAD_ADDR:$DIST_PORT"'
-        nodes = [[[f"--nnodes {n}", f"--node-rank {k}", dist]] for k in range(n)]
+        prefill = p.phase == "prefill"
+        own = ['--dist-init-addr "$HEAD_ADDR:$DIST_PORT"', '--port "$PORT"',
+               *(['--disaggregation-bootstrap-port "$BOOTSTRAP_PORT"'] if prefill else [])]
+        nodes = [[[f"--nnodes {n}", f"--node-rank {k}", *own]] for k in range(n)]
         note = _head_note(n, per_node, copies) + _groups_note(
             copies, "DP-attention servers" if p.dp_attention else "replicas", s, n)
-        return NodeLaunch(nodes, note, head=True, ports="DIST_PORT=${DIST_PORT:-20000}\n", drop=("--dp-size",))
+        ports, checks = sglang_server_ports(p.attn_dp if p.dp_attention else 1, p.dp_attention, prefill, True)
+        return NodeLaunch(nodes, note, head=True, ports=ports, drop=("--dp-size",), checks=checks,
+                          endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")]] * copies, per_server=True)
     if p.dp_attention and s < per_node and copies > 1:
         if per_node % s:
             raise refuse("sglang", f"DP-attention servers of {s} GPUs on nodes of {per_node} would straddle nodes",
@@ -243,26 +344,31 @@ def sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
                   for j in range(m)] for m in shares]
         ports, checks = sglang_ports(shares[0], stride, s, prefill)
         boot = ", its KV bootstrap server at BOOTSTRAP_PORT + j (the router needs each one)" if prefill else ""
+        ends = [[(_port_word("PORT", stride * j), _port_word("BOOTSTRAP_PORT", j) if prefill else "")
+                 for j in range(m)] for m in shares]
         return NodeLaunch(nodes, (f"# {copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each "
                                   "command is one server on GPUs --base-gpu-id onward; server j of a node listens on "
                                   f"--port PORT + {stride} j{boot}, its derived ports between; run this script "
                                   f"{_on_nodes(len(shares))} and spread requests over the servers (e.g. a router)\n"),
-                          ports=ports, checks=checks)
+                          ports=ports, checks=checks, endpoints=ends)
     if not p.dp_attention and p.num_gpus > per_node:
         if per_node % s:
             raise refuse("sglang", f"replicas of tp x pp = {s} GPUs on nodes of {per_node} would straddle nodes",
                          f"re-plan with tp x pp dividing {per_node}")
-        shares = _shares(copies, per_node // s)
-        nodes = [[[f"--dp-size {m}"] if m > 1 else []] for m in shares]
+        shares, prefill = _shares(copies, per_node // s), p.phase == "prefill"
+        own = ['--port "$PORT"', *(['--disaggregation-bootstrap-port "$BOOTSTRAP_PORT"'] if prefill else [])]
+        nodes = [[[*([f"--dp-size {m}"] if m > 1 else []), *own]] for m in shares]
         each = ", its replicas under its own --dp-size (one DP controller each)" if shares[0] > 1 else ""
+        ports, checks = sglang_server_ports(1, False, prefill, False)
         return NodeLaunch(nodes, (f"# {copies} replicas over {len(shares)} nodes: one SGLang server a node{each} "
                                   "(SGLang runs --dp-size over one node only without DP attention); run this script "
                                   f"{_on_nodes(len(shares))} and spread requests over the servers (e.g. a "
-                                  "router)\n"), drop=("--dp-size",))
+                                  "router)\n"), drop=("--dp-size",), ports=ports, checks=checks,
+                          endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")] for _ in shares])
     return None
 
 
-def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
+def _vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
     """vLLM's commands when one command on one node does not run the plan's launch (one DP deployment: dp
     replicas, or under DP attention one server's attention ranks; None: it fits a node). A DP rank over n nodes
     (dp 1): --nnodes / --node-rank / --master-addr, --headless but on node 0; DP ranks over several nodes:
@@ -281,11 +387,13 @@ def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
                          "nodes: vLLM starts a DP rank that spans nodes only with its Ray backend "
                          "(--data-parallel-backend ray, VLLM_RAY_DP_PACK_STRATEGY=span), which llmplan does not write",
                          f"re-plan with tp x pp at most {per_node}, or one replica")
-        nodes = [[[f"--nnodes {n}", f"--node-rank {k}", '--master-addr "$HEAD_ADDR"', *(["--headless"] if k else [])]]
-                 for k in range(n)]
+        nodes = [[[f"--nnodes {n}", f"--node-rank {k}", '--master-addr "$HEAD_ADDR"', '--master-port "$MASTER_PORT"',
+                   *(["--headless"] if k else ['--port "$PORT"'])]] for k in range(n)]
         note = _head_note(n, per_node, p.copies, "the head, which serves the API") + _groups_note(
             p.copies, "DP-attention servers" if p.dp_attention else "replicas", p.gpus_per_copy, n)
-        return NodeLaunch(nodes, note, head=True, drop=("--data-parallel-size",))
+        ports, checks = vllm_head_ports("MASTER_PORT", MASTER_PORT, "the workers' torch.distributed rendezvous")
+        return NodeLaunch(nodes, note, head=True, drop=("--data-parallel-size",), ports=ports, checks=checks,
+                          endpoints=[[('"$PORT"', "")]] * p.copies, per_server=True)
     if per_node % unit:
         raise refuse("vllm", f"DP ranks of tp x pp = {unit} GPUs on nodes of {per_node} would straddle nodes",
                      f"re-plan with tp x pp dividing {per_node}")
@@ -293,12 +401,26 @@ def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
     shares = _shares(ranks, local)
     common = ['--data-parallel-address "$HEAD_ADDR"', '--data-parallel-rpc-port "$RPC_PORT"']
     nodes = [[[f"--data-parallel-size-local {m}", *([f"--data-parallel-start-rank {k * local}", "--headless"]
-                                                    if k else []), *common]] for k, m in enumerate(shares)]
+                                                    if k else ['--port "$PORT"']), *common]]
+             for k, m in enumerate(shares)]
     n, whose = len(shares), "HEAD_ADDR the same on all" if p.copies == 1 else "HEAD_ADDR that server's node 0 on all"
     note = (f"# {ranks} DP ranks of {unit} GPU{'s' * (unit > 1)} over {n} nodes, one endpoint: run this script on each "
             f"node with NODE_RANK 0 (the head, which serves the API) to {n - 1}, {whose}\n")
+    ports, checks = vllm_head_ports("RPC_PORT", RPC_PORT, "the DP ranks' handshake")
     return NodeLaunch(nodes, note + _groups_note(p.copies, "DP-attention servers", unit * ranks, n), head=True,
-                      ports="RPC_PORT=${RPC_PORT:-13345}\n")
+                      ports=ports, checks=checks, endpoints=[[('"$PORT"', "")]] * p.copies, per_server=True)
+
+
+def sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
+    """SGLang's per-node commands (_sglang_nodes), SGLANG_PORT cleared (PORT_ENV); None where one command runs."""
+    launch = _sglang_nodes(pf)
+    return None if launch is None else _clear_env(launch, "sglang")
+
+
+def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
+    """vLLM's per-node commands (_vllm_nodes), VLLM_PORT cleared (PORT_ENV); None where one command runs."""
+    launch = _vllm_nodes(pf)
+    return None if launch is None else _clear_env(launch, "vllm")
 
 
 def _vllm_servers_on_nodes(pf: PlanFile, s: int, ranks: int) -> NodeLaunch:
@@ -320,7 +442,8 @@ def _vllm_servers_on_nodes(pf: PlanFile, s: int, ranks: int) -> NodeLaunch:
     note = (f"# {p.copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each command is one server "
             f"on the GPUs its CUDA_VISIBLE_DEVICES names; server j of a node listens on --port PORT + j{side}; run "
             f"this script {_on_nodes(len(shares))} and spread requests over the servers (e.g. a router)\n")
-    return NodeLaunch(nodes, note, ports=ports, env=env, checks=checks)
+    return NodeLaunch(nodes, note, ports=ports, env=env, checks=checks,
+                      endpoints=[[(_port_word("PORT", j), "") for j in range(m)] for m in shares])
 
 
 def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
