@@ -52,7 +52,7 @@ def _run(script: Path, tmp_path: Path, **env: str) -> tuple[subprocess.Completed
         (bin_dir / name).write_text(STAND_IN)
         (bin_dir / name).chmod(0o755)
     r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
-                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "RECORDS": str(records), "HEAD_ADDR": "10.0.0.1",
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "RECORDS": str(records), "HEAD_ADDR": "10.0.0.1", "NODE_ADDR": "10.0.0.9",
                             "MODEL": "m", **env})
     return r, [f.read_bytes().decode().split("\0")[:-1] for f in records.iterdir()]
 

@@ -16,19 +16,33 @@ Launcher facts (each read in the launcher's source):
   --data-parallel-address HEAD --data-parallel-rpc-port PORT` on each node, `--data-parallel-start-rank S` and
   `--headless` on the others (vllm-project/vllm @01e4fce0, docs/serving/data_parallel_deployment.md, "Internal
   Load Balancing"); a DP rank whose TP group spans nodes runs only through its Ray backend (same page:
-  `--data-parallel-backend=ray` with VLLM_RAY_DP_PACK_STRATEGY=span), which llmplan does not write."""
+  `--data-parallel-backend=ray` with VLLM_RAY_DP_PACK_STRATEGY=span), which llmplan does not write. The same flags
+  start DP-attention servers placed on consecutive GPUs that straddle nodes (check_plan's dp_attention_nodes rule
+  leaves them to vLLM): one command per server part, its GPUs a slice of the node's CUDA_VISIBLE_DEVICES; all five
+  flags are in vLLM 0.33.0's parser (vllm/entrypoints/common/cli_args.py make_arg_parser, as recorded in
+  tests/data/launchers/vllm.json)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
 from llmplan.export.common import refuse
+from llmplan.export.serve_shell import port_advice, port_check, port_word, stop, visible_lines, visible_slice
 from llmplan.planfile import PlanFile
 
 HEAD_LINE = ("# FILL IN HEAD_ADDR: the IP address of node 0 of the server, reachable from its other nodes, the "
              "same on every node (e.g. HEAD_ADDR=10.0.0.1 NODE_RANK=1 ./this_script)\n"
              "HEAD_ADDR=${HEAD_ADDR:?FILL IN the IP address of node 0}\n")
 """The head address placeholder: the script stops with this message until the user sets it."""
+
+ROUTER_HINT = "(e.g. a router)"
+"""How a note names what spreads requests over several servers; the export puts its router script's name in its
+place where it writes one (export.serve)."""
+
+NIXL_HOST = ("VLLM_NIXL_SIDE_CHANNEL_HOST, where NIXL's side channel listens, defaults to localhost and must be this "
+             "node's address when prefill and decode run on different machines (vllm-project/vllm @026c83f9, "
+             "docs/features/nixl_connector_usage.md, \"Environment Variables\")")
+"""Why a vLLM pool's per-node script sets VLLM_NIXL_SIDE_CHANNEL_HOST (node_script)."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +54,10 @@ class NodeLaunch:
     its default, the user's value taken), `checks` the lines that stop the script (exit 2) on a port value whose
     ports would collide, `note` comment lines saying how to run it; `endpoints` the servers a router reaches,
     per address (one address a node, or a server's node 0 where `per_server`): each server's --port and, for a
-    prefill server, its bootstrap port, as shell words over the port variables (export.serve_router)."""
+    prefill server, its bootstrap port, as shell words over the port variables (export.serve_router). `visible`:
+    the GPUs a node's servers take slices of (serve_shell.visible_lines; 0: no slices); `addrs`: the nodes whose
+    addresses NODE_ADDRS lists, in NODE_RANK order (0: none read); `nixl_host`: the node's NIXL side-channel host
+    is set from NODE_ADDR (NIXL_HOST)."""
     nodes: list[list[list[str]]]
     note: str
     head: bool = False
@@ -50,6 +67,9 @@ class NodeLaunch:
     checks: str = ""
     endpoints: list[list[tuple[str, str]]] = field(default_factory=list)
     per_server: bool = False
+    visible: int = 0
+    addrs: int = 0
+    nixl_host: bool = False
 
 
 SGLANG_PORT, PORT_STRIDE, GRPC_DELTA, BOOTSTRAP_PORT = 30000, 1000, 10000, 8998
@@ -94,30 +114,6 @@ def sglang_stride(servers: int, ranks: int, per_node: int) -> int:
     return stride
 
 
-def _port_word(var: str, offset: int) -> str:
-    """A shell word for the port `offset` above the port variable `var`."""
-    return f'"${var}"' if offset == 0 else f'"$(({var}+{offset}))"'
-
-
-def _stop(test: str, message: str) -> str:
-    """Shell lines that end the script with `message` on stderr and status 2 unless the shell `test` holds;
-    the message goes to echo as several quoted words (echo joins them with spaces), so that the 80-column fitting
-    can break the line between them (shell_lines.fit_shell)."""
-    chunks: list[str] = []
-    for word in message.split(" "):
-        if chunks and len(chunks[-1]) + len(word) < 56:
-            chunks[-1] += " " + word
-        else:
-            chunks.append(word)
-    words = " ".join(f'"{c}"' for c in chunks)
-    return f"if ! {test}; then\n    echo {words} >&2\n    exit 2\nfi\n"
-
-
-def _number_check(var: str) -> str:
-    """The line that stops the script when the port variable `var` is not a number."""
-    return _stop(f'[[ "${var}" =~ ^[0-9]+$ ]]', f"{var}=${var} is not a port number")
-
-
 def sglang_ports(servers: int, stride: int, ranks: int, prefill: bool) -> tuple[str, str]:
     """The port variables of `servers` SGLang DP-attention servers on a node and the checks on the user's values:
     server j's --port is PORT + stride j; PORT must keep the last server's gRPC port (--port + GRPC_DELTA) within
@@ -126,19 +122,20 @@ def sglang_ports(servers: int, stride: int, ranks: int, prefill: bool) -> tuple[
     last = stride * (servers - 1)
     top, reach = 65535 - GRPC_DELTA - last, last + GRPC_DELTA
     ports = f"PORT=${{PORT:-{SGLANG_PORT}}}\n"
-    checks = _number_check("PORT") + _stop(
+    checks = port_check("PORT") + stop(
         f"(( PORT >= 1024 && PORT <= {top} ))",
         f"PORT=$PORT: the {servers} SGLang servers of a node take --port PORT to PORT+{last}, each deriving ports up "
         f"to --port+{sglang_span(ranks) - 1} and its gRPC port at --port+{GRPC_DELTA}, which must stay within "
         f"65535; set PORT from 1024 to {top}")
     if prefill:
         ports += f"BOOTSTRAP_PORT=${{BOOTSTRAP_PORT:-{BOOTSTRAP_PORT}}}\n"
-        checks += _number_check("BOOTSTRAP_PORT") + _stop(
+        checks += port_check("BOOTSTRAP_PORT") + stop(
             f"(( BOOTSTRAP_PORT >= 1024 && BOOTSTRAP_PORT + {servers - 1} <= 65535 && (BOOTSTRAP_PORT + {servers} "
             f"<= PORT || BOOTSTRAP_PORT > PORT + {reach}) ))",
             f"BOOTSTRAP_PORT=$BOOTSTRAP_PORT: the {servers} prefill servers' bootstrap ports BOOTSTRAP_PORT to "
-            f"BOOTSTRAP_PORT+{servers - 1} must lie outside the servers' ports PORT to PORT+{reach} (PORT=$PORT); "
-            f"set BOOTSTRAP_PORT from 1024 to $((PORT-{servers})) or above $((PORT+{reach}))")
+            f"BOOTSTRAP_PORT+{servers - 1} must lie outside PORT to PORT+{reach} (PORT=$PORT), the whole span from "
+            f"the first server's --port to the last one's gRPC port (conservative: the span holds unused ports); "
+            f"set BOOTSTRAP_PORT $FIX", port_advice(servers, "PORT", f"PORT + {reach}"))
     return ports, checks
 
 
@@ -158,24 +155,32 @@ get_physical_gpu_ids_for_local_dp_rank); the documented co-located launch sets C
 server (vllm-project/vllm @01e4fce0, docs/serving/data_parallel_deployment.md, "External Load Balancing")."""
 
 
-def vllm_ports(servers: int, ranks: int, nixl: bool) -> tuple[str, str]:
-    """The port variables of `servers` vLLM servers of `ranks` DP ranks on a node and the checks on the user's
-    values: server j's --port is PORT + j and (a pool of a disaggregated deployment) its NIXL side-channel base
-    NIXL_PORT + ranks j, whose ranges must not meet (VLLM_PORT)."""
+def vllm_ports(servers: int, width: int, nixl: bool, rpc: bool = False) -> tuple[str, str]:
+    """The port variables of `servers` vLLM API servers on a node and the checks on the user's values: server j's
+    --port is PORT + j; (a pool of a disaggregated deployment) the node's `width` NIXL side-channel ports from
+    NIXL_PORT (VLLM_PORT); (`rpc`: servers that straddle nodes) server j's --data-parallel-rpc-port RPC_PORT + j
+    (MASTER_PORT); the ranges must not meet."""
     ports = f"PORT=${{PORT:-{VLLM_PORT}}}\n"
-    checks = _number_check("PORT") + _stop(
+    checks = port_check("PORT") + stop(
         f"(( PORT >= 1024 && PORT + {servers - 1} <= 65535 ))",
         f"PORT=$PORT: the {servers} vLLM servers of a node listen on PORT to PORT+{servers - 1}; set PORT from "
         f"1024 to {65535 - servers + 1}")
+    taken, which = [("PORT", f"PORT + {servers - 1}")], f"PORT to PORT+{servers - 1} (PORT=$PORT)"
     if nixl:
-        width = servers * ranks
         ports += f"NIXL_PORT=${{NIXL_PORT:-{NIXL_PORT}}}\n"
-        checks += _number_check("NIXL_PORT") + _stop(
-            f"(( NIXL_PORT >= 1024 && NIXL_PORT + {width - 1} <= 65535 && (NIXL_PORT + {width} <= PORT || NIXL_PORT "
-            f"> PORT + {servers - 1}) ))",
+        checks += port_check("NIXL_PORT") + stop(
+            f"(( NIXL_PORT >= 1024 && NIXL_PORT + {width - 1} <= 65535 && {_outside('NIXL_PORT', width, taken)} ))",
             f"NIXL_PORT=$NIXL_PORT: the NIXL side-channel ports of the {width} DP ranks of a node, NIXL_PORT to "
             f"NIXL_PORT+{width - 1}, must lie outside the servers' ports PORT to PORT+{servers - 1} (PORT=$PORT); "
-            f"set NIXL_PORT from 1024 to $((PORT-{width})) or above $((PORT+{servers - 1}))")
+            "set NIXL_PORT $FIX", port_advice(width, "PORT", f"PORT + {servers - 1}"))
+        taken.append(("NIXL_PORT", f"NIXL_PORT + {width - 1}"))
+        which += f", NIXL_PORT to NIXL_PORT+{width - 1} (NIXL_PORT=$NIXL_PORT)"
+    if rpc:
+        ports += f"RPC_PORT=${{RPC_PORT:-{RPC_PORT}}}\n"
+        checks += port_check("RPC_PORT") + stop(
+            f"(( RPC_PORT >= 1024 && RPC_PORT + {servers - 1} <= 65535 && {_outside('RPC_PORT', servers, taken)} ))",
+            f"RPC_PORT=$RPC_PORT: the DP handshakes of the servers whose head is on a node, RPC_PORT to "
+            f"RPC_PORT+{servers - 1}, must lie outside {which}; set RPC_PORT from 1024 to 65535 outside those")
     return ports, checks
 
 
@@ -204,7 +209,7 @@ def sglang_server_ports(ranks: int, dpa: bool, prefill: bool, dist: bool) -> tup
     top = max(DIST_HANDSHAKE, DIST_FIXED + ranks) if dpa else 0
     http = [("PORT", f"PORT + {ranks - 1}" if ranks > 1 else "PORT"), (f"PORT + {GRPC_DELTA}", f"PORT + {GRPC_DELTA}")]
     ports = f"PORT=${{PORT:-{SGLANG_PORT}}}\n"
-    checks = _number_check("PORT") + _stop(
+    checks = port_check("PORT") + stop(
         f"(( PORT >= 1024 && PORT <= {65535 - GRPC_DELTA} ))",
         f"PORT=$PORT: the SGLang server's gRPC port --port+{GRPC_DELTA} must stay within 65535; set PORT from 1024 "
         f"to {65535 - GRPC_DELTA}")
@@ -214,15 +219,15 @@ def sglang_server_ports(ranks: int, dpa: bool, prefill: bool, dist: bool) -> tup
         binds = (f"DIST_PORT to DIST_PORT+{top} (the dist-init port, the ports SGLang derives from it and its DP "
                  f"handshake at +{DIST_HANDSHAKE})" if dpa else "DIST_PORT (the dist-init port)")
         ports += f"DIST_PORT=${{DIST_PORT:-{DIST_PORT}}}\n"
-        checks += _number_check("DIST_PORT") + _stop(
+        checks += port_check("DIST_PORT") + stop(
             f"(( DIST_PORT >= 1024 && DIST_PORT + {top} <= 65535 && {_outside('DIST_PORT', top + 1, http)} ))",
             f"DIST_PORT=$DIST_PORT: node 0 binds {binds}, which must lie outside the server's ports {which} "
-            f"(PORT=$PORT); set DIST_PORT from 1024 to $((PORT-{top + 1}))")
+            f"(PORT=$PORT); set DIST_PORT $FIX", port_advice(top + 1, "PORT", f"PORT + {GRPC_DELTA}"))
         taken.append(("DIST_PORT", f"DIST_PORT + {top}" if top else "DIST_PORT"))
         which += f", DIST_PORT to DIST_PORT+{top}" if top else ", DIST_PORT"
     if prefill:
         ports += f"BOOTSTRAP_PORT=${{BOOTSTRAP_PORT:-{BOOTSTRAP_PORT}}}\n"
-        checks += _number_check("BOOTSTRAP_PORT") + _stop(
+        checks += port_check("BOOTSTRAP_PORT") + stop(
             f"(( BOOTSTRAP_PORT >= 1024 && BOOTSTRAP_PORT <= 65535 && {_outside('BOOTSTRAP_PORT', 1, taken)} ))",
             f"BOOTSTRAP_PORT=$BOOTSTRAP_PORT: the prefill server's bootstrap port must lie outside its ports {which} "
             f"(PORT=$PORT); set BOOTSTRAP_PORT from 1024, outside those")
@@ -243,9 +248,9 @@ def vllm_head_ports(var: str, default: int, what: str) -> tuple[str, str]:
     --data-parallel-rpc-port, both bound on the head), and the checks on the user's values: numbers in range, and
     `var` not PORT."""
     ports = f"PORT=${{PORT:-{VLLM_PORT}}}\n{var}=${{{var}:-{default}}}\n"
-    checks = _number_check("PORT") + _stop("(( PORT >= 1024 && PORT <= 65535 ))",
+    checks = port_check("PORT") + stop("(( PORT >= 1024 && PORT <= 65535 ))",
                                            "PORT=$PORT: set PORT from 1024 to 65535")
-    checks += _number_check(var) + _stop(
+    checks += port_check(var) + stop(
         f"(( {var} >= 1024 && {var} <= 65535 && {var} != PORT ))",
         f"{var}=${var}: the head binds {what} at {var} and the API server at PORT (PORT=$PORT); set {var} from "
         "1024 to 65535, not PORT")
@@ -266,10 +271,14 @@ PORT_ENV = {
 SGLANG_PORT, read)."""
 
 
+def clear_port_env(engine: str) -> str:
+    """The lines clearing the engine's base-port variable, with why (PORT_ENV)."""
+    return f"# unset {PORT_ENV[engine]}\nunset {PORT_ENV[engine].split(':', 1)[0]}\n"
+
+
 def _clear_env(launch: NodeLaunch, engine: str) -> NodeLaunch:
     """The launch with the engine's base-port variable cleared before its port lines (PORT_ENV)."""
-    var = PORT_ENV[engine].split(":", 1)[0]
-    return replace(launch, ports=f"# unset {PORT_ENV[engine]}\nunset {var}\n" + launch.ports)
+    return replace(launch, ports=clear_port_env(engine) + launch.ports)
 
 
 UNEVEN = {"sglang": "SGLang starts tp-size / nnodes ranks on every node of a server (entrypoints/engine.py "
@@ -306,8 +315,8 @@ def _groups_note(groups: int, what: str, g: int, n: int) -> str:
     if groups == 1:
         return ""
     return (f"# {groups} {what} of {g} GPUs ({n} nodes each), independent servers as priced: start this script on "
-            "each group of nodes, HEAD_ADDR that group's node 0, and spread requests over the servers (e.g. a "
-            "router)\n")
+            "each group of nodes, HEAD_ADDR that group's node 0, and spread requests over the servers "
+            f"{ROUTER_HINT}\n")
 
 
 def _shares(servers: int, per_node: int) -> list[int]:
@@ -339,17 +348,17 @@ def _sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
                          f"re-plan with --ep dividing {per_node}")
         shares = _shares(copies, per_node // s)
         stride, prefill = sglang_stride(shares[0], s, per_node), p.phase == "prefill"
-        nodes = [[[f"--base-gpu-id {j * s}", f"--port {_port_word('PORT', stride * j)}",
-                   *([f"--disaggregation-bootstrap-port {_port_word('BOOTSTRAP_PORT', j)}"] if prefill else [])]
+        nodes = [[[f"--base-gpu-id {j * s}", f"--port {port_word('PORT', stride * j)}",
+                   *([f"--disaggregation-bootstrap-port {port_word('BOOTSTRAP_PORT', j)}"] if prefill else [])]
                   for j in range(m)] for m in shares]
         ports, checks = sglang_ports(shares[0], stride, s, prefill)
         boot = ", its KV bootstrap server at BOOTSTRAP_PORT + j (the router needs each one)" if prefill else ""
-        ends = [[(_port_word("PORT", stride * j), _port_word("BOOTSTRAP_PORT", j) if prefill else "")
+        ends = [[(port_word("PORT", stride * j), port_word("BOOTSTRAP_PORT", j) if prefill else "")
                  for j in range(m)] for m in shares]
         return NodeLaunch(nodes, (f"# {copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each "
                                   "command is one server on GPUs --base-gpu-id onward; server j of a node listens on "
                                   f"--port PORT + {stride} j{boot}, its derived ports between; run this script "
-                                  f"{_on_nodes(len(shares))} and spread requests over the servers (e.g. a router)\n"),
+                                  f"{_on_nodes(len(shares))} and spread requests over the servers {ROUTER_HINT}\n"),
                           ports=ports, checks=checks, endpoints=ends)
     if not p.dp_attention and p.num_gpus > per_node:
         if per_node % s:
@@ -362,8 +371,8 @@ def _sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
         ports, checks = sglang_server_ports(1, False, prefill, False)
         return NodeLaunch(nodes, (f"# {copies} replicas over {len(shares)} nodes: one SGLang server a node{each} "
                                   "(SGLang runs --dp-size over one node only without DP attention); run this script "
-                                  f"{_on_nodes(len(shares))} and spread requests over the servers (e.g. a "
-                                  "router)\n"), drop=("--dp-size",), ports=ports, checks=checks,
+                                  f"{_on_nodes(len(shares))} and spread requests over the servers "
+                                  f"{ROUTER_HINT}\n"), drop=("--dp-size",), ports=ports, checks=checks,
                           endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")] for _ in shares])
     return None
 
@@ -376,7 +385,7 @@ def _vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
     --headless but on node 0. Refuses DP ranks whose TP group spans nodes when they share experts."""
     p, per_node = pf.plan, pf.cluster.gpus_per_node_used
     unit, ranks = p.tp * p.pp, p.attn_dp if p.dp_attention else p.dp
-    if p.dp_attention and p.copies > 1 and unit * ranks < per_node:
+    if p.dp_attention and p.copies > 1 and (unit * ranks) % per_node and unit <= per_node:
         return _vllm_servers_on_nodes(pf, unit * ranks, ranks)
     if unit * ranks <= per_node:
         return None
@@ -418,32 +427,108 @@ def sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
 
 
 def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
-    """vLLM's per-node commands (_vllm_nodes), VLLM_PORT cleared (PORT_ENV); None where one command runs."""
+    """vLLM's per-node commands (_vllm_nodes), VLLM_PORT cleared (PORT_ENV), a pool's NIXL side-channel host set
+    (NIXL_HOST); None where one command runs."""
     launch = _vllm_nodes(pf)
-    return None if launch is None else _clear_env(launch, "vllm")
+    return None if launch is None else replace(_clear_env(launch, "vllm"), nixl_host=pf.plan.phase != "both")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The part of one DP-attention server on one node, its servers placed on consecutive GPUs
+    (topology.placement): the server's index, its first GPU on the node, its GPUs there, and how many of its GPUs
+    lie on earlier nodes (0: this node holds its head)."""
+    server: int
+    gpu: int
+    gpus: int
+    before: int
+
+
+def pieces(servers: int, s: int, per_node: int) -> list[list[Piece]]:
+    """The pieces of `servers` servers of s GPUs on each node of per_node GPUs, in GPU order."""
+    out = []
+    for k in range(-(-servers * s // per_node)):
+        lo, hi = k * per_node, (k + 1) * per_node
+        out.append([Piece(i, max(i * s, lo) - lo, min((i + 1) * s, hi) - max(i * s, lo), max(i * s, lo) - i * s)
+                    for i in range(servers) if i * s < hi and (i + 1) * s > lo])
+    return out
+
+
+def _heads(layout: list[list[Piece]]) -> dict[int, tuple[int, int]]:
+    """Each server's head: its node and its index j among the heads on that node (its --port PORT + j)."""
+    return {pc.server: (k, j) for k, node in enumerate(layout)
+            for j, pc in enumerate([x for x in node if x.before == 0])}
+
+
+def _piece_flags(pc: Piece, heads: dict[int, tuple[int, int]], s: int, unit: int) -> list[str]:
+    """A piece's own flags: a whole server its --port; a part of a server that straddles nodes its DP ranks on
+    the node, its head's address and --data-parallel-rpc-port, and past the head its first DP rank and
+    --headless (vLLM's documented multi-node DP launch, module docstring)."""
+    k, j = heads[pc.server]
+    if pc.gpus == s:
+        return [f"--port {port_word('PORT', j)}"]
+    own = ([f"--data-parallel-start-rank {pc.before // unit}", "--headless"] if pc.before else
+           [f"--port {port_word('PORT', j)}"])
+    return [f"--data-parallel-size-local {pc.gpus // unit}", *own, f'--data-parallel-address "${{ADDR[{k}]}}"',
+            f"--data-parallel-rpc-port {port_word('RPC_PORT', j)}"]
+
+
+def _pieces_note(pf: PlanFile, s: int, ranks: int, layout: list[list[Piece]], split: bool) -> str:
+    """The note of servers placed piece by piece (_vllm_servers_on_nodes)."""
+    p, per_node = pf.plan, pf.cluster.gpus_per_node_used
+    side = f", its DP ranks' NIXL side-channel ports from NIXL_PORT + {ranks} j" if p.phase != "both" else ""
+    where = f"{per_node // s} on a node" if not split else f"on consecutive GPUs of nodes of {per_node}, as priced"
+    text = (f"# {p.copies} DP-attention servers of {s} GPUs, {where}: each command is one server on the GPUs its "
+            f"CUDA_VISIBLE_DEVICES names; server j of a node listens on --port PORT + j{side}; run this script "
+            f"{_on_nodes(len(layout))} and spread requests over the servers {ROUTER_HINT}\n")
+    if split:
+        text += ("# a server that straddles nodes runs one command on each of its nodes: its DP ranks there "
+                 "(--data-parallel-size-local), its head's address from NODE_ADDRS and DP handshake port RPC_PORT + j "
+                 "(j its index on its head's node), and past its head --data-parallel-start-rank and --headless\n")
+    return text
 
 
 def _vllm_servers_on_nodes(pf: PlanFile, s: int, ranks: int) -> NodeLaunch:
-    """Several DP-attention servers of s GPUs (`ranks` DP ranks each) on a node: one `vllm serve` a server, on its
-    own GPUs (CUDA_VISIBLE_DEVICES) at its own --port and, in a pool of a disaggregated deployment, its own NIXL
-    side-channel ports (VLLM_PORT); refuses servers that would straddle nodes."""
+    """DP-attention servers of s GPUs (`ranks` DP ranks each) on consecutive GPUs (topology.placement), not whole
+    nodes: one `vllm serve` a server on a node, or a server's part where it straddles nodes (_piece_flags), on its
+    GPUs (CUDA_VISIBLE_DEVICES, a slice of the caller's list), at its own --port and, in a pool of a disaggregated
+    deployment, its own NIXL side-channel ports (VLLM_PORT); refuses DP ranks whose TP group would span nodes."""
     p, per_node = pf.plan, pf.cluster.gpus_per_node_used
-    if per_node % s:
-        raise refuse("vllm", f"DP-attention servers of {s} GPUs on nodes of {per_node} would straddle nodes (llmplan "
-                     "places them on consecutive GPUs; one server's GPUs are one node's CUDA_VISIBLE_DEVICES)",
-                     f"re-plan with --ep dividing {per_node}")
-    shares, nixl = _shares(p.copies, per_node // s), p.phase != "both"
-    env = [[f"CUDA_VISIBLE_DEVICES={','.join(str(g) for g in range(j * s, (j + 1) * s))}"
-            + (f" VLLM_NIXL_SIDE_CHANNEL_PORT={_port_word('NIXL_PORT', ranks * j)}" if nixl else "")
-            for j in range(m)] for m in shares]
-    nodes = [[[f"--port {_port_word('PORT', j)}"] for j in range(m)] for m in shares]
-    ports, checks = vllm_ports(shares[0], ranks, nixl)
-    side = (f", its DP ranks' NIXL side-channel ports from NIXL_PORT + {ranks} j" if nixl else "")
-    note = (f"# {p.copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each command is one server "
-            f"on the GPUs its CUDA_VISIBLE_DEVICES names; server j of a node listens on --port PORT + j{side}; run "
-            f"this script {_on_nodes(len(shares))} and spread requests over the servers (e.g. a router)\n")
-    return NodeLaunch(nodes, note, ports=ports, env=env, checks=checks,
-                      endpoints=[[(_port_word("PORT", j), "") for j in range(m)] for m in shares])
+    unit = s // ranks
+    if per_node % unit:
+        raise refuse("vllm", f"DP ranks of tp x pp = {unit} GPUs on nodes of {per_node} would straddle nodes (a TP "
+                     "group over nodes runs only through vLLM's Ray DP backend, which llmplan does not write)",
+                     f"re-plan with tp x pp dividing {per_node}")
+    layout, nixl = pieces(p.copies, s, per_node), p.phase != "both"
+    heads, split = _heads(layout), any(pc.gpus < s for node in layout for pc in node)
+    env = [[f"CUDA_VISIBLE_DEVICES={visible_slice(pc.gpu, pc.gpus)}"
+            + (f" VLLM_NIXL_SIDE_CHANNEL_PORT={port_word('NIXL_PORT', ranks * q)}" if nixl else "")
+            for q, pc in enumerate(node)] for node in layout]
+    nodes = [[_piece_flags(pc, heads, s, unit) for pc in node] for node in layout]
+    ends = [[(port_word("PORT", j), "") for j in range(sum(pc.before == 0 for pc in node))] for node in layout]
+    ports, checks = vllm_ports(max(len(e) for e in ends), ranks * max(len(node) for node in layout), nixl, split)
+    return NodeLaunch(nodes, _pieces_note(pf, s, ranks, layout, split), ports=ports, env=env, checks=checks,
+                      endpoints=ends, visible=per_node, addrs=len(layout) if split else 0)
+
+
+def _addrs_lines(n: int) -> str:
+    """The lines reading the n nodes' addresses (NODE_ADDRS) into ADDR; none where n is 0."""
+    if not n:
+        return ""
+    return (f"# FILL IN NODE_ADDRS: the addresses of the {n} nodes in NODE_RANK order, reachable from each other, "
+            "the same on every node (a server that straddles nodes joins its head's)\n"
+            f"NODE_ADDRS=${{NODE_ADDRS:?FILL IN the addresses of the {n} nodes, see above}}\n"
+            "set -f\nADDR=($NODE_ADDRS)\nset +f\n"
+            + stop(f"(( ${{#ADDR[@]}} == {n} ))", f"NODE_ADDRS names ${{#ADDR[@]}} addresses; give those of the {n} nodes"))
+
+
+def _nixl_host_lines(n: int) -> str:
+    """The lines exporting the node's NIXL side-channel host from NODE_ADDR (NIXL_HOST): required over several
+    nodes, localhost by default on one."""
+    value = ("${NODE_ADDR:?FILL IN the address of this node, reachable from the nodes of the other pool}"
+             if n > 1 else "${NODE_ADDR:-localhost}")  # no apostrophe: it would open a quote inside ${...}
+    return (f"# NODE_ADDR: {NIXL_HOST}" + ("" if n > 1 else "; set it when the other pool runs on another machine")
+            + f"\nNODE_ADDR={value}\nexport VLLM_NIXL_SIDE_CHANNEL_HOST=\"$NODE_ADDR\"\n")
 
 
 def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
@@ -453,9 +538,11 @@ def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
     server's environment assignments (launch.env) stand on the line above its command, continued to it."""
     kept = [f for f in flags if f.split(" ", 1)[0] not in launch.drop]
     n = len(launch.nodes)
-    text = (HEAD_LINE if launch.head else "") + launch.ports + launch.checks
+    text = (HEAD_LINE if launch.head else "") + _addrs_lines(launch.addrs) + launch.ports + launch.checks
+    text += visible_lines(launch.visible) if launch.visible else ""
     text += ("NODE_RANK=${NODE_RANK:-0}\n" if n == 1 else
              f"NODE_RANK=${{NODE_RANK:?set NODE_RANK to the rank of this node, 0 to {n - 1}}}\n")
+    text += _nixl_host_lines(n) if launch.nixl_host else ""
     text += "ARGS=(\n" + "".join(f"    {f}\n" for f in kept) + ")\n"
     text += 'case "$NODE_RANK" in\n'
     for k, servers in enumerate(launch.nodes):

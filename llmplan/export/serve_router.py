@@ -22,8 +22,8 @@ OTHER_POOL, which the other pool's router script prints when run with POOL_ARGS_
 from __future__ import annotations
 
 from llmplan.export.common import sh_header
-from llmplan.export.serve_nodes import (BOOTSTRAP_PORT, PORT_ENV, SGLANG_PORT, VLLM_PORT, NodeLaunch, _number_check,
-                                        _stop)
+from llmplan.export.serve_nodes import BOOTSTRAP_PORT, PORT_ENV, SGLANG_PORT, VLLM_PORT, NodeLaunch
+from llmplan.export.serve_shell import port_check, stop
 from llmplan.planfile import PlanFile
 
 ROUTER_PORT = 8080
@@ -72,40 +72,36 @@ def _pool_words(engine: str, phase: str, ends: list[list[tuple[str, str]]]) -> l
             f"--{role}-ports", *(p for slot in ends for p, _ in slot)]
 
 
-def router_script(pf: PlanFile, launch: NodeLaunch | None, engine: str) -> str | None:
-    """The router script of the export (module docstring), or None: one co-located server, or co-located vLLM
-    servers (no documented router)."""
-    phase = pf.plan.phase
-    ends, what = _endpoints(pf, launch, engine)
-    if phase == "both" and (engine == "vllm" or sum(len(slot) for slot in ends) == 1):
-        return None
-    n = len(ends)
-    ports = "" if launch is None else launch.ports.split(f"unset {PORT_ENV[engine].split(':', 1)[0]}\n", 1)[-1]
-    checks = "" if launch is None else launch.checks
-    first, last = ends[0][0][0], ends[0][-1][0]  # a node's servers: the first slot holds the most
-    span = f"{_inner(first)} to {_inner(last)}" if len(ends[0]) > 1 else _inner(first)
-    text = sh_header(pf, "SGLang router (python -m sglang_router.launch_router)" if engine == "sglang" else
-                     "vLLM NixlConnector proxy (toy_proxy_server.py of a vLLM source tree)") + "set -euo pipefail\n"
-    text += (f"# NODE_ADDRS: the {n} address{'es' * (n > 1)} of {what} (space-separated), reachable from the "
-             "router; the port variables as given to the serve script\n")
+def _addresses(n: int, what: str, phase: str, engine: str) -> str:
+    """The lines that read the servers' addresses (NODE_ADDRS) into ADDR and say what OTHER_POOL holds."""
+    text = (f"# NODE_ADDRS: the {n} address{'es' * (n > 1)} of {what} (space-separated), reachable from the "
+            "router; the port variables as given to the serve script\n")
     if phase != "both":
         other = "decode" if phase == "prefill" else "prefill"
         text += (f"# OTHER_POOL: the {other} pool's servers, as its export's router script prints them: "
                  f'OTHER_POOL="$(POOL_ARGS_ONLY=1 NODE_ADDRS=... bash {other}/{engine}_router.sh)"\n')
     text += "NODE_ADDRS=${NODE_ADDRS:?FILL IN the addresses of the servers, see above}\n"
     text += "set -f\nADDR=($NODE_ADDRS)\nset +f\n"
-    text += _stop(f"(( ${{#ADDR[@]}} == {n} ))", f"NODE_ADDRS names ${{#ADDR[@]}} addresses; give the {n} of {what}")
-    text += ports + checks + f"ROUTER_PORT=${{ROUTER_PORT:-{ROUTER_PORT}}}\n" + _number_check("ROUTER_PORT")
-    text += _stop(f"(( ROUTER_PORT >= 1024 && ROUTER_PORT <= 65535 && (ROUTER_PORT < {_arith(first)} || "
-                  f"ROUTER_PORT > {_arith(last)}) ))",
-                  f"ROUTER_PORT=$ROUTER_PORT: the router must not take a server's port ({span} on a node); set "
-                  "ROUTER_PORT from 1024 to 65535 outside those")
-    text += "POOL=(\n" + "".join(f"    {w}\n" for w in _pool_words(engine, phase, ends)) + ")\n"
+    return text + stop(f"(( ${{#ADDR[@]}} == {n} ))", f"NODE_ADDRS names ${{#ADDR[@]}} addresses; give the {n} of {what}")
+
+
+def _router_port(first: str, last: str, span: str) -> str:
+    """ROUTER_PORT and its checks: a port number, outside a node's servers' --port span (first .. last)."""
+    return f"ROUTER_PORT=${{ROUTER_PORT:-{ROUTER_PORT}}}\n" + port_check("ROUTER_PORT") + stop(
+        f"(( ROUTER_PORT >= 1024 && ROUTER_PORT <= 65535 && (ROUTER_PORT < {_arith(first)} || "
+        f"ROUTER_PORT > {_arith(last)}) ))",
+        f"ROUTER_PORT=$ROUTER_PORT: the router must not take a server's port ({span} on a node); set "
+        "ROUTER_PORT from 1024 to 65535 outside those")
+
+
+def _launch(engine: str, phase: str) -> str:
+    """The pool's words (printed alone with POOL_ARGS_ONLY=1), the other pool's, and the router command."""
+    text, rest = "", ""
     if phase != "both":
         text += 'if [[ "${POOL_ARGS_ONLY:-}" == 1 ]]; then\n    echo "${POOL[*]}"\n    exit 0\nfi\n'
         text += "OTHER_POOL=${OTHER_POOL:?FILL IN the servers of the other pool, see above}\n"
         text += "set -f\nOTHER=($OTHER_POOL)\nset +f\n"
-    rest = ' "${OTHER[@]}"' if phase != "both" else ""
+        rest = ' "${OTHER[@]}"'
     if engine == "sglang":
         pd = " --pd-disaggregation" if phase != "both" else ""
         return text + (f'python -m sglang_router.launch_router --host 0.0.0.0 --port "$ROUTER_PORT"{pd} '
@@ -113,3 +109,22 @@ def router_script(pf: PlanFile, launch: NodeLaunch | None, engine: str) -> str |
     text += f"# VLLM_SRC: a vLLM source tree, whose {PROXY} is the proxy\n"
     text += "VLLM_SRC=${VLLM_SRC:?FILL IN the path of a vLLM source tree}\n"
     return text + f'python "$VLLM_SRC/{PROXY}" --host 0.0.0.0 --port "$ROUTER_PORT" "${{POOL[@]}}"{rest}\n'
+
+
+def router_script(pf: PlanFile, launch: NodeLaunch | None, engine: str) -> str | None:
+    """The router script of the export (module docstring), or None: one co-located server, or co-located vLLM
+    servers (no documented router)."""
+    phase = pf.plan.phase
+    ends, what = _endpoints(pf, launch, engine)
+    if phase == "both" and (engine == "vllm" or sum(len(slot) for slot in ends) == 1):
+        return None
+    ports = "" if launch is None else launch.ports.split(f"unset {PORT_ENV[engine].split(':', 1)[0]}\n", 1)[-1]
+    checks = "" if launch is None else launch.checks
+    most = max(ends, key=len)  # the address with the most servers: theirs are the --port values any node uses
+    first, last = most[0][0], most[-1][0]
+    span = f"{_inner(first)} to {_inner(last)}" if len(most) > 1 else _inner(first)
+    text = sh_header(pf, "SGLang router (python -m sglang_router.launch_router)" if engine == "sglang" else
+                     "vLLM NixlConnector proxy (toy_proxy_server.py of a vLLM source tree)") + "set -euo pipefail\n"
+    text += _addresses(len(ends), what, phase, engine) + ports + checks + _router_port(first, last, span)
+    text += "POOL=(\n" + "".join(f"    {w}\n" for w in _pool_words(engine, phase, ends)) + ")\n"
+    return text + _launch(engine, phase)

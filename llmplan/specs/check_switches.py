@@ -643,7 +643,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          f"({m.name}): DeepEP's normal dispatch waits on the host for its received token counts, "
                          "which a CUDA graph cannot capture, and Megatron's static per-rank budget "
                          "(--moe-expert-rank-capacity-factor) requires the hybridep backend (TransformerConfig "
-                         "rule); use --moe-flex-backend hybridep, or cuda_graphs layers / none"),
+                         "rule); set the plan key moe_flex_backend: hybridep (--moe-flex-backend hybridep where "
+                         "the command takes it), or cuda_graphs layers / none"),
     # Megatron-Core TransformerConfig (d98e8a6): "full recompute is only supported with full iteration CUDA graph"
     Rule("cuda_graphs_recompute", lambda m, p, c: (p.cuda_graphs != "layers") | (p.full == 0),
          lambda m, p, c: "cuda_graphs layers with recompute full: Megatron-Core captures per-layer graphs only "
