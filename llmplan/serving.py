@@ -19,7 +19,7 @@ from llmplan.cost.serve_phase import PhaseTiming, phase_timing
 from llmplan.cost.serve_memory import batched_tokens_for_plan, sglang_mem_fraction_static, sglang_server_of
 from llmplan.cost.serve_step import GraphHost, SglangRanks, decode_graphs, graph_sizes_at
 from llmplan.errors import PlanViolationError
-from llmplan.specs.check import check_serve_plan
+from llmplan.specs.check import check_serve_plan, engine_capped
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
@@ -322,6 +322,7 @@ def at_max_load(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJ
     batch = max(1, admitted(1))
     if cap:
         batch = min(batch, cap)
+    batch = min(batch, engine_capped(job.model_copy(update={"batch": batch})).batch)  # vLLM: max_num_batched_tokens
     for _ in range(8):  # capacity never rises with the batch: step down to a batch that admits itself
         fits = max(1, admitted(batch))
         if fits >= batch:

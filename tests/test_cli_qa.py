@@ -147,7 +147,8 @@ def test_option_range_errors_name_the_flag_and_the_value_to_give(cli):
             ((*train, "--zero", "4", "--tp", "1"), "--zero 4: Input should be less than or equal to 3; "
                                                    "give --zero 3 or less"),
             ((*infer, "--ttft-slo", "0"), "--ttft-slo 0.0: Input should be greater than 0; give --ttft-slo above 0.0"),
-            ((*infer, "--kv-dtype", "int4"), "--kv-dtype int4: Input should be 'bf16', 'fp16' or 'fp8'")):
+            ((*infer, "--kv-dtype", "int4"), "--kv-dtype int4: it must be one of bf16, fp16, fp8; "
+                                               "give --kv-dtype with one of them")):
         for cmd in ("estimate",) + (("search",) if "--tp" not in args else ()):
             r = cli(cmd, *args)
             assert r.code == 2 and words in r.err and "field '" not in r.err, r.err

@@ -192,5 +192,5 @@ def test_an_unknown_cp_comm_type_is_one_line_and_exit_2(cli):
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--cp", "2",
             "--cp-comm-type", "ring")
     assert r.code == 2 and "Traceback" not in r.err
-    assert r.err.strip() == ("error: --cp-comm-type ring is not a Transformer Engine CP attention llmplan prices; "
-                             "use one of p2p, a2a, all_gather, a2a+p2p")
+    assert r.err.strip() == ("error: --cp-comm-type ring is not a Transformer Engine CP attention llmplan prices: "
+                             "it must be one of p2p, a2a, all_gather, a2a+p2p; give --cp-comm-type with one of them")

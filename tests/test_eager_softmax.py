@@ -60,7 +60,8 @@ def test_with_flash_attention_the_switch_is_one_line(cli):
     assert len(lines) == 1 and "softmax_kernel eager-fp32 with flash_attention on" in lines[0], r.err
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--softmax-kernel", "bogus")
     assert r.code == 2
-    assert r.err.strip() == "error: --softmax-kernel bogus is not a softmax kernel; use one of fused, eager, eager-fp32"
+    assert r.err.strip() == ("error: --softmax-kernel bogus is not a softmax kernel: it must be one of fused, eager, "
+                            "eager-fp32; give --softmax-kernel with one of them")
 
 
 def test_the_eager_softmax_prices_a_slower_step(cli):

@@ -110,7 +110,8 @@ def test_cli_switch(cli):
     assert current.json()["time"]["step_s"] > delayed.json()["time"]["step_s"]
     r = cli(*ARGS, "--precision", "fp8-tensorwise", "--fp8-scaling", "dynamic")
     assert r.code == 2
-    assert r.err.strip() == "error: --fp8-scaling dynamic is not a per-tensor fp8 scaling; use one of delayed, current"
+    assert r.err.strip() == ("error: --fp8-scaling dynamic is not a per-tensor fp8 scaling: it must be one of delayed, "
+                            "current; give --fp8-scaling with one of them")
     r = cli(*ARGS, "--fp8-scaling", "current")  # bf16: check_plan's rule, one line
     lines = [x for x in r.err.splitlines() if x.strip()]
     assert r.code == 2 and len(lines) == 1 and "fp8_scaling current with dtype bf16" in lines[0], r.err

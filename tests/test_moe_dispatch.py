@@ -156,9 +156,9 @@ def test_moe_dispatcher_option_reaches_the_plan_and_the_ep_bytes(cli):
     s = cli("search", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--moe-dispatcher", "deepep", "--json")
     assert s.code == 0 and s.json()["plans"][0]["plan"]["moe_dispatcher"] == "deepep"
     bad = cli(*args, "--moe-dispatcher", "nccl")
-    assert bad.code == 2 and "--moe-dispatcher nccl is not an MoE dispatcher; use one of alltoall, deepep" in bad.err
+    assert bad.code == 2 and "--moe-dispatcher nccl is not an MoE dispatcher: it must be one of alltoall, deepep" in bad.err
     bad = cli(*args, "--moe-routing", "greedy")
-    assert bad.code == 2 and "--moe-routing greedy is not a routing; use one of random, contiguous" in bad.err
+    assert bad.code == 2 and "--moe-routing greedy is not a routing: it must be one of random, contiguous" in bad.err
     assert "Traceback" not in bad.err
 
 

@@ -122,7 +122,7 @@ def test_an_unknown_flex_backend_exits_2_with_the_choices(cli):
     r = cli(*MOE, "--moe-dispatcher", "deepep", "--moe-flex-backend", "nvshmem")
     lines = [x for x in r.err.splitlines() if x.strip()]
     assert r.code == 2 and len(lines) == 1, r.err
-    assert "--moe-flex-backend nvshmem is not a flex dispatcher backend; use one of deepep, hybridep" in lines[0]
+    assert "--moe-flex-backend nvshmem is not a flex dispatcher backend: it must be one of deepep, hybridep" in lines[0]
 
 
 def test_a_plan_file_with_the_nan_check_in_a_full_iteration_graph_exits_2(cli, tmp_path):

@@ -34,7 +34,7 @@ def test_search_over_pools_refuses_flags_it_does_not_read(cli, tmp_path: Path, e
 @pytest.mark.parametrize("extra,words", [
     (("--hardware", "dgx-h100,,dgx-a100"), "an empty system name"),
     (("--hardware", "dgx-h100,dgx-h100"), "dgx-h100 more than once"),
-    (("--hardware", "dgx-h100,dgx-a100", "--objective", "headroom"), "--objective headroom when comparing"),
+    (("--hardware", "dgx-h100,dgx-a100", "--objective", "headroom"), "--objective headroom is not an objective for comparing systems"),
     (("--hardware", "dgx-h100,dgx-a100", "--explain"), "--explain shows one system's search"),
     (("--hardware", "dgx-h100,dgx-a100", "--wide"), "--wide shows one system's search"),
     (("--hardware", "dgx-h100,dgx-a100", "--gpus-per-node", "4"), "--gpus-per-node 4 is one system's node shape"),
@@ -57,11 +57,11 @@ def test_serving_search_refuses_several_systems(cli):
 
 
 @pytest.mark.parametrize("extra,words", [
-    (("--hardware", "dgx-h100", "--mode", "serve"), "--mode serve: use train or infer"),
-    (("--hardware", "dgx-h100", "--objective", "fastest"), "--objective fastest: use one of throughput"),
+    (("--hardware", "dgx-h100", "--mode", "serve"), "--mode serve: it must be one of train, infer"),
+    (("--hardware", "dgx-h100", "--objective", "fastest"), "--objective fastest: it must be one of throughput"),
     (("--hardware", "dgx-h100", "--mode", "infer", "--objective", "gpu-hours"),
-     "--objective gpu-hours with --mode infer: use one of throughput, min-gpus"),
-    (("--hardware", "dgx-h100", "--recompute", "most"), "--recompute most: use one of"),
+     "--objective gpu-hours is not a serving objective: it must be one of throughput, min-gpus"),
+    (("--hardware", "dgx-h100", "--recompute", "most"), "--recompute most: it must be one of"),
     (("--hardware", "dgx-h100", "--zero", "4"), "--zero 4: ZeRO stages are 0, 1, 2 and 3"),
     (("--hardware", "dgx-h100", "--account-for-embedding-in-pipeline-split"), "needs --pp"),
     (("--hardware", "dgx-h100", "--mode", "infer", "--disaggregated", "--save", "SAVE"),

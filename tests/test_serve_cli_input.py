@@ -9,9 +9,9 @@ BASE = ("estimate", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", 
 
 
 @pytest.mark.parametrize("flag,value,allowed", [
-    ("--phase", "bogus", "'prefill'"),
-    ("--moe-dispatcher", "nope", "'deepep'"),
-    ("--expert-dtype", "fp9", "'nvfp4'"),
+    ("--phase", "bogus", "both, prefill, decode"),
+    ("--moe-dispatcher", "nope", "alltoall, deepep"),
+    ("--expert-dtype", "fp9", "mxfp8, nvfp4"),
 ])
 def test_a_bad_deployment_choice_exits_2_with_one_line(cli, flag, value, allowed):
     r = cli(*BASE, flag, value)
@@ -19,6 +19,7 @@ def test_a_bad_deployment_choice_exits_2_with_one_line(cli, flag, value, allowed
     assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
     field = flag.removeprefix("--").replace("-", "_")
     assert (f"'{field}'" in lines[0] or f"{flag} {value}:" in lines[0]) and value in lines[0] and allowed in lines[0]
+    assert f"; give {flag} " in lines[0], lines[0]
 
 
 def test_a_prefill_pool_defaults_to_one_batch_of_prompts(cli):

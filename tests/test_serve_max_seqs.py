@@ -73,14 +73,18 @@ def test_a_batch_that_fits_is_admitted_as_planned(cli, tmp_path):
 def test_vllm_refuses_a_cap_above_its_token_budget(cli, tmp_path):
     # vLLM's SchedulerConfig refuses max_num_batched_tokens < max_num_seqs (vllm-project/vllm @01230b40,
     # vllm/config/scheduler.py, verify_max_model_len): the pinned 256-token budget cannot start the fitting cap.
+    # A vLLM plan of 8192 sequences is refused when planned (check_serve_plan, tests/test_cli_json_errors.py); an
+    # SGLang plan, which has no such rule, is refused by the vLLM export.
     plan = tmp_path / "pinned.json"
-    assert cli("estimate", *BASE, "--batch", "8192", "--max-num-batched-tokens", "256", "--save", plan).code == 0
+    assert cli("estimate", *BASE, "--batch", "8192", "--max-num-batched-tokens", "256").code == 2
+    assert cli("estimate", *BASE, "--batch", "8192", "--max-num-batched-tokens", "256", "--engine", "sglang",
+               "--save", plan).code == 0
     r = cli("export", plan, "--to", "vllm", "-o", tmp_path / "v")
     assert r.code == 2 and not (tmp_path / "v").exists() and "Traceback" not in r.err
     line = r.err.strip()
     assert "\n" not in line
     m = re.search(r"--max-num-seqs (\d+) above --max-num-batched-tokens 256 \(vLLM refuses "
-                  r"max_num_batched_tokens < max_num_seqs\); re-plan with --max-num-batched-tokens (\d+) or more, "
+                  r"max_num_batched_tokens below max_num_seqs, vllm/config/scheduler.py\); re-plan with --max-num-batched-tokens (\d+) or more, "
                   r"or --batch 256", line)
     assert m and m.group(1) == m.group(2) and int(m.group(1)) > 256
     # SGLang has no such rule: its export writes the fitting cap

@@ -65,7 +65,8 @@ def test_a_moe_option_over_pools_is_checked_as_on_one_system(cli, tmp_path: Path
     assert r.err == one.err and len(r.err.strip().splitlines()) == 1, r.err
 
 
-WANT = "error: serving plan options: --moe-dispatcher foo: Input should be 'alltoall' or 'deepep'"
+WANT = ("error: serving plan options: --moe-dispatcher foo: it must be one of alltoall, deepep; give --moe-dispatcher "
+        "with one of them")
 PLAN = ("--mode", "infer", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--engine", "sglang")
 
 

@@ -145,7 +145,7 @@ def test_cli_speculative_json_adds_keys(cli):
     (["--model", "llama-3.1-8b", "--speculative", "mtp", "--spec-tokens", "1"], "num_nextn_predict_layers 0"),
     (["--model", "llama-3.1-8b", "--speculative", "ngram", "--spec-tokens", "3"], "give --acceptance"),
     (["--model", "llama-3.1-8b", "--spec-tokens", "3"], "add --speculative"),
-    (["--model", "llama-3.1-8b", "--speculative", "medusa", "--spec-tokens", "3"], "use one of mtp | eagle"),
+    (["--model", "llama-3.1-8b", "--speculative", "medusa", "--spec-tokens", "3"], "it must be one of mtp, eagle, eagle3, ngram; give --speculative"),
     (["--model", "llama-3.1-8b", "--speculative", "eagle"], "needs --spec-tokens"),
     (["--model", "llama-3.1-70b", "--tp", "8", "--speculative", "eagle", "--spec-tokens", "3", "--draft-model",
       "qwen3-30b-a3b"], "must share the target's vocabulary"),

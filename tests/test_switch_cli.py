@@ -139,7 +139,7 @@ def test_grad_reduce_and_launch_blocking_flags_reach_the_plan(cli):
     (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--dp", "8", "--zero", "2",
       "--grad-reduce", "all-reduce"], "grad_reduce all-reduce with zero 2: ZeRO-2/3 keep only their gradient shard"),
     (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--grad-reduce", "allreduce"],
-     "'reduce-scatter' or 'all-reduce' (got allreduce)"),
+     "--grad-reduce allreduce: it must be one of reduce-scatter, all-reduce; give --grad-reduce all-reduce"),
     (["search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--grad-reduce", "all-reduce"],
      "--grad-reduce all-reduce with a free --zero: ZeRO-2/3 keep only their gradient shard"),
 ])

@@ -76,8 +76,8 @@ def test_pp_unbatched_sends_with_another_schedule_is_refused(cli):
      "error: the plan breaks a rule: cp_comm_overlap off with cp 2 and cp_impl te: it says whether PyTorch's "
      "context-parallel ring waits for its transfers where it issues them, so it acts only with cp > 1 and cp_impl "
      "torch-allgather or torch-alltoall; set those or drop --no-cp-comm-overlap"),
-    (("--norm-kernel", "bogus"), "error: --norm-kernel bogus is not a norm kernel; use one of fused-one-pass, "
-                                 "two-pass"),
+    (("--norm-kernel", "bogus"), "error: --norm-kernel bogus is not a norm kernel: it must be one of "
+                                 "fused-one-pass, two-pass; give --norm-kernel with one of them"),
 ])
 def test_a_switch_that_does_nothing_is_one_line(cli, flags, text):
     line = one_line(cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "4", "--tp", "8",

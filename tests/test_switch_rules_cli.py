@@ -20,8 +20,9 @@ ARGS = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-b200", "--glob
     (("--recompute", "selective", "--recompute-modules", "mhc"),
      ("recompute_modules mhc", "mhc: hyper-connections", "drop them from --recompute-modules")),
     # values outside the switches' choices: named with the choices
-    (("--grad-accumulation", "foo"), ("grad_accumulation", "'fused', 'add', 'cast-add' or 'copy'", "got foo")),
-    (("--expert-gemm", "foo"), ("--expert-gemm foo", "use one of grouped, per-expert")),
+    (("--grad-accumulation", "foo"), ("--grad-accumulation foo", "it must be one of fused, add, cast-add, copy",
+                                      "give --grad-accumulation")),
+    (("--expert-gemm", "foo"), ("--expert-gemm foo", "it must be one of grouped, per-expert")),
 ])
 def test_bad_switch_combinations_exit_2_with_one_line(cli, extra, needles):
     bad = cli(*ARGS, *extra)

@@ -93,13 +93,13 @@ def test_kv_repeated_without_pytorchs_ring_is_refused(cli):
 
 @pytest.mark.parametrize("args,needle", [
     (("--dp", "4", "--cp", "2", "--cp-impl", "ring"),
-     "--cp-impl ring is not a CP ring; use one of te, torch-allgather, torch-alltoall"),
+     "--cp-impl ring is not a CP ring: it must be one of te, torch-allgather, torch-alltoall"),
     (("--dp", "8", "--cp", "1", "--cp-impl", "torch-alltoall"), "cp_impl torch-alltoall with cp 1"),
 ])
 def test_bad_cp_impl_is_refused_in_one_line(cli, args, needle):
     # an unknown ring, or a ring on a plan without context parallelism: one line, exit 2, the fix named
     line = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", *args).refusal()
-    assert needle in line and ("use one of" in line or "drop --cp-impl" in line), line
+    assert needle in line and ("it must be one of" in line or "drop --cp-impl" in line), line
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

@@ -24,6 +24,14 @@ def _interrupted_doc(signum: int) -> str:
     return json.dumps(_error_doc(128 + signum, "interrupted", signum)) + "\n"
 
 
+def json_wanted(args: list[str]) -> bool:
+    """Whether the command line asks for one JSON document: --json, or check's --format json (also written
+    --format=json). An error then also answers with the error document, whatever the command (a usage error is
+    found before the command has read its options)."""
+    return "--json" in args or "--format=json" in args or any(
+        a == "--format" and b == "json" for a, b in zip(args, args[1:]))
+
+
 def _error_doc(code: int, message: str, signum: int | None = None) -> dict:
     err: dict = {"code": code, "message": message}
     if signum is not None:
@@ -33,7 +41,7 @@ def _error_doc(code: int, message: str, signum: int | None = None) -> dict:
 
 def _interrupted_while_starting(signum: int, frame: object) -> None:
     """The answer to Ctrl-C or a kill before the commands are imported: written straight to the descriptors."""
-    for fd, text in ((1, _interrupted_doc(signum) if "--json" in sys.argv[1:] else ""), (2, INTERRUPTED)):
+    for fd, text in ((1, _interrupted_doc(signum) if json_wanted(sys.argv[1:]) else ""), (2, INTERRUPTED)):
         try:
             if text:
                 os.write(fd, text.encode())
@@ -78,7 +86,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app and turns every error into one line on stderr and its exit code
-    (with --json, also a JSON document on stdout: {"schema": 1, "error": {"code", "message"}}). Ctrl-C and
+    (with --json or --format json, also a JSON document on stdout: {"schema": 1, "error": {"code", "message"}}). Ctrl-C and
     SIGTERM exit 130 and 143 (128 + the signal, as shells report a signal); a reader that closes stdout early
     (`llmplan search ... | head -1`) is a normal end."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -103,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _interrupted(signum: int, args: list[str]) -> int:
     """The answer to Ctrl-C or a kill: one line on stderr (and with --json the error document); 128 + signal."""
-    if "--json" in args:
+    if json_wanted(args):
         try:
             sys.stdout.write(_interrupted_doc(signum))
         except BrokenPipeError:
@@ -138,7 +146,7 @@ def _run(args: list[str]) -> int:
             usage = _usage_line(e)
             if usage is not None:
                 return _fail(args, exit_code, usage)
-            if "--json" in args:
+            if json_wanted(args):
                 _json_error(exit_code, e.format_message() if hasattr(e, "format_message") else str(e))
             e.show()
             return exit_code
@@ -240,7 +248,7 @@ def _fail(args: list[str], code: int, message: str) -> int:
     # A value read from the user's file may hold text the terminal cannot encode (a YAML "\ud800" escape is a
     # lone surrogate): show it escaped rather than fail while saying what is wrong.
     message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-    if "--json" in args:
+    if json_wanted(args):
         _json_error(code, message)
     stderr_line("error", message)
     return code

@@ -9,7 +9,7 @@ import typer
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out
-from llmplan.errors import LlmplanError
+from llmplan.errors import LlmplanError, not_one_of
 from llmplan.specs.cluster import ClusterSpec
 from llmplan.topology.collectives import OPS
 from llmplan.units import parse_size
@@ -32,7 +32,7 @@ def collective(
     from llmplan.specs.registry import resolve_system
     from llmplan.topology.collectives import group_collective_time
     if op not in OPS:
-        raise LlmplanError(f"--op {op} is not a collective llmplan models; use one of: {', '.join(OPS)}")
+        raise LlmplanError(not_one_of("--op", op, OPS, "a collective llmplan models"))
     if algorithm not in ("auto", "ring", "tree", "hierarchical"):
         raise LlmplanError(f"--algorithm {algorithm}: use auto, ring, tree or hierarchical")
     system = resolve_system(hardware)

@@ -10,7 +10,7 @@ import typer
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, save_best, stderr_line
-from llmplan.errors import LlmplanError, PlanViolationError
+from llmplan.errors import LlmplanError, PlanViolationError, not_one_of
 from llmplan.specs.defaults import default_seq_len
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (SERVE_PLAN_OPTIONS, CheckpointOptions, ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions,
@@ -54,7 +54,7 @@ def estimate(
         raise LlmplanError(f"Missing option {', '.join(repr(f) for f in missing)}: estimate prices a plan of "
                            "--model on --hardware; give both, or --plan PLAN.json (a saved plan)")
     if mode not in ("train", "infer"):
-        raise LlmplanError(f"--mode {mode}: use train or infer")
+        raise LlmplanError(not_one_of("--mode", mode, ("train", "infer")))
     refuse_other_mode(ctx, mode, opt.SERVING_READS | {"dp"} | set(MoeServingOptions.model_fields))
     if output.save is not None:  # refuse an existing --save file before printing the estimate, not after
         check_target(output.save, output.force)

@@ -10,7 +10,7 @@ from typing import Any, Optional, get_args
 from pydantic import BaseModel, ValidationError
 
 from llmplan.cli.options import SERVING_INSTEAD, SERVING_ONLY
-from llmplan.errors import LlmplanError
+from llmplan.errors import LlmplanError, not_one_of
 from llmplan.cost.lengths import TRACE_SHAPES, TRACE_SIGMA, mean_length
 from llmplan.cost.serve_step import GraphHost, default_graph_sizes
 from llmplan.fileio import excerpt, read_text
@@ -24,7 +24,7 @@ from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODU
                                 RECOMPUTE_MODULES, OFFLOAD_MODULES, FUSED_LOSS_IMPLS, TP_IMPLS, CP_IMPLS, CP_COMM_TYPES, NORM_KERNELS, SOFTMAX_KERNELS, FP8_SCALINGS, ClusterSpec,
                                 MemoryAllowance,
                                 ParallelPlan)
-from llmplan.specs.registry import build, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
+from llmplan.specs.registry import build, expected_values, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
 # commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py)
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import DEFAULT_BATCHED_TOKENS, LengthDistribution, ServeJob, SpeculativeMethod, SpeculativeSpec, WeightDtype
@@ -133,7 +133,7 @@ def switches(s: SwitchOptions) -> dict:
     dtype, recipe = s.dtype, "tensorwise"
     if s.precision is not None:
         if s.precision not in PRECISIONS:
-            raise LlmplanError(f"--precision {s.precision} is not a recipe; use one of {', '.join(PRECISIONS)}")
+            raise LlmplanError(not_one_of("--precision", s.precision, PRECISIONS, "a recipe"))
         implied, recipe = PRECISIONS[s.precision]
         if dtype not in ("bf16", implied):
             raise LlmplanError(f"--dtype {dtype} contradicts --precision {s.precision} (dtype {implied}); give one")
@@ -164,7 +164,7 @@ def switches(s: SwitchOptions) -> dict:
                                         OPTIMIZER_MOMENT_DTYPES, "an optimizer moment dtype"),
                                        ("--optimizer", s.optimizer, OPTIMIZERS, "an optimizer llmplan prices")):
         if value is not None and value not in allowed:  # None: --attention-release not given
-            raise LlmplanError(f"{flag} {excerpt(value)} is not {what}; use one of {', '.join(allowed)}")
+            raise LlmplanError(not_one_of(flag, excerpt(value), allowed, what))
     return {**{k: getattr(s, k) for k in SWITCHES_AS_GIVEN}, "dtype": dtype, "recipe": recipe,
             "grad_dtype": grad_dtype, "fp8_params": fp8_params,
             "cp_comm_type": s.cp_comm_type if s.cp_comm_type is not None else ParallelPlan.model_fields[
@@ -229,7 +229,9 @@ OPTION_FLAGS = {"num_nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "fix
                 "block_size": "--block-size", "max_num_batched_tokens": "--max-num-batched-tokens",
                 "engine": "--engine", "request_rate": "--request-rate", "weight_dtype": "--dtype",
                 "kv_dtype": "--kv-dtype", "phase": "--phase", "zero": "--zero", "recompute": "--recompute",
-                "dtype": "--dtype", **SERVE_PLAN_FLAGS}
+                "dtype": "--dtype", "pp_schedule": "--pp-schedule", "grad_dtype": "--grad-dtype",
+                "grad_reduce": "--grad-reduce", "grad_accumulation": "--grad-accumulation", "zero3_unit": "--zero3-unit",
+                **SERVE_PLAN_FLAGS}
 """The flag that sets each spec field the options build, where one flag alone sets it: a bad value is one
 line naming the flag and the value to give (registry.validation_message), not the field."""
 
@@ -253,6 +255,8 @@ def make_checkpoint(c: CheckpointOptions) -> CheckpointPolicy:
     except ValidationError as e:
         err = e.errors()[0]
         flag = CHECKPOINT_FLAGS.get(str(err["loc"][0]), str(err["loc"][0]))
+        if err["type"] in ("literal_error", "enum"):
+            raise LlmplanError(not_one_of(flag, err["input"], expected_values(err))) from None
         raise LlmplanError(f"{flag} {err['input']}: {err['msg'].removeprefix('Value error, ')}") from None
 
 
@@ -317,7 +321,7 @@ def speculative_of(s: ServingOptions) -> SpeculativeSpec | None:
         return None
     methods = get_args(SpeculativeMethod)
     if s.speculative not in methods:
-        raise LlmplanError(f"--speculative {s.speculative}: use one of {' | '.join(methods)}")
+        raise LlmplanError(not_one_of("--speculative", s.speculative, methods, "a speculative decoding method"))
     if s.spec_tokens is None:
         raise LlmplanError(f"--speculative {s.speculative} needs --spec-tokens K, the draft tokens per sequence per "
                            "step (e.g. 1 for DeepSeek-V3's one MTP layer, 3-5 for EAGLE)")

@@ -12,7 +12,7 @@ from rich.console import Console
 from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best, stderr_line
-from llmplan.errors import EXIT_NO_FIT, LlmplanError
+from llmplan.errors import EXIT_NO_FIT, LlmplanError, not_one_of
 from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens, min_headroom_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (SERVE_PLAN_FLAGS, SERVE_PLAN_OPTIONS, CheckpointOptions, ClusterOptions, MemoryOptions,
@@ -80,7 +80,7 @@ def search(
     from llmplan.fileio import check_target
     from llmplan.specs.registry import is_pool_file
     if mode not in ("train", "infer"):
-        raise LlmplanError(f"--mode {mode}: use train or infer")
+        raise LlmplanError(not_one_of("--mode", mode, ("train", "infer")))
     refuse_other_mode(ctx, mode, opt.SERVING_READS | {"objective", "top", "disaggregated", "target"})
     check_target_mode(target, mode)
     if "nodes" in named_options(ctx):  # --nodes 1 typed: the default's value, but two sizes all the same
@@ -141,7 +141,7 @@ def search_infer(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, dtype: s
     from llmplan.search.serve import SERVE_OBJECTIVES, check_search_moe, search_serving
     from llmplan.specs.registry import build, resolve_model
     if goal.objective not in SERVE_OBJECTIVES:
-        raise LlmplanError(f"--objective {goal.objective} with --mode infer: use one of {', '.join(SERVE_OBJECTIVES)}")
+        raise LlmplanError(not_one_of("--objective", goal.objective, SERVE_OBJECTIVES, "a serving objective"))
     m = resolve_model(c.model)
     cluster = cluster_of(c)
     job = make_job(s, max_batch, request_rate, host=GraphHost.of(cluster.system, m))
@@ -274,9 +274,9 @@ def refuse_bad_goal_pins(goal: SearchGoal, pins: SearchPins) -> None:
     from llmplan.search.grid import RECOMPUTE
     from llmplan.search.run import OBJECTIVES
     if goal.objective not in OBJECTIVES:
-        raise LlmplanError(f"--objective {goal.objective}: use one of {', '.join(OBJECTIVES)}")
+        raise LlmplanError(not_one_of("--objective", goal.objective, OBJECTIVES))
     if pins.recompute is not None and pins.recompute not in RECOMPUTE:
-        raise LlmplanError(f"--recompute {pins.recompute}: use one of {', '.join(RECOMPUTE)}")
+        raise LlmplanError(not_one_of("--recompute", pins.recompute, RECOMPUTE))
     if pins.zero is not None and not 0 <= pins.zero <= 3:
         raise LlmplanError(f"--zero {pins.zero}: ZeRO stages are 0, 1, 2 and 3")
 

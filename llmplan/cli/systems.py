@@ -11,7 +11,7 @@ import typer
 
 from llmplan import report
 from llmplan.cli.app import emit, out, stderr_line
-from llmplan.errors import EXIT_NO_FIT, LlmplanError
+from llmplan.errors import EXIT_NO_FIT, LlmplanError, not_one_of
 from llmplan.search.grid import Workload
 from llmplan.search.systems import COMPARE_OBJECTIVES, PER_SYSTEM_OBJECTIVE, budget_nodes, compare, prices_for
 from llmplan.specs.options import ClusterOptions, OutputOptions, SearchGoal
@@ -77,8 +77,8 @@ def search_systems(c: ClusterOptions, goal: SearchGoal, output: OutputOptions,
     system's search as `search` does (cli.search.train_search) and returns its TrainSearch."""
     names = system_names(c.hardware)
     if goal.objective not in COMPARE_OBJECTIVES:
-        raise LlmplanError(f"--objective {goal.objective} when comparing systems: use one of "
-                           f"{', '.join(COMPARE_OBJECTIVES)}")
+        raise LlmplanError(not_one_of("--objective", goal.objective, COMPARE_OBJECTIVES,
+                                      "an objective for comparing systems"))
     for flag, given in (("--save", output.save is not None), ("--explain", goal.explain_opt),
                         ("--wide", goal.wide)):
         if given:

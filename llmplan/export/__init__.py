@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from llmplan.errors import LlmplanError
+from llmplan.errors import LlmplanError, not_one_of
 from llmplan.export import bridge, deepspeed, launch, megatron, pools, torchtitan
 from llmplan.export.common import (CannotExpress, delayed_bf16_layers_refusal, fit_comments,
                                    jit_activation_refusal, refuse, swiglu_fp8_refusal)
@@ -51,7 +51,7 @@ def renderer(target: str, wrap: str = "megatron") -> Callable[[PlanFile], dict[s
         "vllm": render_vllm, "sglang": render_sglang,
     }
     if target not in table:
-        raise LlmplanError(f"--to {target} is not a target; use one of {', '.join(TARGETS)} or all")
+        raise LlmplanError(not_one_of("--to", target, [*TARGETS, "all"], "a target"))
     return table[target]
 
 
@@ -89,7 +89,7 @@ def _render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dic
     """Files for `target` (or every target of the plan's mode with 'all'): (files, {target: why skipped}).
     torchrun and slurm wrap `wrap`, or by default the first training target that can express the plan."""
     if wrap is not None and wrap not in WRAPPABLE:
-        raise LlmplanError(f"--wrap {wrap}: use one of {', '.join(WRAPPABLE)}")
+        raise LlmplanError(not_one_of("--wrap", wrap, WRAPPABLE, "a training target"))
     if wrap is not None and (target not in ("torchrun", "slurm", "all") or pf.mode != "train"):
         what = f"--to {target}" if pf.mode == "train" else "a serving plan"
         raise LlmplanError(f"--wrap {wrap} picks the training target a torchrun / slurm launch runs, and {what} "
@@ -117,7 +117,7 @@ def _render_all(pf: PlanFile, target: str, wrap: str | None = None) -> tuple[dic
 def target_mode(target: str) -> str:
     """The plan mode a target takes ('train' or 'infer'); an unknown target is one clear error."""
     if target not in TARGETS:
-        raise LlmplanError(f"--target {target} is not a target; use one of {', '.join(TARGETS)}")
+        raise LlmplanError(not_one_of("--target", target, TARGETS, "a target"))
     return "train" if target in TRAIN_TARGETS else "infer"
 
 

@@ -16,6 +16,7 @@ from llmplan.export.serve_nodes import ROUTER_HINT, NodeLaunch, clear_port_env, 
 from llmplan.export.serve_router import router_script
 from llmplan.planfile import PlanFile
 from llmplan.serving import ServeEstimate, admitted_run, estimate_serving
+from llmplan.specs.check import batched_tokens_message
 from llmplan.specs.serve import DEFAULT_BATCHED_TOKENS
 from llmplan.units import GIB
 
@@ -170,10 +171,8 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     if sglang_default:
         cap_note += (f"# --max-num-batched-tokens {tokens}: llmplan's default; the plan was priced at SGLang's own "
                      f"default chunk of {j.max_num_batched_tokens:,} tokens per replica\n")
-    # Source: vllm-project/vllm @01230b40, vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len
-    if cap > tokens:
-        raise refuse("vllm", f"--max-num-seqs {cap} above --max-num-batched-tokens {tokens} "
-                     "(vLLM refuses max_num_batched_tokens < max_num_seqs)",
+    if cap > tokens:  # an SGLang plan run at llmplan's default budget (a vLLM plan: check_serve_plan refused it)
+        raise refuse("vllm", batched_tokens_message(cap, tokens),
                      f"re-plan with --max-num-batched-tokens {cap} or more, or --batch {tokens}")
     fraction, fraction_note = memory_fraction(pf, "vllm", run)
     spec_flags, spec_note = vllm_speculative(pf)

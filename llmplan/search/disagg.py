@@ -15,7 +15,7 @@ from llmplan.cost.inference import job_tpot, kv_bytes_per_token, serve_memory, s
 from llmplan.cost.queueing import prefill_queue_seconds
 from llmplan.search.serve import refuse_speculation, search_serving, sub_cluster, wide_ep_sizes, with_moe_options
 from llmplan.serving import ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans, slo_batch_of
-from llmplan.specs.check import check_serve_plan, valid_tp
+from llmplan.specs.check import check_serve_plan, engine_capped, valid_tp
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance
 from llmplan.specs.serve import KvDtype, Phase, ServeJob, ServePlan, WeightDtype
@@ -146,7 +146,7 @@ def price_decode(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: Serve
     meets the SLO; None when not one does, or the layout breaks a rule. TPOT and KV capacity are the job's
     (job_tpot, serve_memory): under speculative decoding the speculative step and the draft's weights and KV,
     as serve.phase prices the chosen batch."""
-    sub = sub_cluster(cluster, plan.num_gpus)
+    sub, job = sub_cluster(cluster, plan.num_gpus), engine_capped(job)
     if sub.num_gpus != plan.num_gpus or check_serve_plan(m, plan, job, sub):
         return None
     lm, job = loaded_model(m, job), job_for_plan(m, job, plan, cluster.system)  # the sizes estimate_serving prices

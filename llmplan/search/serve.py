@@ -12,8 +12,8 @@ from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.search.run import Pruned
 from llmplan.serving import (ServeEstimate, estimate_serving, job_for_plan, loaded_model, replica_spans, slo_batch_of,
                              slo_candidates)
-from llmplan.specs.check import (Violation, check_serve_plan, divisors, serve_moe_violations, speculative_violations,
-                                 valid_tp)
+from llmplan.specs.check import (Violation, check_serve_plan, divisors, engine_capped, serve_moe_violations,
+                                 speculative_violations, valid_tp)
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import SERVE_PLAN_FLAGS, SERVE_PLAN_OPTIONS
 from llmplan.specs.registry import build
@@ -294,6 +294,7 @@ def search_serving(m: ModelSpec, cluster: ClusterSpec, job: ServeJob, weight_dty
     --dp-attention with no DP-attention layout for these GPUs and pins (refuse_dp_attention) is refused up front
     on one system; over pools (`refuse_pins` False) the pool tries nothing and `refusal` says why."""
     refuse_speculation(m, job)
+    job = engine_capped(job)  # --max-batch above what the engine starts with (vLLM: max_num_batched_tokens)
     t0 = time.perf_counter()
     pins = pins or {}
     refusal = None

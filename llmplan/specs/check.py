@@ -336,7 +336,46 @@ def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob,
         out.append(Violation("context", f"input_len + output_len ({job.input_len} + {job.output_len} = "
                              f"{job.context}) exceeds max_position_embeddings ({m.max_position_embeddings}) of "
                              f"{m.name}{scaling}; lower --input-len or --output-len"))
-    return out + speculative_violations(m, plan, job) + sglang_graph_violations(plan, job)
+    return out + speculative_violations(m, plan, job) + sglang_graph_violations(plan, job) + batched_tokens_violations(job)
+
+
+VLLM_BATCHED_TOKENS_RULE = "vLLM refuses max_num_batched_tokens below max_num_seqs"
+"""The rule of vllm-project/vllm @01230b40, vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len (a
+ValueError at start-up, chunked prefill or not); its other rule there, max_num_batched_tokens at least
+max_model_len, holds only without chunked prefill, which the plans are priced and exported with. Worded once for
+check_serve_plan and the vLLM export (export.serve.render_vllm)."""
+
+
+def engine_max_seqs(job: ServeJob) -> int | None:
+    """The most sequences per replica `job.engine` starts with under the job's max_num_batched_tokens: vLLM's
+    max_num_seqs may not exceed it (VLLM_BATCHED_TOKENS_RULE); None where the engine sets no such bound (SGLang and
+    TensorRT-LLM: not read, not refused)."""
+    return job.max_num_batched_tokens if job.engine == "vllm" else None
+
+
+def engine_capped(job: ServeJob) -> ServeJob:
+    """The job with its batch cut to the most sequences per replica its engine starts with (engine_max_seqs): a
+    search's --max-batch or a full-load batch is a ceiling, and one above the engine's bound is no candidate."""
+    cap = engine_max_seqs(job)
+    return job if cap is None or job.batch <= cap else job.model_copy(update={"batch": cap})
+
+
+def batched_tokens_message(seqs: int, tokens: int) -> str:
+    """Why a vLLM server of `seqs` sequences per replica (--max-num-seqs) cannot start with --max-num-batched-tokens
+    `tokens` (the caller adds its fix)."""
+    return (f"--max-num-seqs {seqs:,} above --max-num-batched-tokens {tokens:,} ({VLLM_BATCHED_TOKENS_RULE}, "
+            "vllm/config/scheduler.py)")
+
+
+def batched_tokens_violations(job: ServeJob) -> list[Violation]:
+    """A batch of more sequences per replica than the engine's token budget admits (engine_max_seqs): the engine
+    would not start with the --max-num-seqs the plan needs."""
+    cap = engine_max_seqs(job)
+    if cap is None or job.batch <= cap:
+        return []
+    return [Violation("batched_tokens", f"{batched_tokens_message(job.batch, cap)}: a batch of {job.batch:,} sequences "
+                      f"per replica needs --max-num-seqs {job.batch:,}; give --max-num-batched-tokens {job.batch:,} or "
+                      f"more, or --batch {cap:,} or fewer")]
 
 
 def dp_attention_server_nodes_ok(plan: ServePlan, cluster: ClusterSpec, engine: str) -> bool:

@@ -4,6 +4,7 @@ Hugging Face config.json files. This is the only module of specs/ that reads fil
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from llmplan.errors import MAX_LISTED, LlmplanError, bounded_list
+from llmplan.errors import MAX_LISTED, LlmplanError, bounded_list, not_one_of
 from llmplan.fileio import excerpt, exists, read_document
 from llmplan.specs.hardware import REQUIRED_KEYS, GpuSpec, SystemSpec
 from llmplan.specs.hf import from_hf_config
@@ -45,6 +46,9 @@ def validation_message(origin: str, err: ValidationError, cls: type[BaseModel] |
     for e in errors[:MAX_LISTED]:
         field = ".".join(str(x) for x in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
+        if flags and field in flags and e["type"] in ("literal_error", "enum"):
+            parts.append(not_one_of(flags[field], excerpt(e["input"]), expected_values(e)))
+            continue
         if flags and field in flags:
             parts.append(f"{flags[field]} {excerpt(e['input'])}: {msg}{_bound_fix(flags[field], e)}")
             continue
@@ -62,6 +66,11 @@ def validation_message(origin: str, err: ValidationError, cls: type[BaseModel] |
         parts.append(f"field '{field}': {msg}{got}" if field else msg)
     more = f"; ... ({len(errors) - MAX_LISTED:,} more problems)" if len(errors) > MAX_LISTED else ""
     return f"{origin}: " + "; ".join(parts) + more
+
+
+def expected_values(e: Any) -> list[str]:
+    """The values a Literal or Enum field takes, from pydantic's own listing of them ("'bf16', 'fp16' or 'fp8'")."""
+    return re.findall(r"'((?:[^'\\]|\\.)*)'", str((e.get("ctx") or {}).get("expected", "")))
 
 
 def _bound_fix(flag: str, e: Any) -> str:
