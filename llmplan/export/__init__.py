@@ -32,6 +32,11 @@ SYNC_GATHER_TARGETS = ("deepspeed",)
 """Training targets that gather ZeRO-1/2 weights synchronously after the optimizer step (deepspeed.py refuses
 overlap_param_gather there): a targeted search searches them with the synchronous gather (cli.search.train_search)
 unless the user named --overlap-param-gather."""
+MEGATRON_FSDP_TARGETS = ("megatron", "megatron-bridge", "torchrun", "slurm")
+"""Training targets whose export writes ZeRO-2 as Megatron-FSDP's optim_grads (megatron.fsdp_pairs,
+bridge.fsdp_overrides; torchrun / slurm wrap them) and refuses a ZeRO-2 plan priced without megatron_fsdp
+(megatron.fsdp_zero2_refusals): a targeted search prices its ZeRO-2/3 plans with megatron_fsdp
+(cli.search.train_search) unless the user named --megatron-fsdp / --no-megatron-fsdp."""
 SERVE_TARGETS = ("vllm", "sglang")
 TARGETS = TRAIN_TARGETS + SERVE_TARGETS
 SCRIPTS = (".sh", ".sbatch")
