@@ -625,6 +625,17 @@ def mbridge_fsdp_grad_accumulation(rec: dict, fam: str) -> str | None:
     return "copy"
 
 
+def mbridge_megatron_fsdp(par: dict, fam: str) -> bool:
+    """ParallelPlan.megatron_fsdp of a Megatron-Bridge row (`par`: its parallel settings with RECIPE_SETTINGS): its
+    FSDP is Megatron-FSDP, so its ZeRO-3 (optim_grads_params) is priced as Megatron-FSDP holds and runs it
+    (docs/formulas.md#mem.megatron_fsdp, #step.megatron_fsdp_edges). The Llama 3 presets' fsdp rows run it
+    (use_megatron_fsdp: the releases of mbridge_fsdp_grad_accumulation), the Nemotron-3 Ultra 26.08 presets
+    through _apply_nemotron_3_ultra_fsdp_hsdp (RECIPE_SETTINGS: use_megatron_fsdp, optim_grads_params). Its
+    gradient buckets stay in the weights' bf16 (megatron_fsdp_main_grads_dtype None: the family's TWO_BYTE_GRADS).
+    check_plan's rule megatron_fsdp_zero would refuse it under a pipeline: settle turns it off there."""
+    return fam in BRIDGE_FAMILIES and bool(par.get("fsdp"))
+
+
 MBRIDGE_OFFLOADED_ACTIVATIONS: tuple[str, ...] = ()
 """Megatron-Bridge rows whose throughput is scored but not their memory, for an offload llmplan does not price:
 none. The Nemotron 3.5 Lightning H100 card's recipe offloads the experts' fc1 input to the CPU
@@ -2073,6 +2084,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # (ZeRO-2/3 reduce every micro-batch's gradient and keep only their shard: not priced as accumulation)
         # (BLOOM's prequel: autograd's add into the 16-bit param.grad, as its fp16 runs; the cast-add is the
         # BF16_Optimizer's, which came after it)
+        megatron_fsdp=mbridge_megatron_fsdp(par, fam),
         grad_accumulation=par.get("grad_accumulation") or mbridge_fsdp_grad_accumulation(rec, fam) or (
             GRAD_ACCUMULATION.get(fam, {}).get(
             "fp16" if rec["id"].startswith("bloom-prequel-") else precision, "fused") if zero < 2 else "fused"),

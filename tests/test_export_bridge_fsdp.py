@@ -22,7 +22,8 @@ from llmplan.planfile import load_plan
 from tests.test_export_bridge import (PLANS, SCRIPT, assert_recorded_fields_of_their_type, hydra_applied,
                                       overrides)
 
-ZERO2 = {"zero": 2, "pp": 1, "vpp": 1, "dp": 8}  # llama-3.1-70b, tp 8 x dp 8 (64 GPUs), no pipeline
+ZERO2 = {"zero": 2, "pp": 1, "vpp": 1, "dp": 8, "megatron_fsdp": True}  # llama-3.1-70b, tp 8 x dp 8, no pipeline,
+# priced as Megatron-FSDP holds it (the export refuses a ZeRO-2 plan priced without it)
 
 
 def bridge_script(**changes) -> tuple[object, str]:
@@ -73,6 +74,7 @@ def test_zero1_keeps_megatron_cores_ddp():
     ({"grad_accumulation": "add"}, "with grad_accumulation add"),
     ({"cuda_max_connections": 1}, "Megatron-Bridge asserts it is not 1"),
     ({"zero": 3}, "not its optim_grads_params"),
+    ({"megatron_fsdp": False}, r"priced without megatron_fsdp \(zero 2, megatron_fsdp False.*--megatron-fsdp"),
 ])
 def test_zero2_refusals(changes, needle):
     pf = load_plan(PLANS / "dense_train.json")
@@ -85,7 +87,7 @@ def test_cli_writes_a_zero2_plan(cli, tmp_path):
     plan = tmp_path / "plan.json"
     assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "1",
                "--pp", "1", "--micro-batch", "1", "--global-batch", "64", "--seq-len", "4096", "--zero", "2",
-               "--save", plan).code in (0, 3)
+               "--megatron-fsdp", "--save", plan).code in (0, 3)
     r = cli("export", plan, "--to", "megatron-bridge", "-o", tmp_path / "out")
     assert r.code == 0, r.err
     args = overrides((tmp_path / "out" / SCRIPT).read_text())

@@ -23,7 +23,7 @@ BASE = ["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--
 
 def exported(cli, tmp_path, *extra: str) -> str:
     plan = tmp_path / "plan.json"
-    assert cli("estimate", *BASE, *extra, "--save", plan).code in (0, 3)
+    assert cli("estimate", *BASE, *extra, "--megatron-fsdp", "--save", plan).code in (0, 3)
     r = cli("export", plan, "--to", "megatron", "-o", tmp_path / "out")
     assert r.code == 0, r.err
     return (tmp_path / "out" / "megatron_pretrain.sh").read_text()
@@ -71,7 +71,7 @@ def test_zero1_writes_no_fsdp_flag(cli, tmp_path):
 ])
 def test_zero2_refusals_are_one_line_exit_2(cli, tmp_path, extra, rule, fix):
     plan = tmp_path / "plan.json"
-    pp = [] if "--pp" in extra else ["--pp", "1"]
+    pp = [] if "--pp" in extra else ["--pp", "1", "--megatron-fsdp"]  # check_plan refuses it under a pipeline
     assert cli("estimate", *BASE, *pp, *extra, "--save", plan).code in (0, 3)
     line = cli("export", plan, "--to", "megatron", "-o", tmp_path / "out").refusal()
     assert "ZeRO-2 (Megatron-FSDP optim_grads)" in line and rule in line and fix in line, line
@@ -82,7 +82,7 @@ def test_zero3_refusal_names_zero2(cli, tmp_path):
     plan = tmp_path / "plan.json"
     assert cli("estimate", *BASE[:-1], "3", "--pp", "1", "--save", plan).code in (0, 3)
     line = cli("export", plan, "--to", "megatron", "-o", tmp_path / "out").refusal()
-    assert "ZeRO stage 3" in line and "re-plan with --zero 2, 1 or 0" in line
+    assert "ZeRO stage 3" in line and "re-plan with --zero 2 --megatron-fsdp, or --zero 1 or 0" in line
 
 
 def test_targeted_search_keeps_only_zero2_plans_megatron_runs(cli, tmp_path):
@@ -98,9 +98,10 @@ NEMOTRON = ["search", "--model", "nemotron-3-super", "--hardware", "gb200-nvl72"
 
 def test_untargeted_search_says_which_targets_write_its_first(cli, tmp_path):
     """Without --target, #1 is labelled: best_exports_to holds the targets whose export writes it (added keys), and
-    each of them does write the saved #1 (here a ZeRO-2 plan of a hybrid model that only megatron runs)."""
+    each of them does write the saved #1 (here a ZeRO-2 plan of a hybrid model that only megatron runs, priced
+    with --megatron-fsdp: without it megatron refuses it, test_untargeted_zero2_first_without_the_switch)."""
     saved = tmp_path / "plan.json"
-    r = cli(*NEMOTRON, "--save", saved, "--json")
+    r = cli(*NEMOTRON, "--megatron-fsdp", "--save", saved, "--json")
     assert r.code == 0, r.err
     doc = r.json()
     ok, refused = doc["best_exports_to"], doc["best_refusals"]
@@ -111,7 +112,8 @@ def test_untargeted_search_says_which_targets_write_its_first(cli, tmp_path):
         assert cli("export", saved, "--to", target, "-o", tmp_path / target).code == 0, target
     for target in refused:
         assert cli("export", saved, "--to", target, "-o", tmp_path / target).code == 2, target
-    text = cli(*NEMOTRON).out
+    assert doc["plans"][0]["plan"]["zero"] == 2 and doc["plans"][0]["plan"]["megatron_fsdp"]
+    text = cli(*NEMOTRON, "--megatron-fsdp").out
     assert "#1 exports to megatron" in text
 
 
@@ -122,3 +124,61 @@ def test_untargeted_first_that_no_target_writes_is_labelled(cli):
     assert doc["best_exports_to"] == [] and doc["plans"][0]["plan"]["zero"] == 3
     text = " ".join(cli(*NEMOTRON, "--zero", "3").out.split())
     assert "#1 exports to no target" in text and "ZeRO stage 3" in text and "search --target NAME" in text
+
+
+# Price and export agree (docs/validation.md#mfsdp-follow): Megatron-LM and Megatron-Bridge run ZeRO-2 as
+# Megatron-FSDP's optim_grads, whose queue of unsharded gradient buckets llmplan prices only under megatron_fsdp
+# (docs/formulas.md#mem.megatron_fsdp), so both refuse a ZeRO-2 plan priced without it, and a search targeting them
+# prices its ZeRO-2/3 plans with it.
+
+LLAMA = ["--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--global-batch", "64",
+         "--seq-len", "4096"]
+
+
+@pytest.mark.parametrize("target", ["megatron", "megatron-bridge"])
+def test_zero2_priced_without_the_switch_is_refused_in_one_line(cli, tmp_path, target):
+    plan = tmp_path / "plan.json"
+    assert cli("estimate", *BASE, "--tp", "1", "--pp", "1", "--save", plan).code in (0, 3)
+    r = cli("export", plan, "--to", target, "-o", tmp_path / "out")
+    line = r.refusal()  # exit 2, one line
+    assert r.code == 2 and f"{target} cannot express this plan" in line, line
+    assert "priced without megatron_fsdp (zero 2, megatron_fsdp False" in line and "mem.megatron_fsdp" in line
+    assert "re-estimate with --megatron-fsdp" in line and "--target megatron" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_targeted_search_prices_zero2_with_the_switch_and_exports_it(cli, tmp_path):
+    """--target megatron searches ZeRO-2 with megatron_fsdp on (not named): the saved #1 carries it, its memory is
+    the estimate's with --megatron-fsdp (above the plan priced without it), and both Megatron exports take it."""
+    saved = tmp_path / "plan.json"
+    r = cli("search", *LLAMA, "--zero", "2", "--pp", "1", "--grad-dtype", "fp32", "--target", "megatron", "--top",
+            "1", "--save", saved, "--json")
+    assert r.code == 0, r.err
+    first = r.json()["plans"][0]
+    p = first["plan"]
+    assert p["zero"] == 2 and p["megatron_fsdp"] is True
+    axes = ["--tp", str(p["tp"]), "--pp", "1", "--zero", "2", "--micro-batch", str(p["micro_batch"]),
+            "--recompute", p["recompute"], "--grad-dtype", "fp32"]
+    on = cli("estimate", *LLAMA, *axes, "--megatron-fsdp", "--json").json()["memory"]["total"]
+    off = cli("estimate", *LLAMA, *axes, "--json").json()["memory"]["total"]
+    assert first["memory"]["total"] == pytest.approx(on, rel=1e-9) and on > off
+    for target in ("megatron", "megatron-bridge"):
+        assert cli("export", saved, "--to", target, "-o", tmp_path / target).code == 0, target
+
+
+def test_targeted_search_with_the_switch_named_off_refuses_every_zero2(cli):
+    """--no-megatron-fsdp named: the search keeps it off, and every ZeRO-2 plan is refused by the export's rule."""
+    line = cli("search", *LLAMA, "--zero", "2", "--pp", "1", "--no-megatron-fsdp", "--target",
+               "megatron").refusal()
+    assert "priced without megatron_fsdp" in line, line
+
+
+def test_untargeted_zero2_first_without_the_switch(cli):
+    """Without --target a ZeRO-2 #1 priced without megatron_fsdp is not said to export to megatron: best_refusals
+    carries the rule's line; DeepSpeed's stage 2, priced as llmplan's default ZeRO-2 reads it, writes it."""
+    doc = cli("search", *LLAMA, "--zero", "2", "--pp", "1", "--top", "1", "--json").json()
+    assert doc["plans"][0]["plan"]["megatron_fsdp"] is False
+    assert "megatron" not in doc["best_exports_to"] and "megatron-bridge" not in doc["best_exports_to"]
+    for target in ("megatron", "megatron-bridge"):
+        assert "priced without megatron_fsdp" in doc["best_refusals"][target], target
+    assert "deepspeed" in doc["best_exports_to"]

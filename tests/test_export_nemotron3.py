@@ -156,12 +156,15 @@ def test_qwen3_next_trains_on_megatron_with_gated_deltanet(cli, tmp_path):
 def test_a_zero3_hybrid_plan_is_told_a_fix_that_exports(cli, tmp_path):
     # gb200-nvl72, 8 nodes: the search's best nemotron-3-super plan shards with ZeRO-3, which Megatron-LM's
     # distributed optimizer does not run (nor the export's Megatron-FSDP optim_grads, ZeRO-2), and torchtitan /
-    # DeepSpeed refuse the hybrid; the refusal's fixes (re-plan with --zero 2 or 1) must be ones that then export.
+    # DeepSpeed refuse the hybrid; the refusal's fixes (re-plan with --zero 2 --megatron-fsdp, or 1) must be ones
+    # that then export.
     base = ["--model", "nemotron-3-super", "--hardware", "gb200-nvl72", "--nodes", "8", "--tp", "1", "--pp", "1",
             "--ep", "32"]
     assert cli("estimate", *base, "--zero", "3", "--save", tmp_path / "z3.json").code in (0, 3)
     r = cli("export", tmp_path / "z3.json", "--to", "megatron", "-o", tmp_path / "a")
-    assert r.code == 2 and "re-plan with --zero 2, 1 or 0" in r.err and "torchtitan" not in r.err
-    for z in ("2", "1"):
-        assert cli("estimate", *base, "--zero", z, "--save", tmp_path / f"z{z}.json").code in (0, 3)
+    assert r.code == 2 and "re-plan with --zero 2 --megatron-fsdp, or --zero 1 or 0" in r.err
+    assert "torchtitan" not in r.err
+    # ZeRO-2 with the switch the fix names (Megatron-FSDP's memory priced: docs/validation.md#mfsdp-follow)
+    for z, extra in (("2", ["--megatron-fsdp"]), ("1", [])):
+        assert cli("estimate", *base, "--zero", z, *extra, "--save", tmp_path / f"z{z}.json").code in (0, 3)
         assert cli("export", tmp_path / f"z{z}.json", "--to", "megatron", "-o", tmp_path / f"b{z}").code == 0

@@ -14,6 +14,7 @@ import numpy as np
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.compute import TE_PIPELINE_SPLITS, StageCompute
 from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS, zero3_layer_tensors
+from llmplan.cost.params import rank_params, stage_end_params
 from llmplan.cost.stages import recomputed_share
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_ring_size
@@ -241,11 +242,33 @@ def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, k
     rs = where(plan.sharded_per_microbatch, comm.dp_reduce / n, 0.0)
     backward = sc.total - sc.forward
     edge = 1 - 1 / maximum(layers, 1)  # the share of a pass's gather or reduction that has compute beside it
+    mf, unit_share = megatron_fsdp_unit_share(plan, m)
+    # Megatron-FSDP: the non-unit bucket gathered once a step, exposed; its reduce-scatter and the last unit's
+    # backward gather exposed too (megatron_fsdp_unit_share). Derived: docs/formulas.md#step.megatron_fsdp_edges
+    ag_once = where(mf, ag * (1 - unit_share) / n, 0.0)
+    ag, ag_b = ag * unit_share, ag_b * unit_share
     hide_f = where(plan.overlap_param_gather, ag * edge * pre_f, 0.0)
-    hide_b = where(plan.overlap_param_gather, ag_b * pre_b, 0.0) + where(plan.overlap_grad_reduce, rs * edge, 0.0)
+    hide_b = where(plan.overlap_param_gather, ag_b * pre_b * where(mf, edge, 1.0), 0.0) \
+        + where(plan.overlap_grad_reduce, rs * edge * unit_share, 0.0)
     host = where(plan.gathered_per_microbatch, comm.dp_host / n, 0.0)  # serial with the GPU (zero3_host_seconds)
     return (ag - hide_f) + overlap(hide_f, sc.forward, kappa) + (ag_b + rs - hide_b) + overlap(hide_b, backward,
-                                                                                             kappa) + host
+                                                                                             kappa) + host + ag_once
+
+
+def megatron_fsdp_unit_share(plan: ParallelPlan, m: ModelSpec) -> tuple[Any, Any]:
+    """(whether Megatron-FSDP runs the plan's ZeRO-2/3: plan.megatron_fsdp without a pipeline, the share of the
+    rank's parameters in its FSDP units, the decoder layers; 1 where it does not run). The embedding, final norm
+    and output layer share one non-unit bucket: gathered at its first use once a step and kept whole
+    (AllGatherPipeline.reset(preserve_non_fsdp_units=True)), its gradients reduce-scattered once the embedding's
+    backward has made them, after the last unit's. Only units carry the pre-backward hook that gathers and
+    prefetches in backward order, so the last unit, freed after its forward, is gathered with nothing beside it.
+    Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py
+    (_register_fsdp_hooks) and param_and_grad_buffer.py (AllGatherPipeline, GradReducePipeline)."""
+    mf = plan.megatron_fsdp & (plan.zero >= 2) & (plan.pp == 1)
+    if not np.any(mf):
+        return mf, 1.0
+    total = rank_params(m, plan, 0).total
+    return mf, where(mf, 1 - stage_end_params(m, plan, 0) / maximum(total, 1.0), 1.0)
 
 
 def zero3_gathers(plan: ParallelPlan, layers: Any, m: ModelSpec) -> Any:

@@ -36,6 +36,11 @@ UNFUSED_LOSS_TARGETS = ("deepspeed",)
 """Training targets whose loss at tp > 1 is the unfused vocabulary-parallel one (deepspeed.py fused_loss_refusal:
 DeepSpeed's AutoTP loss all-reduces three times): a targeted search searches them with fused_loss false
 (cli.search.train_search) unless the user named --fused-loss or --unfused-loss."""
+MEGATRON_FSDP_TARGETS = ("megatron", "megatron-bridge", "torchrun", "slurm")
+"""Training targets whose export writes ZeRO-2 as Megatron-FSDP's optim_grads (megatron.fsdp_pairs,
+bridge.fsdp_overrides; torchrun / slurm wrap them) and refuses a ZeRO-2 plan priced without megatron_fsdp
+(megatron.fsdp_zero2_refusals): a targeted search prices its ZeRO-2/3 plans with megatron_fsdp
+(cli.search.train_search) unless the user named --megatron-fsdp / --no-megatron-fsdp."""
 SERVE_TARGETS = ("vllm", "sglang")
 TARGETS = TRAIN_TARGETS + SERVE_TARGETS
 SCRIPTS = (".sh", ".sbatch")

@@ -246,7 +246,7 @@ def check(pf: PlanFile) -> None:
         (f"ZeRO stage {p.zero} (this export writes Megatron-Core's distributed optimizer, ZeRO-1, and Megatron-FSDP's "
          "optim_grads, ZeRO-2; not its optim_grads_params, whose gathers llmplan does not price as Megatron-FSDP "
          "runs them: docs/validation.md#mfsdp-zero3)", p.zero >= 3,
-         "re-plan with --zero 1 (or 2 or 0), or export to torchtitan"),
+         "re-plan with --zero 1 (or 2 with --megatron-fsdp, or 0), or export to torchtitan"),
         *fsdp_zero2_rules(pf),
         ("ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's distributed optimizer "
          "reduce-scatters them)", p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon",
@@ -345,13 +345,15 @@ def fsdp_overrides(pf: PlanFile) -> list[tuple[str, object]]:
 def fsdp_zero2_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
     """(what, whether the plan has it, fix) for the ZeRO-2 plans that Megatron-FSDP's optim_grads under
     Megatron-Bridge (fsdp_overrides) refuses or does not run as priced: the Megatron-LM export's reasons
-    (megatron.fsdp_zero2_refusals: a pipeline, no overlapped reduction, hybrid sharding, an added gradient), and
+    (megatron.fsdp_zero2_refusals: a pipeline, no overlapped reduction, hybrid sharding, an added gradient, a plan
+    priced without megatron_fsdp), and
     CUDA_DEVICE_MAX_CONNECTIONS 1, which _validate_and_apply_megatron_fsdp_configs asserts against (FSDP_SOURCE;
     TE's TP overlap, which wants 1 before Blackwell, is refused on its own). Derived: docs/formulas.md#comm.dp"""
     p = pf.plan
     on = p.zero == 2
     z2 = "ZeRO-2 (Megatron-FSDP optim_grads)"
-    keep = ("under a pipeline", "without the overlapped", "with hybrid sharding", "with grad_accumulation")
+    keep = ("under a pipeline", "without the overlapped", "with hybrid sharding", "with grad_accumulation",
+            "priced without megatron_fsdp")
     return [
         *((what, bad, fix) for what, bad, fix in fsdp_zero2_refusals(pf) if what.startswith(tuple(
             f"{z2} {k}" for k in keep))),

@@ -598,8 +598,8 @@ def check(pf: PlanFile) -> None:
     p = pf.plan
     if p.zero >= 3:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (this export writes the distributed optimizer, ZeRO-1, and "
-                     "Megatron-FSDP's optim_grads, ZeRO-2; not its optim_grads_params)", "re-plan with --zero 2, 1 "
-                     "or 0" + ("" if pf.model.is_hybrid else ", or export to deepspeed / torchtitan"))  # they refuse hybrids
+                     "Megatron-FSDP's optim_grads, ZeRO-2; not its optim_grads_params)", "re-plan with --zero 2 "
+                     "--megatron-fsdp, or --zero 1 or 0" + ("" if pf.model.is_hybrid else ", or export to deepspeed / torchtitan"))  # they refuse hybrids
     for what, bad, fix in fsdp_zero2_refusals(pf):
         if bad:
             raise refuse(TARGET, what, fix)
@@ -703,7 +703,8 @@ def fsdp_zero2_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     `assert args.optimizer in ('sgd', 'adam')` is check_plan's muon_zero rule, met before any export); megatron/core/distributed/fsdp/src/megatron_fsdp/
     megatron_fsdp.py (optim_grads forces overlap_grad_reduce on; its backward hook reduces every backward,
     grad_reduce_every_bprop; param.overwrite_main_grad: each micro-batch's gradient written, not added, into the
-    bucket). Derived: docs/formulas.md#comm.dp (a pipeline's ZeRO-2 priced once per step)."""
+    bucket). Derived: docs/formulas.md#comm.dp (a pipeline's ZeRO-2 priced once per step); the last: a plan priced
+    without Megatron-FSDP's memory (docs/formulas.md#mem.megatron_fsdp), so that price and export agree."""
     p, gpu = pf.plan, pf.cluster.system.gpu.name
     on = p.zero == 2
     z2 = "ZeRO-2 (Megatron-FSDP optim_grads)"
@@ -723,6 +724,10 @@ def fsdp_zero2_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
         (f"{z2} beside TP {p.tp}'s userbuffer overlap on {gpu} (Transformer Engine's TP overlap wants "
          "CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell; Megatron-LM asserts it is not 1 with Megatron-FSDP)",
          on and tp_userbuffers_before_blackwell(pf), "re-plan with --no-tp-comm-overlap, or with --zero 1"),
+        (f"{z2} priced without megatron_fsdp (zero {p.zero}, megatron_fsdp {p.megatron_fsdp}: the plan's memory "
+         "omits Megatron-FSDP's queue of unsharded gradient buckets, docs/formulas.md#mem.megatron_fsdp, so the run "
+         "may hold more than priced)", on and not p.megatron_fsdp,
+         "re-estimate with --megatron-fsdp, or re-search with --megatron-fsdp or --target megatron / megatron-bridge"),
     ]
 
 
