@@ -57,7 +57,8 @@ class Links:
     nvls_bw: float | None
     """All-reduce busbw with NVLink SHARP inside the domain, when the hardware has it and it is on."""
     ar_inter_bw: float = 0.0
-    """The network rate NCCL's ring / tree all-reduce reaches (SystemSpec.allreduce_nic_efficiency)."""
+    """The network rate NCCL's ring / tree all-reduce reaches (SystemSpec.allreduce_nic_efficiency), and the ring
+    all-gather / reduce-scatter on the same ring graph (docs/validation.md#ar-readings)."""
 
 
 def group_links(system: SystemSpec, span: GroupSpan, nvls: bool = True) -> Links:
@@ -154,7 +155,9 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
     # a flat ring's domain-crossing edges share the g NICs of the group's ranks there, not one.
     # Source: NVIDIA/nccl issues #43 and #601 (one ring per NIC; NVLink splits the data over the N NICs);
     # Hu et al. 2025, "Demystifying NCCL" (arXiv 2507.04786), channels. Derived: docs/formulas.md#comm.collective
-    ring_bw = min(L.intra_bw, g * L.inter_bw)
+    # The ring all-gather / reduce-scatter run on the all-reduce's ring graph at the same per-channel rate (NCCL
+    # v2.21.5-1 tuning.cc: busBw = nChannels x bwInter for every ring collective), so at its network share.
+    ring_bw = min(L.intra_bw, g * L.ar_inter_bw)
     if op == "send-recv":
         return (Coeff("p2p", L.inter_alpha, 1 / L.inter_bw),)
     if op == "all-to-all":
