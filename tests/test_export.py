@@ -159,7 +159,8 @@ def test_deepspeed_batch_identity():
         **{**load_plan(PLANS / "dense_train.json").__dict__,
            "plan": load_plan(PLANS / "dense_train.json").plan.model_copy(update={"sp": False, "vpp": 1, "grad_reduce": "all-reduce",
                                                                   "grad_accumulation": "cast-add",
-                                                                  "overlap_param_gather": False})}),
+                                                                  "overlap_param_gather": False,
+                                                                  "fused_loss": False})}),
         "deepspeed")
     cfg = json.loads(files["ds_config.json"])
     assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 2
@@ -342,10 +343,12 @@ def test_deepspeed_config_accepted_by_deepspeed(zero, tp, monkeypatch):
     gpus = base.plan.num_gpus
     # gradients as DeepSpeed runs them (tests/test_export_deepspeed_grads.py): ZeRO-1's fp32 gradients are
     # all-reduced (BF16_Optimizer), and without ZeRO they are kept in the model's bf16
-    # and BF16_Optimizer casts each micro-batch's gradient to fp32 and adds it (cast-add)
+    # and BF16_Optimizer casts each micro-batch's gradient to fp32 and adds it (cast-add); the weights gathered
+    # inside the optimizer step (overlapped_gather_refusal) and, at tp 2, DeepSpeed's unfused vocab-parallel loss
     grads = {0: {"grad_dtype": "bf16"}, 1: {"grad_reduce": "all-reduce", "grad_accumulation": "cast-add"}}.get(zero, {})
     pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"zero": zero, "tp": tp, "dp": gpus // tp,
-                                                                     **grads}))
+                                                                     "overlap_param_gather": False,
+                                                                     "fused_loss": tp == 1, **grads}))
     cfg = json.loads(render_all(pf, "deepspeed")[0]["ds_config.json"])
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)  # as on rank 0 of a running job
 
@@ -363,6 +366,7 @@ def test_deepspeed_config_accepted_by_deepspeed(zero, tp, monkeypatch):
     want = {"fp32": ds_config.torch.float32, "bf16": ds_config.torch.bfloat16}[grads.get("grad_dtype", "fp32")]
     assert (c.grad_accum_dtype, c.communication_data_type) == (cfg["data_types"]["grad_accum_dtype"], want)
     assert cfg.get("tensor_parallel", {}).get("autotp_size", 1) == tp
+    assert c.tensor_parallel_config.vocab_parallel_lm_head is (True if tp > 1 else None)
     with pytest.raises(AssertionError, match="train_batch_size is not equal"):
         ds_config.DeepSpeedConfig(cfg, mpu=Mpu(p.dp * 2))  # the wrong world is refused: the check bites
 

@@ -21,7 +21,9 @@ BASE = HERE / "data" / "plans" / "fsdp_train.json"  # bf16, tp 1, pp 1, dp 16, Z
 def plan_file(tmp_path: Path, **plan: object) -> Path:
     doc = json.loads(BASE.read_text())
     doc["plan"].update(plan)
-    if doc["plan"].get("zero") == 0 or doc["plan"].get("pp", 1) > 1:  # DeepSpeed's pipeline gathers after the step
+    # DeepSpeed gathers ZeRO-1/2 weights inside the optimizer step (deepspeed.overlapped_gather_refusal): the
+    # synchronous gather unless a case names the switch
+    if "overlap_param_gather" not in plan:
         doc["plan"]["overlap_param_gather"] = False
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
@@ -102,7 +104,7 @@ def test_search_then_export_deepspeed(cli, tmp_path):
     # The search tries fp32 and bf16 gradients; a ZeRO-1 plan with pinned fp32 gradients reduce-scatters by
     # default, which DeepSpeed runs as BF16_Optimizer's all-reduce: refused, and the fix the line names works.
     common = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--zero", "1", "--tp", "1", "--pp", "1",
-              "--cp", "1")
+              "--cp", "1", "--no-overlap-param-gather")
     plan = tmp_path / "p.json"
     assert cli("search", *common, "--save", plan).code == 0
     # the default accumulation is Megatron's, fused into the GEMM; DeepSpeed's autograd adds: the search's plan
@@ -167,17 +169,95 @@ def test_search_targeting_deepspeed_prices_the_synchronous_gather(cli, tmp_path)
     assert r.code == 0, r.err
 
 
-def test_deepspeed_refuses_te_cross_entropy_at_tp():
-    # fused_loss_impl te prices Transformer Engine's parallel_cross_entropy all-gather in the head's TP
-    # collectives (docs/formulas.md#comm.tp_edge), which DeepSpeed's AutoTP does not run: refused at tp > 1 as the
-    # megatron export refuses it; native and tp 1 export
-    from llmplan.errors import LlmplanError
+def test_deepspeed_refuses_the_overlapped_gather_without_a_pipeline(cli, tmp_path):
+    # pp 1: DeepSpeed 0.19.8's ZeRO-1/2 optimizer gathers the updated weights inside step() (runtime/zero/
+    # stage_1_and_2.py DeepSpeedZeroOptimizer.step -> all_gather_dp_groups, one all_gather_into_tensor per group),
+    # not behind the first forward as overlap_param_gather is priced: one line, exit 2, no files; ZeRO-3 (its own
+    # per-module gathers) and the synchronous gather export
+    for zero, grads in ((1, "bf16"), (2, "fp32")):
+        r = cli("export", plan_file(tmp_path, zero=zero, grad_dtype=grads, overlap_param_gather=True), "--to",
+                "deepspeed", "-o", tmp_path / f"out{zero}")
+        assert r.code == 2, r.out
+        line = r.err.strip()
+        assert "\n" not in line and "Traceback" not in line
+        assert f"overlapped behind the first forward (overlap_param_gather, ZeRO-{zero}, dp 16" in line
+        assert "re-plan with --no-overlap-param-gather, or search with --target deepspeed" in line
+        assert not (tmp_path / f"out{zero}").exists()
+        assert cli("export", plan_file(tmp_path, zero=zero, grad_dtype=grads), "--to", "deepspeed", "-o",
+                   tmp_path / f"ok{zero}").code == 0
+    assert cli("export", plan_file(tmp_path, zero=3, overlap_param_gather=True), "--to", "deepspeed", "-o",
+               tmp_path / "z3").code == 0
+
+
+def test_search_targeting_deepspeed_without_a_pipeline_exports(cli, tmp_path):
+    # pp 1, ZeRO-1: the untargeted search's #1 overlaps the gather and deepspeed refuses it; --target deepspeed
+    # searches the synchronous gather (export.SYNC_GATHER_TARGETS) and its #1 exports
+    common = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--pp", "1", "--tp", "1", "--zero", "1")
+    plain, targeted = tmp_path / "p.json", tmp_path / "t.json"
+    assert cli("search", *common, "--save", plain).code == 0
+    assert json.loads(plain.read_text())["plan"]["overlap_param_gather"] is True
+    r = cli("export", plain, "--to", "deepspeed", "-o", tmp_path / "a")
+    assert r.code == 2 and "--no-overlap-param-gather" in r.err
+    r = cli("search", *common, "--target", "deepspeed", "--save", targeted)
+    assert r.code == 0, r.err
+    assert json.loads(targeted.read_text())["plan"]["overlap_param_gather"] is False
+    assert cli("export", targeted, "--to", "deepspeed", "-o", tmp_path / "b").code == 0
+
+
+def test_deepspeed_refuses_the_fused_loss_at_tp(cli, tmp_path):
+    # at tp > 1 the export writes vocab_parallel_lm_head, so DeepSpeed 0.19.8 runs its own vocabulary-parallel
+    # loss (sequence/cross_entropy.py _VocabParallelCrossEntropy: three all-reduces of one fp32 a token, kernel by
+    # kernel), llmplan's unfused loss: either fused loss is refused in one line (exit 2, no files), the unfused
+    # loss exports with the head kept vocabulary-parallel, and tp 1 (the training script's own loss) is unchanged
+    for impl, priced in (("native", "two all-reduces"), ("te", "one all-gather")):
+        r = cli("export", plan_file(tmp_path, zero=2, tp=2, dp=8, fused_loss=True, fused_loss_impl=impl), "--to",
+                "deepspeed", "-o", tmp_path / impl)
+        assert r.code == 2, r.out
+        line = r.err.strip()
+        assert "\n" not in line and f"fused cross entropy at tp 2 (fused_loss, fused_loss_impl {impl}" in line
+        assert priced in line and "re-plan with --unfused-loss" in line
+        assert not (tmp_path / impl).exists()
+    r = cli("export", plan_file(tmp_path, zero=2, tp=2, dp=8, fused_loss=False), "--to", "deepspeed", "-o",
+            tmp_path / "u")
+    assert r.code == 0, r.err
+    cfg = json.loads((tmp_path / "u" / "ds_config.json").read_text())
+    assert cfg["tensor_parallel"] == {"autotp_size": 2, "vocab_parallel_lm_head": True,
+                                      "vocab_parallel_ce_backend": "torch"}
+    r = cli("export", plan_file(tmp_path, zero=2, tp=1, fused_loss=True, fused_loss_impl="te"), "--to",
+            "deepspeed", "-o", tmp_path / "t1")
+    assert r.code == 0, r.err
+    assert "tensor_parallel" not in json.loads((tmp_path / "t1" / "ds_config.json").read_text())
+
+
+def test_deepspeed_tensor_parallel_section_is_what_deepspeed_parses(tmp_path):
+    # the written tensor_parallel section parses as DeepSpeed 0.19.8's TPTrainingConfig (extra keys refused there
+    # would otherwise surface only at launch)
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.tensor_parallel.config import get_tensor_parallel_config
     from llmplan.export import render_all
     from llmplan.planfile import load_plan
 
-    pf = load_plan(BASE)
-    at = lambda **u: pf.__class__(**{**pf.__dict__, "plan": pf.plan.model_copy(update=u)})  # noqa: E731
-    with pytest.raises(LlmplanError, match="re-plan with --fused-loss-impl native"):
-        render_all(at(zero=2, tp=2, dp=8, fused_loss=True, fused_loss_impl="te"), "deepspeed")
-    render_all(at(zero=2, tp=2, dp=8, fused_loss=True, fused_loss_impl="native"), "deepspeed")
-    render_all(at(zero=2, tp=1, fused_loss=True, fused_loss_impl="te"), "deepspeed")
+    pf = load_plan(plan_file(tmp_path, zero=2, tp=2, dp=8, fused_loss=False))
+    tp = get_tensor_parallel_config(json.loads(render_all(pf, "deepspeed")[0]["ds_config.json"]))
+    assert tp.autotp_size == 2 and tp.vocab_parallel_lm_head is True and tp.vocab_parallel_ce_backend == "torch"
+
+
+def test_search_targeting_deepspeed_searches_the_unfused_loss_at_tp(cli, tmp_path):
+    # tp 2 pinned: the untargeted #1 prices Megatron-Core's fused loss, which deepspeed refuses (one line naming
+    # --unfused-loss); --target deepspeed searches the unfused loss (export.UNFUSED_LOSS_TARGETS) and its #1
+    # exports with the head vocabulary-parallel; --fused-loss named is kept, and none of its plans exports
+    common = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "2", "--pp", "1", "--no-sp",
+              "--no-overlap-param-gather")
+    plain, targeted = tmp_path / "p.json", tmp_path / "t.json"
+    assert cli("search", *common, "--save", plain).code == 0
+    assert json.loads(plain.read_text())["plan"]["fused_loss"] is True
+    r = cli("export", plain, "--to", "deepspeed", "-o", tmp_path / "a")
+    assert r.code == 2 and "re-plan with --unfused-loss" in r.err
+    r = cli("search", *common, "--target", "deepspeed", "--save", targeted)
+    assert r.code == 0, r.err
+    assert json.loads(targeted.read_text())["plan"]["fused_loss"] is False
+    assert cli("export", targeted, "--to", "deepspeed", "-o", tmp_path / "b").code == 0
+    cfg = json.loads((tmp_path / "b" / "ds_config.json").read_text())
+    assert cfg["tensor_parallel"]["vocab_parallel_lm_head"] is True
+    r = cli("search", *common, "--fused-loss", "--target", "deepspeed")
+    assert r.code == 2 and "none of the" in r.err and "the fused cross entropy at tp 2" in r.err

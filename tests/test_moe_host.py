@@ -181,7 +181,9 @@ def test_check_plan_refuses_deepeps_normal_kernels_in_a_full_iteration_graph():
     assert len(got) == 1, got
     assert got[0].startswith("cuda_graphs full-iteration with moe_dispatcher deepep and moe_flex_backend deepep "
                              "(qwen3-30b-a3b)")
-    assert got[0].endswith("use --moe-flex-backend hybridep, or cuda_graphs layers / none")
+    # cuda_graphs reaches a training plan only through a plan file, whose key the fix names first
+    assert got[0].endswith("set the plan key moe_flex_backend: hybridep (--moe-flex-backend hybridep where the "
+                           "command takes it), or cuda_graphs layers / none")
     for ok in (pair.model_copy(update={"moe_flex_backend": "hybridep"}),
                pair.model_copy(update={"cuda_graphs": "layers"}), pair.model_copy(update={"cuda_graphs": "none"})):
         assert "cuda_graphs_flex_backend" not in {v.rule for v in check_plan(m, ok, cluster)}, ok.cuda_graphs
@@ -202,7 +204,7 @@ def test_a_plan_file_with_deepep_in_a_full_iteration_graph_exits_2(cli, tmp_path
         lines = [x for x in r.err.splitlines() if x.strip()]
         assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
         assert "cuda_graphs full-iteration with moe_dispatcher deepep and moe_flex_backend deepep" in lines[0]
-        assert "use --moe-flex-backend hybridep" in lines[0], r.err
+        assert "set the plan key moe_flex_backend: hybridep" in lines[0], r.err
     assert not (tmp_path / "out").exists()
     path = edited(tmp_path, "moe_train", cuda_graphs="full-iteration", moe_dispatcher="deepep",
                   moe_flex_backend="hybridep")

@@ -89,7 +89,7 @@ def test_exports_refuse_unbatched_transfers_but_deepspeed(cli, tmp_path):
     # isend / irecv together: each refuses in one line; DeepSpeed's pipeline engine is what the switch describes
     from test_export_switches import export, saved
     plan = saved(cli, tmp_path / "on", "--nodes", "4", "--tp", "8", "--pp", "4", "--dp", "1", "--no-sp",
-                 "--zero", "1", "--grad-reduce", "all-reduce", "--pp-unbatched-sends")
+                 "--zero", "1", "--grad-reduce", "all-reduce", "--pp-unbatched-sends", "--unfused-loss")
     fsdp = saved(cli, tmp_path / "fsdp", "--nodes", "4", "--tp", "8", "--pp", "4", "--dp", "1", "--no-sp",
                  "--zero", "3", "--pp-unbatched-sends")
     for target, p in (("megatron", plan), ("megatron-bridge", plan), ("torchtitan", fsdp)):

@@ -52,6 +52,7 @@ VLLM_DP = '''case "$NODE_RANK" in
     0)
         vllm serve "$MODEL" "${ARGS[@]}" \\
             --data-parallel-size-local 2 \\
+            --port "$PORT" \\
             --data-parallel-address "$HEAD_ADDR" \\
             --data-parallel-rpc-port "$RPC_PORT"
         ;;
@@ -86,13 +87,16 @@ VLLM_PP = '''case "$NODE_RANK" in
         vllm serve "$MODEL" "${ARGS[@]}" \\
             --nnodes 2 \\
             --node-rank 0 \\
-            --master-addr "$HEAD_ADDR"
+            --master-addr "$HEAD_ADDR" \\
+            --master-port "$MASTER_PORT" \\
+            --port "$PORT"
         ;;
     1)
         vllm serve "$MODEL" "${ARGS[@]}" \\
             --nnodes 2 \\
             --node-rank 1 \\
             --master-addr "$HEAD_ADDR" \\
+            --master-port "$MASTER_PORT" \\
             --headless
         ;;
     *) echo "NODE_RANK must be 0 to 1" >&2; exit 2 ;;
@@ -104,13 +108,15 @@ SGLANG_PP = '''case "$NODE_RANK" in
         python -m sglang.launch_server --model-path "$MODEL" "${ARGS[@]}" \\
             --nnodes 2 \\
             --node-rank 0 \\
-            --dist-init-addr "$HEAD_ADDR:$DIST_PORT"
+            --dist-init-addr "$HEAD_ADDR:$DIST_PORT" \\
+            --port "$PORT"
         ;;
     1)
         python -m sglang.launch_server --model-path "$MODEL" "${ARGS[@]}" \\
             --nnodes 2 \\
             --node-rank 1 \\
-            --dist-init-addr "$HEAD_ADDR:$DIST_PORT"
+            --dist-init-addr "$HEAD_ADDR:$DIST_PORT" \\
+            --port "$PORT"
         ;;
     *) echo "NODE_RANK must be 0 to 1" >&2; exit 2 ;;
 esac

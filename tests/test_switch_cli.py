@@ -88,7 +88,8 @@ def test_pp_scatter_gather_with_sp_is_refused_as_doing_nothing(cli, tmp_path):
 ])
 def test_launch_blocking_exports_the_variable_after_the_sbatch_lines(cli, tmp_path, target, script):
     case = "fsdp_train" if target == "deepspeed" else "dense_train"
-    plan = edited(tmp_path, case, launch_blocking=True, **({"zero": 1, "grad_reduce": "all-reduce", "grad_accumulation": "cast-add"}
+    plan = edited(tmp_path, case, launch_blocking=True, **({"zero": 1, "grad_reduce": "all-reduce", "grad_accumulation": "cast-add",
+                                                                 "overlap_param_gather": False}
                                                               if target == "deepspeed" else {}))
     r = cli("export", plan, "--to", target, "-o", tmp_path / "out")
     assert r.code == 0, r.err
@@ -110,8 +111,8 @@ def test_deepspeed_grad_reduce_sets_reduce_scatter(cli, tmp_path):
     which all-reduces whatever the key says (tests/test_export_deepspeed_grads.py)."""
     for value, expected in (("all-reduce", False), ("reduce-scatter", True)):
         out = tmp_path / value
-        r = cli("export", edited(tmp_path, "fsdp_train", grad_reduce=value, zero=1, grad_dtype="bf16"), "--to",
-                "deepspeed", "-o", out)
+        r = cli("export", edited(tmp_path, "fsdp_train", grad_reduce=value, zero=1, grad_dtype="bf16",
+                                 overlap_param_gather=False), "--to", "deepspeed", "-o", out)
         assert r.code == 0, r.err
         assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["reduce_scatter"] is expected
 

@@ -152,21 +152,35 @@ def test_megatron_fsdp_all_reduces_only_the_local_shard(zero, dp_replicate, shar
     assert float(live[0].message) == pytest.approx(4 * 1_047_895_040 / shard, rel=1e-12)
 
 
-def test_deepspeed_autotp_zero2_limitation_is_written(cli, tmp_path):
-    """fsdp_tp_sync_shard prices Megatron-FSDP's local-shard all-reduce for any ZeRO >= 2 plan with tp_impl
-    megatron, and export.deepspeed takes such a plan (AutoTP with ZeRO 2), though DeepSpeed has no Megatron-FSDP
-    all-reduce: the limitation stands in docs/formulas.md#comm.tp_grad_sync (before: not written)."""
+def test_deepspeed_refuses_the_tp_synced_weights_it_reduces_otherwise(cli, tmp_path):
+    """DeepSpeed refuses sequence parallelism, so at tp > 1 its plans price a step-end TP all-reduce only for the
+    per-head q/k norms (and DeepSeek Sparse Attention's indexer): Megatron-Core's one coalesced call a step (under
+    ZeRO-2 Megatron-FSDP's local shard, fsdp_tp_sync_shard). DeepSpeed 0.19.8's AutoTP all-reduces each such
+    gradient in a hook of its own every micro-batch (module_inject/auto_tp.py register_replicated_grad_hooks), so
+    export --to deepspeed refuses a Qwen3 ZeRO-2 plan at tp 2 in one line (exit 2, no files) and writes Llama's,
+    for which nothing is priced (before: both exported, Qwen3's with Megatron-FSDP's bytes)."""
     from pathlib import Path
 
-    from llmplan.cost.comm import fsdp_tp_sync_shard
+    from llmplan.planfile import load_plan
 
-    plan_path = tmp_path / "ds.json"
-    assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "2",
-               "--dp", "4", "--zero", "2", "--no-sp", "--save", plan_path).code == 0
-    assert cli("export", plan_path, "--to", "deepspeed", "-o", tmp_path / "ds").code == 0
-    plan = ParallelPlan(tp=2, pp=1, dp=4, zero=2, sp=False, micro_batch=1, global_batch=64, seq_len=4096)
-    assert plan.tp_impl == "megatron" and fsdp_tp_sync_shard(plan) == 4
+    args = ("--hardware", "dgx-h100", "--nodes", "1", "--tp", "2", "--dp", "4", "--zero", "2", "--no-sp",
+            "--no-overlap-param-gather", "--unfused-loss")
+    for model, synced in (("qwen3-8b", True), ("llama-3.1-8b", False)):
+        path = tmp_path / f"{model}.json"
+        assert cli("estimate", "--model", model, *args, "--save", path).code == 0
+        pf = load_plan(path)
+        summed, averaged = tp_synced_params(pf.model, pf.plan, 0)
+        assert (float(summed) + float(averaged) > 0) is synced
+        r = cli("export", path, "--to", "deepspeed", "-o", tmp_path / model)
+        if synced:
+            assert r.code == 2, r.out
+            line = r.err.strip()
+            assert "\n" not in line and "Traceback" not in line
+            assert "the per-head q/k norms (qk_norm) at tp 2" in line and "in its own call every micro-batch" in line
+            assert "re-plan with --tp 1, or export to megatron" in line and not (tmp_path / model).exists()
+        else:
+            assert r.code == 0, r.err
     doc = (Path(__file__).parent.parent / "docs" / "formulas.md").read_text()
     section = doc[doc.index("## comm.tp_grad_sync"):]
     section = section[:section.index("\n## ", 1)]
-    assert "ZeRO-2 + AutoTP plan exported to DeepSpeed" in section and "not a DeepSpeed mechanism" in section
+    assert "register_replicated_grad_hooks" in section and "not a DeepSpeed mechanism" not in section

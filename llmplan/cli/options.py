@@ -173,6 +173,10 @@ PP_SCATTER_GATHER = typer.Option(_plan("pp_scatter_gather"), "--pp-scatter-gathe
 FP32_PARAM_SHARDS = typer.Option(_plan("fp32_param_shards"), "--fp32-param-shards/--no-fp32-param-shards",
                                  help="ZeRO-3: keep only fp32 parameter shards, gathered in bf16 (PyTorch FSDP / "
                                       "FSDP2, torchtitan), not bf16 shards beside an fp32 master (DeepSpeed).")
+MEGATRON_FSDP = typer.Option(_plan("megatron_fsdp"), "--megatron-fsdp/--no-megatron-fsdp",
+                             help="ZeRO-2 / 3 without a pipeline as Megatron-FSDP runs them: its queued unsharded "
+                                  "gradient buckets and, at ZeRO-3, its deeper prefetch and the embedding and output "
+                                  "layer kept gathered (Megatron-LM / Megatron-Bridge), not DeepSpeed's / FSDP's.")
 SWIGLU_FP8_INPUT = typer.Option(_plan("swiglu_fp8_input"), "--swiglu-fp8-input/--no-swiglu-fp8-input",
                                 help="Keep the SwiGLU input for backward in fp8 (Megatron-Core "
                                      "activation_func_fp8_input_store, a Megatron-Bridge override; "
@@ -349,6 +353,7 @@ SWITCHES = Flags("Training switches", {
     "ep_comm_overlap": EP_COMM_OVERLAP, "delay_wgrad": DELAY_WGRAD, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
     "expert_gemm": EXPERT_GEMM,
     "moe_dispatch_sms": MOE_DISPATCH_SMS, "cuda_max_connections": CUDA_MAX_CONNECTIONS, "moe_flex_backend": MOE_FLEX_BACKEND, "ep_dispatch_fp8": EP_DISPATCH_FP8, "moe_router_fusion": MOE_ROUTER_FUSION, "moe_router_padding": MOE_ROUTER_PADDING, "fp32_param_shards": FP32_PARAM_SHARDS,
+    "megatron_fsdp": MEGATRON_FSDP,
     "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,
     "mxfp8_modules": MXFP8_MODULES,
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "fp8_attention": FP8_ATTENTION, "grad_dtype": GRAD_DTYPE,

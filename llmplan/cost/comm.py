@@ -469,8 +469,8 @@ def fsdp_tp_sync_shard(plan: ParallelPlan) -> Any:
     """Ranks whose shards of one TP-synced gradient make it whole in the step-end TP all-reduce: under
     Megatron-FSDP with sharded gradients (ZeRO 2 / 3 with Megatron-Core TP: optim_grads, optim_grads_params)
     a rank all-reduces only its own DP-Shard slice of each (the main_grad DTensor's _local_tensor), so the
-    DP-Shard group (zero_shard ranks: dp x cp over dp_replicate); else 1 (the whole gradient). Also taken for a
-    ZeRO-2 + AutoTP plan exported to DeepSpeed, which has no such all-reduce (a limitation: docs/formulas.md).
+    DP-Shard group (zero_shard ranks: dp x cp over dp_replicate); else 1 (the whole gradient). DeepSpeed's AutoTP
+    reduces these gradients otherwise, so its export refuses a plan with any (export.deepspeed.tp_synced_refusal).
     Source: NVIDIA/Megatron-LM megatron/core/distributed/finalize_model_grads.py at cd4afffa6
     (_allreduce_non_tensor_model_parallel_grads: `grad._local_tensor.data` when ddp_config.use_megatron_fsdp).
     Derived: docs/formulas.md#comm.tp_grad_sync"""

@@ -39,7 +39,7 @@ from llmplan.cost.runtime_memory import RuntimeBytes, runtime_bytes, userbuffer_
 from llmplan.cost.params import (
     ALL_BUT_ZERO, explicit_stages, paired_rank_params, heaviest_moe_stage, chunk_layers, memoized,
     padded_vocab, per_distinct, rank_params, vocab_shard_params,
-    recomputed_share, stage_kind_counts, stage_layer_count, stage_layers,
+    recomputed_share, stage_end_params, stage_kind_counts, stage_layer_count, stage_layers,
 )
 from llmplan.cost.schedule import stage_order_cached
 from llmplan.specs.model import ModelSpec
@@ -49,6 +49,29 @@ from llmplan.specs.schedule import schedule_of
 from llmplan.units import GIB
 
 ZERO3_MAX_LIVE_PARAMS = 1e9  # DeepSpeed stage3_max_live_parameters default (DeepSpeed docs, config-json)
+MFSDP_COMM_UNIT_FLOOR = 1e9
+"""Megatron-FSDP's suggested_communication_unit_size floor in elements: max(1e9, 2 x the units' mean) under
+optim_grads_params, max(1e9, bucket_size or 1e9) under optim_grads; the reduce-scatter queue's capacity, half of
+it the all-gather prefetch size. Source: NVIDIA/Megatron-LM d98e8a64dd (and cd4afffa6) megatron/core/distributed/
+fsdp/src/megatron_fsdp/megatron_fsdp.py, MegatronFSDP._init_fsdp_param_and_grad_buffer."""
+
+
+def megatron_fsdp_held_params(unit: Any, ends: Any, layers: Any, zero: Any) -> tuple[Any, Any]:
+    """(weights gathered, unsharded gradients) in elements that Megatron-FSDP holds on a rank without a pipeline,
+    of its mean FSDP unit `unit` (a decoder layer), the non-unit parameters `ends` (embedding, final norm, output
+    layer) and `layers` units. Weights, ZeRO-3 only: the unit in use, the units prefetched until max(5e8, unit)
+    elements are asked for ahead (AllGatherPipeline.all_gather_params), and the non-unit bucket, never released
+    within the step (AllGatherPipeline.reset(preserve_non_fsdp_units=True)). Gradients, ZeRO 2 and 3: a launched
+    unit's bucket is freed only once the queue passes C = MFSDP_COMM_UNIT_FLOOR (max with two units at ZeRO-3)
+    elements (GradReducePipeline.wait_for_previous_grad_reduce), so floor(C / unit) + 1 launched units and the
+    one being filled, at most the layers. Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/fsdp/
+    src/megatron_fsdp/param_and_grad_buffer.py, megatron_fsdp.py (_register_fsdp_hooks). Derived:
+    docs/formulas.md#mem.megatron_fsdp"""
+    u = maximum(unit, 1.0)
+    capacity = where(zero >= 3, maximum(MFSDP_COMM_UNIT_FLOOR, 2 * u), MFSDP_COMM_UNIT_FLOOR)
+    ahead = minimum(maximum(layers - 1, 0), np.ceil(capacity / 2 / u))
+    weights = where(zero >= 3, (1 + ahead) * u + ends, 0.0)
+    return weights, minimum(layers, np.floor(capacity / u) + 2) * u
 
 
 def zero3_layer_tensors(m: ModelSpec) -> tuple[float, float, float, float]:
@@ -337,6 +360,14 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     # ZeRO-3: the layer in use whole, and the next one prefetched up to stage3_max_live_parameters (the cap
     # gates the prefetch only: a module over it is still gathered whole to run). Derived: docs/formulas.md#mem.other
     live = maximum(rp.total / layers, minimum(2 * rp.total / layers, ZERO3_MAX_LIVE_PARAMS))
+    # Megatron-FSDP (no pipeline: check_plan's megatron_fsdp_zero): its prefetch, its non-unit weights kept
+    # gathered, its queue of unsharded gradient buckets. Derived: docs/formulas.md#mem.megatron_fsdp
+    mfsdp = plan.megatron_fsdp & (plan.zero >= 2) & (plan.pp == 1)
+    queued = 0.0
+    if np.any(mfsdp):
+        ends = stage_end_params(m, plan, stage)
+        mf_live, mf_grads = megatron_fsdp_held_params((rp.total - ends) / layers, ends, layers, plan.zero)
+        live, queued = where(mfsdp & (plan.zero >= 3), mf_live, live), where(mfsdp, mf_grads * grad_b, 0.0)
     # ZeRO-2/3 under a pipeline keep the stage's gradients unsharded (and ZeRO-3 its weights gathered) until
     # the last micro-batch: PyTorch pipelining with FSDP2. Derived: docs/formulas.md#mem.other
     piped = plan.pp > 1
@@ -350,7 +381,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     # FSDP2 without a pipeline: one layer's unsharded gradients (param dtype) beside the previous layer's
     # reduce-scatter input (reduce dtype), held until the next reduce. Derived: docs/formulas.md#mem.other
     gathered = gathered + where(fp32_shards & (plan.pp == 1),
-                                rp.total / layers * (where(plan.dtype == "fp32", 4.0, 2.0) + grad_b), 0.0)
+                                rp.total / layers * (where(plan.dtype == "fp32", 4.0, 2.0) + grad_b), 0.0) + queued
     # DeepSpeed 2021 per tensor: a gradient hook's moment in the backward, the logits freed, beside the gathered
     # tensor, its gradient and the previous one's under reduction. Derived: docs/formulas.md#mem.zero3_tensor_peak
     per_tensor = plan.gathered_per_microbatch & (plan.zero3_unit == "tensor")

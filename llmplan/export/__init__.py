@@ -30,8 +30,12 @@ flex --moe-flex-dispatcher-backend; bridge.py moe_flex_dispatcher_backend; torch
 search tries the dispatchers only for these (cli.search.train_search); torchtitan refuses them, DeepSpeed EP."""
 SYNC_GATHER_TARGETS = ("deepspeed",)
 """Training targets that gather ZeRO-1/2 weights synchronously after the optimizer step (deepspeed.py refuses
-overlap_param_gather there): a targeted search searches them with the synchronous gather (cli.search.train_search)
+overlap_param_gather at ZeRO 1-2): a targeted search searches them with the synchronous gather (cli.search.train_search)
 unless the user named --overlap-param-gather."""
+UNFUSED_LOSS_TARGETS = ("deepspeed",)
+"""Training targets whose loss at tp > 1 is the unfused vocabulary-parallel one (deepspeed.py fused_loss_refusal:
+DeepSpeed's AutoTP loss all-reduces three times): a targeted search searches them with fused_loss false
+(cli.search.train_search) unless the user named --fused-loss or --unfused-loss."""
 SERVE_TARGETS = ("vllm", "sglang")
 TARGETS = TRAIN_TARGETS + SERVE_TARGETS
 SCRIPTS = (".sh", ".sbatch")

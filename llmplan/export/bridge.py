@@ -19,7 +19,7 @@ from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_b
                                    squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
                                    parallel_block_refusal,
                                    torch_ring_refusal)
-from llmplan.export.megatron import balance_pairs, precision_aware
+from llmplan.export.megatron import balance_pairs, fsdp_zero2_refusals, precision_aware
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
 
@@ -243,8 +243,11 @@ def check(pf: PlanFile) -> None:
         ("1F1B pipeline transfers one at a time (pp_unbatched_sends: DeepSpeed's pipeline engine; Megatron-Core "
          "pairs each send with a receive in one exchange)", p.pp_unbatched_sends and p.pp > 1,
          "re-plan with --no-pp-unbatched-sends, or export to deepspeed"),
-        (f"ZeRO stage {p.zero} (this export runs Megatron-Core's distributed optimizer, ZeRO-1)", p.zero >= 2,
-         "re-plan with --zero 1 (or 0), or export to torchtitan"),
+        (f"ZeRO stage {p.zero} (this export writes Megatron-Core's distributed optimizer, ZeRO-1, and Megatron-FSDP's "
+         "optim_grads, ZeRO-2; not its optim_grads_params, whose gathers llmplan does not price as Megatron-FSDP "
+         "runs them: docs/validation.md#mfsdp-zero3)", p.zero >= 3,
+         "re-plan with --zero 1 (or 2 or 0), or export to torchtitan"),
+        *fsdp_zero2_rules(pf),
         ("ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's distributed optimizer "
          "reduce-scatters them)", p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon",
          "re-plan with --grad-reduce reduce-scatter"),
@@ -310,6 +313,51 @@ def ep_overlap(pf: PlanFile) -> list[tuple[str, object]]:
 
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """llmplan's optimizer state dtypes as the torch.dtype names Megatron-Core's OptimizerConfig holds."""
+
+
+FSDP_SOURCE = "NVIDIA-NeMo/Megatron-Bridge v0.6.0 (51885cf1; r0.6.0 6124fbe)"
+"""Where the Megatron-FSDP settings of the ZeRO-2 export are read: src/megatron/bridge/training/config.py
+(ConfigContainer.validate -> _validate_and_apply_megatron_fsdp_configs) on the DistributedDataParallelConfig of
+the Megatron-LM commit it pins (cd4afffa6)."""
+
+
+def fsdp_overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """ZeRO-2 as Megatron-Bridge runs it: Megatron-FSDP's optim_grads through its DDP config (use_megatron_fsdp,
+    data_parallel_sharding_strategy: the main weights and the gradients sharded, the model weights whole; the
+    Megatron-LM export's fsdp_pairs), the plan's master and gradient dtypes (Megatron-FSDP's main_grads_dtype None
+    keeps the gradients in the weights' bf16), the checkpoint format Megatron-Bridge asserts when a run saves or
+    loads, and, where the plan averages inside the collective (grad_prescale off), disable_symmetric_registration:
+    Megatron-Bridge turns average_in_collective off under Megatron-FSDP unless it is set, and it acts only with
+    nccl_ub, which the export leaves off. Source: FSDP_SOURCE. Nothing for other stages."""
+    p = pf.plan
+    if p.zero != 2:
+        return []
+    grads = "bfloat16" if p.grad_dtype == "bf16" and p.dtype != "fp32" else "float32"
+    out: list[tuple[str, object]] = [
+        ("ddp.data_parallel_sharding_strategy", "optim_grads"), ("checkpoint.ckpt_format", "fsdp_dtensor"),
+        ("ddp.megatron_fsdp_main_params_dtype", TORCH_DTYPES[p.optimizer_master_dtype]),
+        ("ddp.megatron_fsdp_main_grads_dtype", grads), ("ddp.megatron_fsdp_grad_comm_dtype", grads)]
+    if not p.grad_prescale:
+        out.append(("ddp.disable_symmetric_registration", True))
+    return out
+
+
+def fsdp_zero2_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
+    """(what, whether the plan has it, fix) for the ZeRO-2 plans that Megatron-FSDP's optim_grads under
+    Megatron-Bridge (fsdp_overrides) refuses or does not run as priced: the Megatron-LM export's reasons
+    (megatron.fsdp_zero2_refusals: a pipeline, no overlapped reduction, hybrid sharding, an added gradient), and
+    CUDA_DEVICE_MAX_CONNECTIONS 1, which _validate_and_apply_megatron_fsdp_configs asserts against (FSDP_SOURCE;
+    TE's TP overlap, which wants 1 before Blackwell, is refused on its own). Derived: docs/formulas.md#comm.dp"""
+    p = pf.plan
+    on = p.zero == 2
+    z2 = "ZeRO-2 (Megatron-FSDP optim_grads)"
+    keep = ("under a pipeline", "without the overlapped", "with hybrid sharding", "with grad_accumulation")
+    return [
+        *((what, bad, fix) for what, bad, fix in fsdp_zero2_refusals(pf) if what.startswith(tuple(
+            f"{z2} {k}" for k in keep))),
+        (f"{z2} with CUDA_DEVICE_MAX_CONNECTIONS 1 (Megatron-Bridge asserts it is not 1 under Megatron-FSDP)",
+         on and p.cuda_max_connections == 1, "re-plan without --cuda-max-connections, or with --zero 1"),
+    ]
 
 
 def router_overrides(pf: PlanFile) -> list[tuple[str, object]]:
@@ -380,7 +428,9 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
         # offload_modules (2a75ac12c; the Lightning H100 recipe's [expert_fc1]: Megatron-Bridge cba5742e3)
         out += [("model.fine_grained_activation_offloading", True),
                 ("model.offload_modules", "[" + ",".join(off) + "]")]
-    if p.grad_accumulation == "add":  # ModelParallelConfig.gradient_accumulation_fusion off: main_grad.add_
+    # ModelParallelConfig.gradient_accumulation_fusion off: main_grad.add_, or under Megatron-FSDP (ZeRO-2) the copy
+    # into the reduce-scatter's bucket (megatron_fsdp.py _grad_acc at cd4afffa6)
+    if p.grad_accumulation in ("add", "copy"):
         out.append(("model.gradient_accumulation_fusion", False))
     if p.pp > 1 and p.vpp > 1:  # ModelParallelConfig: overlapped interleaved sends, or the batched, synchronised
         # ones (batch_p2p_comm with batch_p2p_sync) that pp_blocking_sends prices (docs/formulas.md#step.pp_blocking)
@@ -393,9 +443,11 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             ("model.seq_length", p.seq_len), ("dataset.seq_length", p.seq_len),
             ("train.micro_batch_size", p.micro_batch), ("train.global_batch_size", p.global_batch),
             # Muon's layer-wise optimizer runs beside an all-reducing DDP (muon_overrides)
-            ("ddp.use_distributed_optimizer", p.zero == 1 and p.optimizer != "muon"),
-            ("optimizer.use_distributed_optimizer", p.zero == 1 and p.optimizer != "muon"),
-            ("ddp.use_megatron_fsdp", False), ("ddp.overlap_grad_reduce", p.overlap_grad_reduce),
+            # ZeRO-2 too: Megatron-FSDP's v1 sets both (fsdp_overrides), written so that it does not print
+            ("ddp.use_distributed_optimizer", p.zero in (1, 2) and p.optimizer != "muon"),
+            ("optimizer.use_distributed_optimizer", p.zero in (1, 2) and p.optimizer != "muon"),
+            ("ddp.use_megatron_fsdp", p.zero == 2), *fsdp_overrides(pf),
+            ("ddp.overlap_grad_reduce", p.overlap_grad_reduce),
             # DistributedDataParallelConfig: the NaN check's bucket norms and the 1/dp pre-scaling the plan prices
             ("ddp.check_for_nan_in_grad", p.grad_nan_check), ("ddp.average_in_collective", not p.grad_prescale),
             # the DDP bucket the plan priced (exposure.bucket_params): comm_overlap is null, so nothing sets
@@ -404,7 +456,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             # without overlap_grad_reduce too: Megatron-Bridge calls no validate_args, and Megatron-Core runs the
             # gather overlap with one bucket a chunk (the DeepSeek-V3 H100 card, perf_recipes/deepseek/h100/
             # deepseek_v3.py at 79308d0d9; docs/formulas.md#step.dp_one_bucket)
-            ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero == 1),
+            # ZeRO-2 (Megatron-FSDP): the updated weights gathered per bucket ahead of the next forward
+            ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero in (1, 2)),
             # the plan's master weights and Adam moments (DeepSeek-V3's recipe keeps bf16 moments), through
             # Transformer Engine's precision-aware FusedAdam when either is below fp32
             ("optimizer.use_precision_aware_optimizer", low_states),
@@ -494,7 +547,8 @@ def connections_env(pf: PlanFile) -> list[str]:
     if p.cuda_max_connections is not None:
         return [f"export CUDA_DEVICE_MAX_CONNECTIONS={p.cuda_max_connections}   # the plan's cuda_max_connections"]
     if not (pf.model.is_moe and p.ep_comm_overlap and p.ep > 1):
-        return []
+        # Megatron-FSDP (ZeRO-2): Megatron-Bridge asserts the variable is not 1 (fsdp_zero2_rules)
+        return ["unset CUDA_DEVICE_MAX_CONNECTIONS   # Megatron-FSDP (ZeRO-2) asserts it is not 1"] if p.zero == 2 else []
     n = 32 if p.moe_dispatcher == "deepep" else 8
     return [f"export CUDA_DEVICE_MAX_CONNECTIONS={n}   # the EP all-to-all overlap's streams (not 1)"]
 

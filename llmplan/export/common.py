@@ -153,6 +153,14 @@ def cast_add_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             pf.plan.grad_accumulation == "cast-add", "re-plan with --grad-accumulation fused or add")
 
 
+def megatron_fsdp_refusal(p: Any) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for a plan priced as Megatron-FSDP runs ZeRO-2 / 3
+    (plan.megatron_fsdp), on a launcher whose sharding is DeepSpeed's or FSDP's."""
+    return ("ZeRO priced as Megatron-FSDP runs it (megatron_fsdp: its gradient-bucket queue and prefetch; "
+            "Megatron-LM / Megatron-Bridge)", bool(p.megatron_fsdp), "re-plan with --no-megatron-fsdp, or export "
+            "to megatron")
+
+
 def swiglu_fp8_refusal(p: Any) -> tuple[str, bool, str]:
     """The SwiGLU input kept in fp8, which torchtitan and DeepSpeed refuse whatever else the plan sets
     (export.EVERY_PLAN)."""

@@ -6,7 +6,7 @@ import json
 
 from llmplan.export.common import (WIDTH, accumulation_notes, check_accumulation, comment_strings, header_lines,
                                    is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
-                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, delay_wgrad_refusal, refuse, router_fusion_refusal, router_padding_refusal, sh_header, swiglu_fp8_refusal,
+                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, delay_wgrad_refusal, refuse, router_fusion_refusal, router_padding_refusal, sh_header, swiglu_fp8_refusal, megatron_fsdp_refusal,
                                    jit_activation_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
@@ -103,6 +103,58 @@ def fp8_attention_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "re-plan without fp8_attention, or export to megatron-bridge")
 
 
+def overlapped_gather_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """The weight all-gather priced overlapped (overlap_param_gather) at ZeRO-1/2 with dp > 1, with or without a
+    pipeline. DeepSpeed 0.19.8 gathers the updated weights inside the optimizer's step, on the compute stream, whole,
+    before step() returns: runtime/zero/stage_1_and_2.py DeepSpeedZeroOptimizer.step -> all_gather_dp_groups, and
+    BF16_Optimizer.step -> update_lp_params -> all_gather_dp_groups (runtime/bf16_optimizer.py), which is one
+    dist.all_gather_into_tensor per parameter group (runtime/utils.py all_gather_into_tensor_dp_groups). That is the
+    synchronous gather llmplan prices with overlap_param_gather false (docs/formulas.md#step.dp), not the gather
+    hidden behind the first forward (pp 1) or waiting on the 1F1B warm-up's chain (pp > 1,
+    docs/formulas.md#step.dp_later_stages). ZeRO-3 gathers per module as it runs (zero3_unit), not per step."""
+    where = (f"under the pipeline (pp {p.pp}: Megatron-Core's later stages gather on the 1F1B warm-up's chain)"
+             if p.pp > 1 else "behind the first forward")
+    return (f"the weight all-gather overlapped {where} (overlap_param_gather, ZeRO-{p.zero}, dp {p.dp}; DeepSpeed "
+            "gathers the weights whole inside the optimizer step, before the next forward)",
+            p.overlap_param_gather and p.zero in (1, 2) and p.dp > 1,
+            "re-plan with --no-overlap-param-gather, or search with --target deepspeed")
+
+
+def fused_loss_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """A fused loss at tp > 1. This export writes tensor_parallel.vocab_parallel_lm_head true (config), so DeepSpeed
+    0.19.8's AutoTP keeps the output head's logits vocabulary-parallel (module_inject/layers.py VocabParallelLinear:
+    ColumnParallel, no output gather) and swaps in its own loss (sequence/cross_entropy.py
+    configure_vocab_parallel_loss; backend torch: _VocabParallelCrossEntropy), which all-reduces the row max, the exp
+    sum and the target logit in three calls of one fp32 a token, kernel by kernel on an fp32 copy: Megatron's
+    unfused vocab-parallel loss, priced with fused_loss false (docs/formulas.md#comm.tp_edge, #compute.loss). The
+    fused losses are priced as other calls (native: two all-reduces; te: one all-gather) on one fp32 copy."""
+    return (f"the fused cross entropy at tp {p.tp} (fused_loss, fused_loss_impl {p.fused_loss_impl}: priced as "
+            + ("Megatron-Core's fused_vocab_parallel_cross_entropy, two all-reduces a micro-batch" if
+               p.fused_loss_impl == "native" else "Transformer Engine's parallel_cross_entropy, one all-gather")
+            + "; DeepSpeed's vocabulary-parallel loss all-reduces three times, unfused)",
+            p.fused_loss and p.tp > 1,
+            "re-plan with --unfused-loss, or export to megatron")
+
+
+def tp_synced_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """Weights every TP rank holds whole whose gradients llmplan sums (averages) over TP at tp > 1 without sequence
+    parallelism (which DeepSpeed refuses): the per-head q/k norms and DeepSeek Sparse Attention's indexer
+    (cost.comm.tp_synced_params), priced as Megatron-Core's one coalesced all-reduce at the step's end
+    (docs/formulas.md#comm.tp_grad_sync). DeepSpeed 0.19.8's AutoTP hooks each such parameter's gradient instead
+    (module_inject/auto_tp.py register_replicated_grad_hooks, the replicated_with_grad_allreduce entries of the
+    model's HuggingFace tp_plan): one all-reduce per parameter per backward, in the model dtype, every micro-batch."""
+    from llmplan.cost.params import tp_synced_layer_params
+    from llmplan.cost.sparse import indexer_params
+    m, p = pf.model, pf.plan
+    qk = tp_synced_layer_params(m)[2] > 0
+    indexer = m.mla is not None and indexer_params(m) > 0
+    what = " and ".join(w for w, on in (("the per-head q/k norms (qk_norm)", qk),
+                                        ("the sparse-attention indexer", indexer)) if on)
+    return (f"{what or 'no TP-synced weights'} at tp {p.tp} (priced as Megatron-Core's one step-end TP all-reduce "
+            "of their gradients; DeepSpeed's AutoTP all-reduces each one's gradient in its own call every "
+            "micro-batch)", p.tp > 1 and bool(what), "re-plan with --tp 1, or export to megatron")
+
+
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     p = pf.plan
@@ -133,17 +185,12 @@ def check(pf: PlanFile) -> None:
         param_remainders_refusal(p),
         swiglu_fp8_refusal(p),
         jit_activation_refusal(p),
+        megatron_fsdp_refusal(p),
         offload_layers_refusal(p),
         dp_replicate_refusal(p),
         offload_moe_act_refusal(p),
         offload_modules_refusal(p),
         fp8_attention_refusal(p),
-        # the head's TP collectives are priced as the fused loss runs them (fused_loss_impl, comm.tp_edge): te's
-        # all-gather is Transformer Engine's parallel_cross_entropy, which DeepSpeed's AutoTP does not run
-        (f"Transformer Engine's fused cross entropy at tp {p.tp} (fused_loss_impl te: its loss collectives are "
-         "Transformer Engine's parallel_cross_entropy, which DeepSpeed does not run)",
-         p.fused_loss and p.fused_loss_impl == "te" and p.tp > 1,
-         "re-plan with --fused-loss-impl native, or export to megatron-bridge"),
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
         (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",
@@ -157,15 +204,10 @@ def check(pf: PlanFile) -> None:
          "pipeline engine sends with plain blocking send / recv, runtime/pipe/p2p.py)",
          p.pp_blocking_sends and p.pp > 1, "re-plan with --no-pp-blocking-sends, or export to megatron"),
         *op_fuser_refusals(pf),
-        # DeepSpeed 0.19.8's pipeline engine steps ZeRO-1 as BF16_Optimizer or the ZeRO optimizer, both of which
-        # gather the weights right after the optimizer step, every stage at once (runtime/bf16_optimizer.py
-        # BF16_Optimizer.step -> update_lp_params -> all_gather_dp_groups; runtime/zero/stage_1_and_2.py step ->
-        # all_gather_dp_groups), not on the 1F1B warm-up's chain that the overlapped gather is priced on
-        # (docs/formulas.md#step.dp_later_stages). Last: any other refusal names a change the plan needs first.
-        (f"the weight all-gather overlapped with the first forward under the pipeline (overlap_param_gather, "
-         f"ZeRO-1, pp {p.pp}: Megatron-Core's later stages gather on the 1F1B warm-up's chain; DeepSpeed gathers "
-         "after the optimizer step)", p.overlap_param_gather and p.zero == 1 and p.pp > 1 and p.dp > 1,
-         "re-plan with --no-overlap-param-gather"),
+        # last: the refusals above name a change to the plan's layout or features; these a switch of its pricing
+        tp_synced_refusal(pf),
+        fused_loss_refusal(p),
+        overlapped_gather_refusal(p),
     ):
         if bad:
             raise refuse(TARGET, what, fix)
@@ -313,8 +355,9 @@ def config(pf: PlanFile) -> dict:
         cfg["activation_checkpointing"] = {"partition_activations": p.tp > 1, "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False, "number_checkpoints": None,
                                            "synchronize_checkpoint_boundary": False, "profile": False}
-    if p.tp > 1:
-        cfg["tensor_parallel"] = {"autotp_size": p.tp}
+    if p.tp > 1:  # the head's logits vocabulary-parallel and DeepSpeed's loss over them (fused_loss_refusal)
+        cfg["tensor_parallel"] = {"autotp_size": p.tp, "vocab_parallel_lm_head": True,
+                                  "vocab_parallel_ce_backend": "torch"}
     return cfg
 
 

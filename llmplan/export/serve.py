@@ -12,7 +12,8 @@ from llmplan.cost.lengths import lengths_of, quantile
 from llmplan.cost.serve_memory import sglang_chunk_total
 from llmplan.cost.serve_step import captured_graph_sizes, sglang_default_list_empty
 from llmplan.export.common import as_flags, hf_repo, need_mode, refuse, sh_header
-from llmplan.export.serve_nodes import node_script, sglang_nodes, vllm_nodes
+from llmplan.export.serve_nodes import ROUTER_HINT, NodeLaunch, clear_port_env, node_script, sglang_nodes, vllm_nodes
+from llmplan.export.serve_router import router_script
 from llmplan.planfile import PlanFile
 from llmplan.serving import ServeEstimate, admitted_run, estimate_serving
 from llmplan.specs.serve import DEFAULT_BATCHED_TOKENS
@@ -199,11 +200,12 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     text = (sh_header(pf, "vLLM (vllm serve; flags checked against vLLM 0.33.0)") + "set -euo pipefail\n" + note
             + cap_note + fraction_note + spec_note + sizes_note + context_note(pf, "--max-model-len"))
     if nodes is None:
-        text += _model_var(pf) + "\n" + 'vllm serve "$MODEL" \\\n' + " \\\n".join(f"    {f}" for f in flags) + "\n"
+        text += (_model_var(pf) + "\n" + clear_port_env("vllm") + 'vllm serve "$MODEL" \\\n'
+                 + " \\\n".join(f"    {f}" for f in flags) + "\n")
     else:
         text += nodes.note + _model_var(pf) + "\n"
         text += node_script(nodes, 'vllm serve "$MODEL"', flags)
-    return {"vllm_serve.sh": text}
+    return _with_router(pf, nodes, "vllm", text)
 
 
 def render_sglang(pf: PlanFile) -> dict[str, str]:
@@ -251,11 +253,27 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
             + context_note(pf, "--context-length"))
     command = 'python -m sglang.launch_server --model-path "$MODEL"'
     if nodes is None:
-        text += _model_var(pf) + "\n" + command + " \\\n" + " \\\n".join(f"    {f}" for f in flags) + "\n"
+        text += (_model_var(pf) + "\n" + clear_port_env("sglang") + command + " \\\n"
+                 + " \\\n".join(f"    {f}" for f in flags) + "\n")
     else:
         text += nodes.note + _model_var(pf) + "\n"
         text += node_script(nodes, command, flags)
-    return {"sglang_serve.sh": text}
+    return _with_router(pf, nodes, "sglang", text)
+
+
+def _with_router(pf: PlanFile, nodes: NodeLaunch | None, engine: str, text: str) -> dict[str, str]:
+    """The serve script and, where requests need one, the router script (export.serve_router); the serve script's
+    notes then name it in place of ROUTER_HINT, or in a line of their own."""
+    router = router_script(pf, nodes, engine)
+    if router is None:
+        return {f"{engine}_serve.sh": text}
+    name = f"{engine}_router.sh"
+    if ROUTER_HINT in text:
+        text = text.replace(ROUTER_HINT, f"({name}, written beside this script)")
+    else:
+        at = text.index("\nMODEL=") + 1 if "\nMODEL=" in text else 0
+        text = text[:at] + f"# requests: through {name}, written beside this script\n" + text[at:]
+    return {f"{engine}_serve.sh": text, name: router}
 
 
 GRAPH_SIZES_FLAG = {"vllm": "--cudagraph-capture-sizes", "sglang": "--cuda-graph-bs-decode"}

@@ -16,19 +16,33 @@ Launcher facts (each read in the launcher's source):
   --data-parallel-address HEAD --data-parallel-rpc-port PORT` on each node, `--data-parallel-start-rank S` and
   `--headless` on the others (vllm-project/vllm @01e4fce0, docs/serving/data_parallel_deployment.md, "Internal
   Load Balancing"); a DP rank whose TP group spans nodes runs only through its Ray backend (same page:
-  `--data-parallel-backend=ray` with VLLM_RAY_DP_PACK_STRATEGY=span), which llmplan does not write."""
+  `--data-parallel-backend=ray` with VLLM_RAY_DP_PACK_STRATEGY=span), which llmplan does not write. The same flags
+  start DP-attention servers placed on consecutive GPUs that straddle nodes (check_plan's dp_attention_nodes rule
+  leaves them to vLLM): one command per server part, its GPUs a slice of the node's CUDA_VISIBLE_DEVICES; all five
+  flags are in vLLM 0.33.0's parser (vllm/entrypoints/common/cli_args.py make_arg_parser, as recorded in
+  tests/data/launchers/vllm.json)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmplan.export.common import refuse
+from llmplan.export.serve_shell import port_advice, port_check, port_word, stop, visible_lines, visible_slice
 from llmplan.planfile import PlanFile
 
 HEAD_LINE = ("# FILL IN HEAD_ADDR: the IP address of node 0 of the server, reachable from its other nodes, the "
              "same on every node (e.g. HEAD_ADDR=10.0.0.1 NODE_RANK=1 ./this_script)\n"
              "HEAD_ADDR=${HEAD_ADDR:?FILL IN the IP address of node 0}\n")
 """The head address placeholder: the script stops with this message until the user sets it."""
+
+ROUTER_HINT = "(e.g. a router)"
+"""How a note names what spreads requests over several servers; the export puts its router script's name in its
+place where it writes one (export.serve)."""
+
+NIXL_HOST = ("VLLM_NIXL_SIDE_CHANNEL_HOST, where NIXL's side channel listens, defaults to localhost and must be this "
+             "node's address when prefill and decode run on different machines (vllm-project/vllm @026c83f9, "
+             "docs/features/nixl_connector_usage.md, \"Environment Variables\")")
+"""Why a vLLM pool's per-node script sets VLLM_NIXL_SIDE_CHANNEL_HOST (node_script)."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +52,12 @@ class NodeLaunch:
     each of those commands (none where empty), `drop` the common flags left out (a per-node value replaces them),
     `head` whether the commands name node 0's address, `ports` the port variables the commands read (each with
     its default, the user's value taken), `checks` the lines that stop the script (exit 2) on a port value whose
-    ports would collide, `note` comment lines saying how to run it."""
+    ports would collide, `note` comment lines saying how to run it; `endpoints` the servers a router reaches,
+    per address (one address a node, or a server's node 0 where `per_server`): each server's --port and, for a
+    prefill server, its bootstrap port, as shell words over the port variables (export.serve_router). `visible`:
+    the GPUs a node's servers take slices of (serve_shell.visible_lines; 0: no slices); `addrs`: the nodes whose
+    addresses NODE_ADDRS lists, in NODE_RANK order (0: none read); `nixl_host`: the node's NIXL side-channel host
+    is set from NODE_ADDR (NIXL_HOST)."""
     nodes: list[list[list[str]]]
     note: str
     head: bool = False
@@ -46,6 +65,11 @@ class NodeLaunch:
     drop: tuple[str, ...] = field(default=())
     env: list[list[str]] = field(default_factory=list)
     checks: str = ""
+    endpoints: list[list[tuple[str, str]]] = field(default_factory=list)
+    per_server: bool = False
+    visible: int = 0
+    addrs: int = 0
+    nixl_host: bool = False
 
 
 SGLANG_PORT, PORT_STRIDE, GRPC_DELTA, BOOTSTRAP_PORT = 30000, 1000, 10000, 8998
@@ -90,30 +114,6 @@ def sglang_stride(servers: int, ranks: int, per_node: int) -> int:
     return stride
 
 
-def _port_word(var: str, offset: int) -> str:
-    """A shell word for the port `offset` above the port variable `var`."""
-    return f'"${var}"' if offset == 0 else f'"$(({var}+{offset}))"'
-
-
-def _stop(test: str, message: str) -> str:
-    """Shell lines that end the script with `message` on stderr and status 2 unless the shell `test` holds;
-    the message goes to echo as several quoted words (echo joins them with spaces), so that the 80-column fitting
-    can break the line between them (shell_lines.fit_shell)."""
-    chunks: list[str] = []
-    for word in message.split(" "):
-        if chunks and len(chunks[-1]) + len(word) < 56:
-            chunks[-1] += " " + word
-        else:
-            chunks.append(word)
-    words = " ".join(f'"{c}"' for c in chunks)
-    return f"if ! {test}; then\n    echo {words} >&2\n    exit 2\nfi\n"
-
-
-def _number_check(var: str) -> str:
-    """The line that stops the script when the port variable `var` is not a number."""
-    return _stop(f'[[ "${var}" =~ ^[0-9]+$ ]]', f"{var}=${var} is not a port number")
-
-
 def sglang_ports(servers: int, stride: int, ranks: int, prefill: bool) -> tuple[str, str]:
     """The port variables of `servers` SGLang DP-attention servers on a node and the checks on the user's values:
     server j's --port is PORT + stride j; PORT must keep the last server's gRPC port (--port + GRPC_DELTA) within
@@ -122,19 +122,20 @@ def sglang_ports(servers: int, stride: int, ranks: int, prefill: bool) -> tuple[
     last = stride * (servers - 1)
     top, reach = 65535 - GRPC_DELTA - last, last + GRPC_DELTA
     ports = f"PORT=${{PORT:-{SGLANG_PORT}}}\n"
-    checks = _number_check("PORT") + _stop(
+    checks = port_check("PORT") + stop(
         f"(( PORT >= 1024 && PORT <= {top} ))",
         f"PORT=$PORT: the {servers} SGLang servers of a node take --port PORT to PORT+{last}, each deriving ports up "
         f"to --port+{sglang_span(ranks) - 1} and its gRPC port at --port+{GRPC_DELTA}, which must stay within "
         f"65535; set PORT from 1024 to {top}")
     if prefill:
         ports += f"BOOTSTRAP_PORT=${{BOOTSTRAP_PORT:-{BOOTSTRAP_PORT}}}\n"
-        checks += _number_check("BOOTSTRAP_PORT") + _stop(
+        checks += port_check("BOOTSTRAP_PORT") + stop(
             f"(( BOOTSTRAP_PORT >= 1024 && BOOTSTRAP_PORT + {servers - 1} <= 65535 && (BOOTSTRAP_PORT + {servers} "
             f"<= PORT || BOOTSTRAP_PORT > PORT + {reach}) ))",
             f"BOOTSTRAP_PORT=$BOOTSTRAP_PORT: the {servers} prefill servers' bootstrap ports BOOTSTRAP_PORT to "
-            f"BOOTSTRAP_PORT+{servers - 1} must lie outside the servers' ports PORT to PORT+{reach} (PORT=$PORT); "
-            f"set BOOTSTRAP_PORT from 1024 to $((PORT-{servers})) or above $((PORT+{reach}))")
+            f"BOOTSTRAP_PORT+{servers - 1} must lie outside PORT to PORT+{reach} (PORT=$PORT), the whole span from "
+            f"the first server's --port to the last one's gRPC port (conservative: the span holds unused ports); "
+            f"set BOOTSTRAP_PORT $FIX", port_advice(servers, "PORT", f"PORT + {reach}"))
     return ports, checks
 
 
@@ -154,25 +155,130 @@ get_physical_gpu_ids_for_local_dp_rank); the documented co-located launch sets C
 server (vllm-project/vllm @01e4fce0, docs/serving/data_parallel_deployment.md, "External Load Balancing")."""
 
 
-def vllm_ports(servers: int, ranks: int, nixl: bool) -> tuple[str, str]:
-    """The port variables of `servers` vLLM servers of `ranks` DP ranks on a node and the checks on the user's
-    values: server j's --port is PORT + j and (a pool of a disaggregated deployment) its NIXL side-channel base
-    NIXL_PORT + ranks j, whose ranges must not meet (VLLM_PORT)."""
+def vllm_ports(servers: int, width: int, nixl: bool, rpc: bool = False) -> tuple[str, str]:
+    """The port variables of `servers` vLLM API servers on a node and the checks on the user's values: server j's
+    --port is PORT + j; (a pool of a disaggregated deployment) the node's `width` NIXL side-channel ports from
+    NIXL_PORT (VLLM_PORT); (`rpc`: servers that straddle nodes) server j's --data-parallel-rpc-port RPC_PORT + j
+    (MASTER_PORT); the ranges must not meet."""
     ports = f"PORT=${{PORT:-{VLLM_PORT}}}\n"
-    checks = _number_check("PORT") + _stop(
+    checks = port_check("PORT") + stop(
         f"(( PORT >= 1024 && PORT + {servers - 1} <= 65535 ))",
         f"PORT=$PORT: the {servers} vLLM servers of a node listen on PORT to PORT+{servers - 1}; set PORT from "
         f"1024 to {65535 - servers + 1}")
+    taken, which = [("PORT", f"PORT + {servers - 1}")], f"PORT to PORT+{servers - 1} (PORT=$PORT)"
     if nixl:
-        width = servers * ranks
         ports += f"NIXL_PORT=${{NIXL_PORT:-{NIXL_PORT}}}\n"
-        checks += _number_check("NIXL_PORT") + _stop(
-            f"(( NIXL_PORT >= 1024 && NIXL_PORT + {width - 1} <= 65535 && (NIXL_PORT + {width} <= PORT || NIXL_PORT "
-            f"> PORT + {servers - 1}) ))",
+        checks += port_check("NIXL_PORT") + stop(
+            f"(( NIXL_PORT >= 1024 && NIXL_PORT + {width - 1} <= 65535 && {_outside('NIXL_PORT', width, taken)} ))",
             f"NIXL_PORT=$NIXL_PORT: the NIXL side-channel ports of the {width} DP ranks of a node, NIXL_PORT to "
             f"NIXL_PORT+{width - 1}, must lie outside the servers' ports PORT to PORT+{servers - 1} (PORT=$PORT); "
-            f"set NIXL_PORT from 1024 to $((PORT-{width})) or above $((PORT+{servers - 1}))")
+            "set NIXL_PORT $FIX", port_advice(width, "PORT", f"PORT + {servers - 1}"))
+        taken.append(("NIXL_PORT", f"NIXL_PORT + {width - 1}"))
+        which += f", NIXL_PORT to NIXL_PORT+{width - 1} (NIXL_PORT=$NIXL_PORT)"
+    if rpc:
+        ports += f"RPC_PORT=${{RPC_PORT:-{RPC_PORT}}}\n"
+        checks += port_check("RPC_PORT") + stop(
+            f"(( RPC_PORT >= 1024 && RPC_PORT + {servers - 1} <= 65535 && {_outside('RPC_PORT', servers, taken)} ))",
+            f"RPC_PORT=$RPC_PORT: the DP handshakes of the servers whose head is on a node, RPC_PORT to "
+            f"RPC_PORT+{servers - 1}, must lie outside {which}; set RPC_PORT from 1024 to 65535 outside those")
     return ports, checks
+
+
+DIST_PORT, DIST_HANDSHAKE, DIST_FIXED = 20000, 13, 6
+"""SGLang's port of a server over nodes, --dist-init-addr HEAD:DIST_PORT (llmplan's default 20000, SGLang's own
+examples' port): node 0 binds DIST_PORT itself (the torch.distributed rendezvous, distributed/bootstrap.py) and,
+with DP attention, the 6 ports after it (tokenizer, detokenizer, rpc, metrics, scheduler input, load collector:
+port_base = DIST_PORT + 1) and on the Rust-server path one scheduler-input port a DP rank from DIST_PORT + 7
+(srt/server_args.py PortArgs.init_new), and the DP controller's handshake at DIST_PORT + 13
+(DP_ATTENTION_HANDSHAKE_PORT_DELTA, managers/data_parallel_controller.py); --port itself is then its HTTP port
+(and the Rust path's listeners from it) and --port + 10000 the legacy gRPC port (SGLANG_PORT). SGLang 0.5.23
+PyPI wheel, read."""
+
+
+def _outside(var: str, width: int, ranges: list[tuple[str, str]]) -> str:
+    """Shell arithmetic: the ports var .. var + width - 1 meet none of the ranges (lo, hi), each end a shell
+    arithmetic expression over the port variables."""
+    last = var if width == 1 else f"{var} + {width - 1}"
+    return " && ".join(f"({last} < {lo} || {var} > {hi})" for lo, hi in ranges)
+
+
+def sglang_server_ports(ranks: int, dpa: bool, prefill: bool, dist: bool) -> tuple[str, str]:
+    """The port variables of one SGLang server a node (over nodes with `dist`, or one node's replicas) and the
+    checks on the user's values: PORT (--port, its gRPC port + 10000 within 65535); over nodes DIST_PORT and the
+    ports SGLang derives from it (DIST_PORT) outside PORT's; a prefill server's BOOTSTRAP_PORT outside all."""
+    top = max(DIST_HANDSHAKE, DIST_FIXED + ranks) if dpa else 0
+    http = [("PORT", f"PORT + {ranks - 1}" if ranks > 1 else "PORT"), (f"PORT + {GRPC_DELTA}", f"PORT + {GRPC_DELTA}")]
+    ports = f"PORT=${{PORT:-{SGLANG_PORT}}}\n"
+    checks = port_check("PORT") + stop(
+        f"(( PORT >= 1024 && PORT <= {65535 - GRPC_DELTA} ))",
+        f"PORT=$PORT: the SGLang server's gRPC port --port+{GRPC_DELTA} must stay within 65535; set PORT from 1024 "
+        f"to {65535 - GRPC_DELTA}")
+    taken, which = list(http), f"PORT to PORT+{ranks - 1}, PORT+{GRPC_DELTA}" if ranks > 1 else \
+        f"PORT, PORT+{GRPC_DELTA}"
+    if dist:
+        binds = (f"DIST_PORT to DIST_PORT+{top} (the dist-init port, the ports SGLang derives from it and its DP "
+                 f"handshake at +{DIST_HANDSHAKE})" if dpa else "DIST_PORT (the dist-init port)")
+        ports += f"DIST_PORT=${{DIST_PORT:-{DIST_PORT}}}\n"
+        checks += port_check("DIST_PORT") + stop(
+            f"(( DIST_PORT >= 1024 && DIST_PORT + {top} <= 65535 && {_outside('DIST_PORT', top + 1, http)} ))",
+            f"DIST_PORT=$DIST_PORT: node 0 binds {binds}, which must lie outside the server's ports {which} "
+            f"(PORT=$PORT); set DIST_PORT $FIX", port_advice(top + 1, "PORT", f"PORT + {GRPC_DELTA}"))
+        taken.append(("DIST_PORT", f"DIST_PORT + {top}" if top else "DIST_PORT"))
+        which += f", DIST_PORT to DIST_PORT+{top}" if top else ", DIST_PORT"
+    if prefill:
+        ports += f"BOOTSTRAP_PORT=${{BOOTSTRAP_PORT:-{BOOTSTRAP_PORT}}}\n"
+        checks += port_check("BOOTSTRAP_PORT") + stop(
+            f"(( BOOTSTRAP_PORT >= 1024 && BOOTSTRAP_PORT <= 65535 && {_outside('BOOTSTRAP_PORT', 1, taken)} ))",
+            f"BOOTSTRAP_PORT=$BOOTSTRAP_PORT: the prefill server's bootstrap port must lie outside its ports {which} "
+            f"(PORT=$PORT); set BOOTSTRAP_PORT from 1024, outside those")
+    return ports, checks
+
+
+MASTER_PORT, RPC_PORT = 29501, 13345
+"""vLLM's ports of a deployment over nodes besides --port (vllm serve's 8000, the constant VLLM_PORT above): --master-port, the
+torch.distributed rendezvous of a DP rank over nodes on node 0 (ParallelConfig.master_port, default 29501), and
+--data-parallel-rpc-port, the DP ranks' handshake on the head ("fixed port for data parallel messaging, shared by
+all nodes", ParallelConfig.data_parallel_rpc_port; vLLM's default 29550, llmplan writes the documented example's
+13345: docs/serving/data_parallel_deployment.md): vllm-project/vllm @00193b82, vllm/config/parallel.py. The DP
+master ports are picked free (get_open_ports_list)."""
+
+
+def vllm_head_ports(var: str, default: int, what: str) -> tuple[str, str]:
+    """The port variables of a vLLM deployment over nodes, PORT and `var` (--master-port or
+    --data-parallel-rpc-port, both bound on the head), and the checks on the user's values: numbers in range, and
+    `var` not PORT."""
+    ports = f"PORT=${{PORT:-{VLLM_PORT}}}\n{var}=${{{var}:-{default}}}\n"
+    checks = port_check("PORT") + stop("(( PORT >= 1024 && PORT <= 65535 ))",
+                                           "PORT=$PORT: set PORT from 1024 to 65535")
+    checks += port_check(var) + stop(
+        f"(( {var} >= 1024 && {var} <= 65535 && {var} != PORT ))",
+        f"{var}=${var}: the head binds {what} at {var} and the API server at PORT (PORT=$PORT); set {var} from "
+        "1024 to 65535, not PORT")
+    return ports, checks
+
+
+PORT_ENV = {
+    "vllm": "VLLM_PORT: set, vLLM searches each server's free ports (its DP master ports among them) upward from it, "
+            "probing by bind and close (vllm-project/vllm @aedcda89, vllm/foundation/utilities/network_utils.py "
+            "_get_open_port, get_open_ports_list), so servers started together pick the same ports, and a search can "
+            "take a port the script gives a server; unset, the OS picks free ones",
+    "sglang": "SGLANG_PORT: set, SGLang searches its free ports upward from it, probing before it binds "
+              "(srt/utils/network.py get_open_port; shm_broadcast.py binds in SGLANG_PORT .. + 8), so servers "
+              "started together pick the same ports, and a search can take a port the script gives a server; "
+              "unset, the OS picks free ones",
+}
+"""Why the per-node scripts clear the launcher's base-port variable (SGLang 0.5.23 PyPI wheel, srt/environ.py
+SGLANG_PORT, read)."""
+
+
+def clear_port_env(engine: str) -> str:
+    """The lines clearing the engine's base-port variable, with why (PORT_ENV)."""
+    return f"# unset {PORT_ENV[engine]}\nunset {PORT_ENV[engine].split(':', 1)[0]}\n"
+
+
+def _clear_env(launch: NodeLaunch, engine: str) -> NodeLaunch:
+    """The launch with the engine's base-port variable cleared before its port lines (PORT_ENV)."""
+    return replace(launch, ports=clear_port_env(engine) + launch.ports)
 
 
 UNEVEN = {"sglang": "SGLang starts tp-size / nnodes ranks on every node of a server (entrypoints/engine.py "
@@ -209,8 +315,8 @@ def _groups_note(groups: int, what: str, g: int, n: int) -> str:
     if groups == 1:
         return ""
     return (f"# {groups} {what} of {g} GPUs ({n} nodes each), independent servers as priced: start this script on "
-            "each group of nodes, HEAD_ADDR that group's node 0, and spread requests over the servers (e.g. a "
-            "router)\n")
+            "each group of nodes, HEAD_ADDR that group's node 0, and spread requests over the servers "
+            f"{ROUTER_HINT}\n")
 
 
 def _shares(servers: int, per_node: int) -> list[int]:
@@ -218,7 +324,7 @@ def _shares(servers: int, per_node: int) -> list[int]:
     return [min(per_node, servers - k) for k in range(0, servers, per_node)]
 
 
-def sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
+def _sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
     """SGLang's commands when one command on one node does not run the plan (None: it does). A server over n
     nodes: one command per node with --nnodes / --node-rank / --dist-init-addr; TP replicas that fill several
     nodes: one server per node with that node's --dp-size (each its own DP controller); DP-attention servers
@@ -227,42 +333,51 @@ def sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
     s, copies = p.gpus_per_copy, p.copies
     if s > per_node:
         n = _span(s, per_node, "sglang", "a DP-attention server" if p.dp_attention else "a replica (tp x pp)")
-        dist = '--dist-init-addr "$HEAD_ADDR:$DIST_PORT"'
-        nodes = [[[f"--nnodes {n}", f"--node-rank {k}", dist]] for k in range(n)]
+        prefill = p.phase == "prefill"
+        own = ['--dist-init-addr "$HEAD_ADDR:$DIST_PORT"', '--port "$PORT"',
+               *(['--disaggregation-bootstrap-port "$BOOTSTRAP_PORT"'] if prefill else [])]
+        nodes = [[[f"--nnodes {n}", f"--node-rank {k}", *own]] for k in range(n)]
         note = _head_note(n, per_node, copies) + _groups_note(
             copies, "DP-attention servers" if p.dp_attention else "replicas", s, n)
-        return NodeLaunch(nodes, note, head=True, ports="DIST_PORT=${DIST_PORT:-20000}\n", drop=("--dp-size",))
+        ports, checks = sglang_server_ports(p.attn_dp if p.dp_attention else 1, p.dp_attention, prefill, True)
+        return NodeLaunch(nodes, note, head=True, ports=ports, drop=("--dp-size",), checks=checks,
+                          endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")]] * copies, per_server=True)
     if p.dp_attention and s < per_node and copies > 1:
         if per_node % s:
             raise refuse("sglang", f"DP-attention servers of {s} GPUs on nodes of {per_node} would straddle nodes",
                          f"re-plan with --ep dividing {per_node}")
         shares = _shares(copies, per_node // s)
         stride, prefill = sglang_stride(shares[0], s, per_node), p.phase == "prefill"
-        nodes = [[[f"--base-gpu-id {j * s}", f"--port {_port_word('PORT', stride * j)}",
-                   *([f"--disaggregation-bootstrap-port {_port_word('BOOTSTRAP_PORT', j)}"] if prefill else [])]
+        nodes = [[[f"--base-gpu-id {j * s}", f"--port {port_word('PORT', stride * j)}",
+                   *([f"--disaggregation-bootstrap-port {port_word('BOOTSTRAP_PORT', j)}"] if prefill else [])]
                   for j in range(m)] for m in shares]
         ports, checks = sglang_ports(shares[0], stride, s, prefill)
         boot = ", its KV bootstrap server at BOOTSTRAP_PORT + j (the router needs each one)" if prefill else ""
+        ends = [[(port_word("PORT", stride * j), port_word("BOOTSTRAP_PORT", j) if prefill else "")
+                 for j in range(m)] for m in shares]
         return NodeLaunch(nodes, (f"# {copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each "
                                   "command is one server on GPUs --base-gpu-id onward; server j of a node listens on "
                                   f"--port PORT + {stride} j{boot}, its derived ports between; run this script "
-                                  f"{_on_nodes(len(shares))} and spread requests over the servers (e.g. a router)\n"),
-                          ports=ports, checks=checks)
+                                  f"{_on_nodes(len(shares))} and spread requests over the servers {ROUTER_HINT}\n"),
+                          ports=ports, checks=checks, endpoints=ends)
     if not p.dp_attention and p.num_gpus > per_node:
         if per_node % s:
             raise refuse("sglang", f"replicas of tp x pp = {s} GPUs on nodes of {per_node} would straddle nodes",
                          f"re-plan with tp x pp dividing {per_node}")
-        shares = _shares(copies, per_node // s)
-        nodes = [[[f"--dp-size {m}"] if m > 1 else []] for m in shares]
+        shares, prefill = _shares(copies, per_node // s), p.phase == "prefill"
+        own = ['--port "$PORT"', *(['--disaggregation-bootstrap-port "$BOOTSTRAP_PORT"'] if prefill else [])]
+        nodes = [[[*([f"--dp-size {m}"] if m > 1 else []), *own]] for m in shares]
         each = ", its replicas under its own --dp-size (one DP controller each)" if shares[0] > 1 else ""
+        ports, checks = sglang_server_ports(1, False, prefill, False)
         return NodeLaunch(nodes, (f"# {copies} replicas over {len(shares)} nodes: one SGLang server a node{each} "
                                   "(SGLang runs --dp-size over one node only without DP attention); run this script "
-                                  f"{_on_nodes(len(shares))} and spread requests over the servers (e.g. a "
-                                  "router)\n"), drop=("--dp-size",))
+                                  f"{_on_nodes(len(shares))} and spread requests over the servers "
+                                  f"{ROUTER_HINT}\n"), drop=("--dp-size",), ports=ports, checks=checks,
+                          endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")] for _ in shares])
     return None
 
 
-def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
+def _vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
     """vLLM's commands when one command on one node does not run the plan's launch (one DP deployment: dp
     replicas, or under DP attention one server's attention ranks; None: it fits a node). A DP rank over n nodes
     (dp 1): --nnodes / --node-rank / --master-addr, --headless but on node 0; DP ranks over several nodes:
@@ -270,7 +385,7 @@ def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
     --headless but on node 0. Refuses DP ranks whose TP group spans nodes when they share experts."""
     p, per_node = pf.plan, pf.cluster.gpus_per_node_used
     unit, ranks = p.tp * p.pp, p.attn_dp if p.dp_attention else p.dp
-    if p.dp_attention and p.copies > 1 and unit * ranks < per_node:
+    if p.dp_attention and p.copies > 1 and (unit * ranks) % per_node and unit <= per_node:
         return _vllm_servers_on_nodes(pf, unit * ranks, ranks)
     if unit * ranks <= per_node:
         return None
@@ -281,11 +396,13 @@ def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
                          "nodes: vLLM starts a DP rank that spans nodes only with its Ray backend "
                          "(--data-parallel-backend ray, VLLM_RAY_DP_PACK_STRATEGY=span), which llmplan does not write",
                          f"re-plan with tp x pp at most {per_node}, or one replica")
-        nodes = [[[f"--nnodes {n}", f"--node-rank {k}", '--master-addr "$HEAD_ADDR"', *(["--headless"] if k else [])]]
-                 for k in range(n)]
+        nodes = [[[f"--nnodes {n}", f"--node-rank {k}", '--master-addr "$HEAD_ADDR"', '--master-port "$MASTER_PORT"',
+                   *(["--headless"] if k else ['--port "$PORT"'])]] for k in range(n)]
         note = _head_note(n, per_node, p.copies, "the head, which serves the API") + _groups_note(
             p.copies, "DP-attention servers" if p.dp_attention else "replicas", p.gpus_per_copy, n)
-        return NodeLaunch(nodes, note, head=True, drop=("--data-parallel-size",))
+        ports, checks = vllm_head_ports("MASTER_PORT", MASTER_PORT, "the workers' torch.distributed rendezvous")
+        return NodeLaunch(nodes, note, head=True, drop=("--data-parallel-size",), ports=ports, checks=checks,
+                          endpoints=[[('"$PORT"', "")]] * p.copies, per_server=True)
     if per_node % unit:
         raise refuse("vllm", f"DP ranks of tp x pp = {unit} GPUs on nodes of {per_node} would straddle nodes",
                      f"re-plan with tp x pp dividing {per_node}")
@@ -293,34 +410,125 @@ def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
     shares = _shares(ranks, local)
     common = ['--data-parallel-address "$HEAD_ADDR"', '--data-parallel-rpc-port "$RPC_PORT"']
     nodes = [[[f"--data-parallel-size-local {m}", *([f"--data-parallel-start-rank {k * local}", "--headless"]
-                                                    if k else []), *common]] for k, m in enumerate(shares)]
+                                                    if k else ['--port "$PORT"']), *common]]
+             for k, m in enumerate(shares)]
     n, whose = len(shares), "HEAD_ADDR the same on all" if p.copies == 1 else "HEAD_ADDR that server's node 0 on all"
     note = (f"# {ranks} DP ranks of {unit} GPU{'s' * (unit > 1)} over {n} nodes, one endpoint: run this script on each "
             f"node with NODE_RANK 0 (the head, which serves the API) to {n - 1}, {whose}\n")
+    ports, checks = vllm_head_ports("RPC_PORT", RPC_PORT, "the DP ranks' handshake")
     return NodeLaunch(nodes, note + _groups_note(p.copies, "DP-attention servers", unit * ranks, n), head=True,
-                      ports="RPC_PORT=${RPC_PORT:-13345}\n")
+                      ports=ports, checks=checks, endpoints=[[('"$PORT"', "")]] * p.copies, per_server=True)
+
+
+def sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
+    """SGLang's per-node commands (_sglang_nodes), SGLANG_PORT cleared (PORT_ENV); None where one command runs."""
+    launch = _sglang_nodes(pf)
+    return None if launch is None else _clear_env(launch, "sglang")
+
+
+def vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
+    """vLLM's per-node commands (_vllm_nodes), VLLM_PORT cleared (PORT_ENV), a pool's NIXL side-channel host set
+    (NIXL_HOST); None where one command runs."""
+    launch = _vllm_nodes(pf)
+    return None if launch is None else replace(_clear_env(launch, "vllm"), nixl_host=pf.plan.phase != "both")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The part of one DP-attention server on one node, its servers placed on consecutive GPUs
+    (topology.placement): the server's index, its first GPU on the node, its GPUs there, and how many of its GPUs
+    lie on earlier nodes (0: this node holds its head)."""
+    server: int
+    gpu: int
+    gpus: int
+    before: int
+
+
+def pieces(servers: int, s: int, per_node: int) -> list[list[Piece]]:
+    """The pieces of `servers` servers of s GPUs on each node of per_node GPUs, in GPU order."""
+    out = []
+    for k in range(-(-servers * s // per_node)):
+        lo, hi = k * per_node, (k + 1) * per_node
+        out.append([Piece(i, max(i * s, lo) - lo, min((i + 1) * s, hi) - max(i * s, lo), max(i * s, lo) - i * s)
+                    for i in range(servers) if i * s < hi and (i + 1) * s > lo])
+    return out
+
+
+def _heads(layout: list[list[Piece]]) -> dict[int, tuple[int, int]]:
+    """Each server's head: its node and its index j among the heads on that node (its --port PORT + j)."""
+    return {pc.server: (k, j) for k, node in enumerate(layout)
+            for j, pc in enumerate([x for x in node if x.before == 0])}
+
+
+def _piece_flags(pc: Piece, heads: dict[int, tuple[int, int]], s: int, unit: int) -> list[str]:
+    """A piece's own flags: a whole server its --port; a part of a server that straddles nodes its DP ranks on
+    the node, its head's address and --data-parallel-rpc-port, and past the head its first DP rank and
+    --headless (vLLM's documented multi-node DP launch, module docstring)."""
+    k, j = heads[pc.server]
+    if pc.gpus == s:
+        return [f"--port {port_word('PORT', j)}"]
+    own = ([f"--data-parallel-start-rank {pc.before // unit}", "--headless"] if pc.before else
+           [f"--port {port_word('PORT', j)}"])
+    return [f"--data-parallel-size-local {pc.gpus // unit}", *own, f'--data-parallel-address "${{ADDR[{k}]}}"',
+            f"--data-parallel-rpc-port {port_word('RPC_PORT', j)}"]
+
+
+def _pieces_note(pf: PlanFile, s: int, ranks: int, layout: list[list[Piece]], split: bool) -> str:
+    """The note of servers placed piece by piece (_vllm_servers_on_nodes)."""
+    p, per_node = pf.plan, pf.cluster.gpus_per_node_used
+    side = f", its DP ranks' NIXL side-channel ports from NIXL_PORT + {ranks} j" if p.phase != "both" else ""
+    where = f"{per_node // s} on a node" if not split else f"on consecutive GPUs of nodes of {per_node}, as priced"
+    text = (f"# {p.copies} DP-attention servers of {s} GPUs, {where}: each command is one server on the GPUs its "
+            f"CUDA_VISIBLE_DEVICES names; server j of a node listens on --port PORT + j{side}; run this script "
+            f"{_on_nodes(len(layout))} and spread requests over the servers {ROUTER_HINT}\n")
+    if split:
+        text += ("# a server that straddles nodes runs one command on each of its nodes: its DP ranks there "
+                 "(--data-parallel-size-local), its head's address from NODE_ADDRS and DP handshake port RPC_PORT + j "
+                 "(j its index on its head's node), and past its head --data-parallel-start-rank and --headless\n")
+    return text
 
 
 def _vllm_servers_on_nodes(pf: PlanFile, s: int, ranks: int) -> NodeLaunch:
-    """Several DP-attention servers of s GPUs (`ranks` DP ranks each) on a node: one `vllm serve` a server, on its
-    own GPUs (CUDA_VISIBLE_DEVICES) at its own --port and, in a pool of a disaggregated deployment, its own NIXL
-    side-channel ports (VLLM_PORT); refuses servers that would straddle nodes."""
+    """DP-attention servers of s GPUs (`ranks` DP ranks each) on consecutive GPUs (topology.placement), not whole
+    nodes: one `vllm serve` a server on a node, or a server's part where it straddles nodes (_piece_flags), on its
+    GPUs (CUDA_VISIBLE_DEVICES, a slice of the caller's list), at its own --port and, in a pool of a disaggregated
+    deployment, its own NIXL side-channel ports (VLLM_PORT); refuses DP ranks whose TP group would span nodes."""
     p, per_node = pf.plan, pf.cluster.gpus_per_node_used
-    if per_node % s:
-        raise refuse("vllm", f"DP-attention servers of {s} GPUs on nodes of {per_node} would straddle nodes (llmplan "
-                     "places them on consecutive GPUs; one server's GPUs are one node's CUDA_VISIBLE_DEVICES)",
-                     f"re-plan with --ep dividing {per_node}")
-    shares, nixl = _shares(p.copies, per_node // s), p.phase != "both"
-    env = [[f"CUDA_VISIBLE_DEVICES={','.join(str(g) for g in range(j * s, (j + 1) * s))}"
-            + (f" VLLM_NIXL_SIDE_CHANNEL_PORT={_port_word('NIXL_PORT', ranks * j)}" if nixl else "")
-            for j in range(m)] for m in shares]
-    nodes = [[[f"--port {_port_word('PORT', j)}"] for j in range(m)] for m in shares]
-    ports, checks = vllm_ports(shares[0], ranks, nixl)
-    side = (f", its DP ranks' NIXL side-channel ports from NIXL_PORT + {ranks} j" if nixl else "")
-    note = (f"# {p.copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each command is one server "
-            f"on the GPUs its CUDA_VISIBLE_DEVICES names; server j of a node listens on --port PORT + j{side}; run "
-            f"this script {_on_nodes(len(shares))} and spread requests over the servers (e.g. a router)\n")
-    return NodeLaunch(nodes, note, ports=ports, env=env, checks=checks)
+    unit = s // ranks
+    if per_node % unit:
+        raise refuse("vllm", f"DP ranks of tp x pp = {unit} GPUs on nodes of {per_node} would straddle nodes (a TP "
+                     "group over nodes runs only through vLLM's Ray DP backend, which llmplan does not write)",
+                     f"re-plan with tp x pp dividing {per_node}")
+    layout, nixl = pieces(p.copies, s, per_node), p.phase != "both"
+    heads, split = _heads(layout), any(pc.gpus < s for node in layout for pc in node)
+    env = [[f"CUDA_VISIBLE_DEVICES={visible_slice(pc.gpu, pc.gpus)}"
+            + (f" VLLM_NIXL_SIDE_CHANNEL_PORT={port_word('NIXL_PORT', ranks * q)}" if nixl else "")
+            for q, pc in enumerate(node)] for node in layout]
+    nodes = [[_piece_flags(pc, heads, s, unit) for pc in node] for node in layout]
+    ends = [[(port_word("PORT", j), "") for j in range(sum(pc.before == 0 for pc in node))] for node in layout]
+    ports, checks = vllm_ports(max(len(e) for e in ends), ranks * max(len(node) for node in layout), nixl, split)
+    return NodeLaunch(nodes, _pieces_note(pf, s, ranks, layout, split), ports=ports, env=env, checks=checks,
+                      endpoints=ends, visible=per_node, addrs=len(layout) if split else 0)
+
+
+def _addrs_lines(n: int) -> str:
+    """The lines reading the n nodes' addresses (NODE_ADDRS) into ADDR; none where n is 0."""
+    if not n:
+        return ""
+    return (f"# FILL IN NODE_ADDRS: the addresses of the {n} nodes in NODE_RANK order, reachable from each other, "
+            "the same on every node (a server that straddles nodes joins its head's)\n"
+            f"NODE_ADDRS=${{NODE_ADDRS:?FILL IN the addresses of the {n} nodes, see above}}\n"
+            "set -f\nADDR=($NODE_ADDRS)\nset +f\n"
+            + stop(f"(( ${{#ADDR[@]}} == {n} ))", f"NODE_ADDRS names ${{#ADDR[@]}} addresses; give those of the {n} nodes"))
+
+
+def _nixl_host_lines(n: int) -> str:
+    """The lines exporting the node's NIXL side-channel host from NODE_ADDR (NIXL_HOST): required over several
+    nodes, localhost by default on one."""
+    value = ("${NODE_ADDR:?FILL IN the address of this node, reachable from the nodes of the other pool}"
+             if n > 1 else "${NODE_ADDR:-localhost}")  # no apostrophe: it would open a quote inside ${...}
+    return (f"# NODE_ADDR: {NIXL_HOST}" + ("" if n > 1 else "; set it when the other pool runs on another machine")
+            + f"\nNODE_ADDR={value}\nexport VLLM_NIXL_SIDE_CHANNEL_HOST=\"$NODE_ADDR\"\n")
 
 
 def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
@@ -330,9 +538,11 @@ def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
     server's environment assignments (launch.env) stand on the line above its command, continued to it."""
     kept = [f for f in flags if f.split(" ", 1)[0] not in launch.drop]
     n = len(launch.nodes)
-    text = (HEAD_LINE if launch.head else "") + launch.ports + launch.checks
+    text = (HEAD_LINE if launch.head else "") + _addrs_lines(launch.addrs) + launch.ports + launch.checks
+    text += visible_lines(launch.visible) if launch.visible else ""
     text += ("NODE_RANK=${NODE_RANK:-0}\n" if n == 1 else
              f"NODE_RANK=${{NODE_RANK:?set NODE_RANK to the rank of this node, 0 to {n - 1}}}\n")
+    text += _nixl_host_lines(n) if launch.nixl_host else ""
     text += "ARGS=(\n" + "".join(f"    {f}\n" for f in kept) + ")\n"
     text += 'case "$NODE_RANK" in\n'
     for k, servers in enumerate(launch.nodes):

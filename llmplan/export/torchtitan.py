@@ -15,7 +15,7 @@ from __future__ import annotations
 from llmplan.export.common import (accumulation_notes, check_accumulation, expert_bias, header_lines, hf_repo,
                                    launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse,
                                    sh_header, tp_refusals, virtual_stage_layers, norm_kernel_refusals,
-                                   softmax_kernel_refusals, swiglu_fp8_refusal, jit_activation_refusal,
+                                   softmax_kernel_refusals, swiglu_fp8_refusal, jit_activation_refusal, megatron_fsdp_refusal,
                                    parallel_block_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, delay_wgrad_refusal,
                                    ep_overlap_refusal, router_fusion_refusal, router_padding_refusal)
 from llmplan.planfile import PlanFile
@@ -227,7 +227,7 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "--first-last-layers-bf16, --te-precision-config-file; this export writes no float8 filter)",
                      "re-plan with --bf16-layers-start 0 --bf16-layers-end 0 and no --bf16-modules, or export to "
                      "megatron")
-    for what, bad, fix in (swiglu_fp8_refusal(p), jit_activation_refusal(p)):
+    for what, bad, fix in (swiglu_fp8_refusal(p), jit_activation_refusal(p), megatron_fsdp_refusal(p)):
         if bad:
             raise refuse(target, what, fix)
     for what, bad, fix in (fp8_attention_refusal(p), saved_input_refusal(p)):  # fp8_params with rowwise: check_plan

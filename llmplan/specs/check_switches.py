@@ -243,6 +243,10 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
               lambda p: f"zero3_unit {p.zero3_unit} with zero {p.zero}: the unit is what one ZeRO-3 collective "
                         "gathers, and only ZeRO-3 gathers the weights (stages 1 and 2 keep them whole); use "
                         "--zero 3 or drop --zero3-unit"),
+    SwitchUse("megatron_fsdp_zero", ("megatron_fsdp",), lambda p: (p.zero >= 2) & (p.pp == 1),
+              lambda p: f"megatron_fsdp with zero {p.zero}, pp {p.pp}: Megatron-FSDP's buckets are priced for its "
+                        "sharded gradients (zero 2 or 3) without a pipeline (Megatron-LM's and Megatron-Bridge's "
+                        "exports refuse ZeRO-2 under one); use --zero 2 or 3 with --pp 1, or drop --megatron-fsdp"),
     SwitchUse("zero3_copy_out_zero", ("zero3_copy_out",), lambda p: (p.zero == 3) & (p.dp * p.cp > 1),
               lambda p: f"zero3_copy_out with zero {p.zero}, dp {p.dp}, cp {p.cp}: it copies each ZeRO-3 "
                         "all-gather into the parameters, so it acts only with zero 3 over more than one rank; use "
@@ -639,7 +643,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          f"({m.name}): DeepEP's normal dispatch waits on the host for its received token counts, "
                          "which a CUDA graph cannot capture, and Megatron's static per-rank budget "
                          "(--moe-expert-rank-capacity-factor) requires the hybridep backend (TransformerConfig "
-                         "rule); use --moe-flex-backend hybridep, or cuda_graphs layers / none"),
+                         "rule); set the plan key moe_flex_backend: hybridep (--moe-flex-backend hybridep where "
+                         "the command takes it), or cuda_graphs layers / none"),
     # Megatron-Core TransformerConfig (d98e8a6): "full recompute is only supported with full iteration CUDA graph"
     Rule("cuda_graphs_recompute", lambda m, p, c: (p.cuda_graphs != "layers") | (p.full == 0),
          lambda m, p, c: "cuda_graphs layers with recompute full: Megatron-Core captures per-layer graphs only "

@@ -164,6 +164,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.moe_router_fusion."""
     moe_router_padding: bool = False
     """ParallelPlan.moe_router_padding."""
+    megatron_fsdp: bool = False
+    """ParallelPlan.megatron_fsdp."""
     fp32_param_shards: bool
     """ParallelPlan.fp32_param_shards."""
     bf16_layers_start: int | None

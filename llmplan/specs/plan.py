@@ -614,6 +614,12 @@ class ParallelPlan(PlanQuantities, Spec):
     precision policy: torchtitan, NeMo AutoModel): 4 + 8 bytes of weights and moments per parameter shard.
     Off: a compute-dtype shard beside the optimizer's fp32 master (DeepSpeed ZeRO-3, Megatron-FSDP): 2 + 12
     (docs/formulas.md#mem.model_states)."""
+    megatron_fsdp: bool = False
+    """ZeRO-2 / ZeRO-3 without a pipeline as Megatron-FSDP runs them (Megatron-LM --use-megatron-fsdp, Megatron-Bridge
+    ddp.use_megatron_fsdp: optim_grads / optim_grads_params): the launched reduce-scatters' unsharded gradient
+    buckets kept until the queue passes max(1e9, two layers) elements, and under ZeRO-3 the weights it holds
+    gathered, the layer in use, max(5e8, a layer) elements prefetched and the embedding and output layer whole.
+    Off: DeepSpeed's / FSDP's (docs/formulas.md#mem.megatron_fsdp)."""
 
     @model_validator(mode="after")
     def _recipe_matches_dtype(self) -> "ParallelPlan":

@@ -14,6 +14,12 @@ set -euo pipefail
 #   which the KV capacity was predicted; llama-3.1-70b accepts up to 131,072:
 #   re-plan with longer --input-len / --output-len to serve longer requests
 MODEL=${MODEL:-meta-llama/Llama-3.1-70B-Instruct}
+# unset SGLANG_PORT: set, SGLang searches its free ports upward from it, probing
+#   before it binds (srt/utils/network.py get_open_port; shm_broadcast.py binds
+#   in SGLANG_PORT .. + 8), so servers started together pick the same ports, and
+#   a search can take a port the script gives a server; unset, the OS picks free
+#   ones
+unset SGLANG_PORT
 python -m sglang.launch_server --model-path "$MODEL" \
     --tp-size 4 \
     --pp-size 1 \

@@ -11,6 +11,13 @@ set -euo pipefail
 #   which the KV capacity was predicted; llama-3.1-70b accepts up to 131,072:
 #   re-plan with longer --input-len / --output-len to serve longer requests
 MODEL=${MODEL:-meta-llama/Llama-3.1-70B-Instruct}
+# unset VLLM_PORT: set, vLLM searches each server's free ports (its DP master
+#   ports among them) upward from it, probing by bind and close
+#   (vllm-project/vllm @aedcda89, vllm/foundation/utilities/network_utils.py
+#   _get_open_port, get_open_ports_list), so servers started together pick the
+#   same ports, and a search can take a port the script gives a server; unset,
+#   the OS picks free ones
+unset VLLM_PORT
 vllm serve "$MODEL" \
     --tensor-parallel-size 4 \
     --pipeline-parallel-size 1 \

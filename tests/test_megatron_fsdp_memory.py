@@ -1,0 +1,99 @@
+"""ParallelPlan.megatron_fsdp: ZeRO-2 / ZeRO-3 memory as Megatron-FSDP holds it (docs/formulas.md#mem.megatron_fsdp).
+
+Expected values by hand from NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/fsdp/ (the same at cd4afffa6):
+the FSDP units are the decoder layers (mcore_fsdp_adapter.py); suggested_communication_unit_size = max(1e9, 2 x
+the mean unit) at optim_grads_params and 1e9 at optim_grads (megatron_fsdp.py _init_fsdp_param_and_grad_buffer);
+the all-gather prefetch asks for further units until half that many elements (param_and_grad_buffer.py
+AllGatherPipeline.all_gather_params); the non-unit bucket is never released in the step (reset with
+preserve_non_fsdp_units); a launched unit's unsharded gradient bucket is freed only once the queue holds more than
+the capacity (GradReducePipeline.wait_for_previous_grad_reduce)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llmplan.estimate import estimate_training
+from llmplan.specs.check import check_plan
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
+
+M = builtin_models()
+H100 = ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=1)
+
+# Llama 3.1 8B by hand (config.json: h 4096, 32 layers, 32 heads of 128, 8 KV heads, ffn 14336, vocab 128256,
+# untied): a decoder layer's parameters and the non-unit ones (embedding, output layer, final norm) at TP 1
+H, F, V, L = 4096, 14336, 128256, 32
+UNIT = H * (H + 2 * 8 * 128) + H * H + 3 * H * F + 2 * H  # QKV, output projection, SwiGLU MLP, two norms
+ENDS = 2 * V * H + H
+TOTAL = L * UNIT + ENDS
+FRAGMENTATION = 1.05  # the default allowance's 5% of the tensor memory (docs/formulas.md#mem.other)
+
+
+def plan(zero: int, on: bool, **kw) -> ParallelPlan:
+    return ParallelPlan(tp=1, pp=1, dp=8, zero=zero, micro_batch=1, global_batch=64, seq_len=4096,
+                        megatron_fsdp=on, **kw)
+
+
+def other(zero: int, on: bool) -> float:
+    p = plan(zero, on)
+    assert not check_plan(M["llama-3.1-8b"], p, H100)
+    return float(estimate_training(M["llama-3.1-8b"], H100, p).memory.other)
+
+
+def test_zero2_holds_the_queued_unsharded_gradient_buckets():
+    # capacity 1e9 elements: floor(1e9 / 218,112,000) = 4 launched units kept, one more launched, one filling
+    queued = (math.floor(1e9 / UNIT) + 2) * UNIT
+    assert queued == 6 * UNIT
+    assert other(2, True) - other(2, False) == pytest.approx(FRAGMENTATION * queued * 4, rel=1e-3)  # fp32 gradients
+
+
+def test_zero3_holds_its_prefetch_the_non_unit_weights_and_the_queue():
+    # prefetch max(5e8, u) = 5e8: ceil(5e8 / u) = 3 units ahead of the one in use, and the embedding and output
+    # layer whole; llmplan's default ZeRO-3 holds two average layers (TOTAL / L each, under the 1e9 cap)
+    gathered = (1 + math.ceil(5e8 / UNIT)) * UNIT + ENDS
+    default = 2 * TOTAL / L
+    queued = (math.floor(max(1e9, 2 * UNIT) / UNIT) + 2) * UNIT
+    expected = FRAGMENTATION * ((gathered - default) * 2 + queued * 4)  # bf16 weights, fp32 gradients
+    assert other(3, True) - other(3, False) == pytest.approx(expected, rel=1e-3)
+    assert expected / 2 ** 30 == pytest.approx(7.9, abs=0.1)
+
+
+@pytest.mark.parametrize("zero, pp, words", [(1, 1, "megatron_fsdp with zero 1, pp 1"),
+                                             (2, 2, "megatron_fsdp with zero 2, pp 2")])
+def test_without_sharded_gradients_or_with_a_pipeline_it_is_refused(cli, zero, pp, words):
+    line = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "1",
+               "--pp", str(pp), "--zero", str(zero), "--global-batch", "64", "--megatron-fsdp").refusal()
+    assert words in line and "drop --megatron-fsdp" in line, line
+
+
+@pytest.mark.parametrize("name, nodes", [("llama-3.1-8b", 2), ("mixtral-8x7b", 4)])
+def test_vectorised_search_prices_it_as_the_scalar_estimate(name, nodes):
+    from itertools import islice
+
+    from agreement import assert_arrays_agree
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    m = M[name]
+    cluster = ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=nodes)
+    w = Workload(global_batch=64, seq_len=4096, megatron_fsdp=True)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    ok = (i for i in range(len(plans)) if plans.plan(i).zero >= 2 and plans.plan(i).pp == 1
+          and not check_plan(m, plans.plan(i), cluster))
+    idx = list(islice(ok, 0, 300, 10))
+    moved = [i for i in idx if float(estimate_training(m, cluster, plans.plan(i)).memory.total) != float(
+        estimate_training(m, cluster, plans.plan(i).model_copy(update={"megatron_fsdp": False})).memory.total)]
+    assert len(moved) >= 3 and len(moved) == len(idx)
+    assert_arrays_agree(m, cluster, plans, idx)
+
+
+def test_only_megatron_launchers_write_it(cli, tmp_path):
+    path = tmp_path / "plan.json"
+    assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "1",
+               "--pp", "1", "--zero", "2", "--global-batch", "64", "--megatron-fsdp", "--save", path).code in (0, 3)
+    assert cli("export", path, "--to", "megatron", "-o", tmp_path / "meg").code == 0
+    assert "--use-megatron-fsdp" in (tmp_path / "meg" / "megatron_pretrain.sh").read_text()
+    assert cli("export", path, "--to", "megatron-bridge", "-o", tmp_path / "br").code == 0
+    for target in ("deepspeed", "torchtitan"):
+        line = cli("export", path, "--to", target, "-o", tmp_path / target).refusal()
+        assert "megatron_fsdp" in line and "--no-megatron-fsdp" in line, line
