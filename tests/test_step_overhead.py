@@ -197,15 +197,12 @@ def test_megascale_efficiency_falls_with_scale_as_measured(published_runs, small
     # Measured MFU falls 15.7% from 256 to 1,024 GPUs (53.0 -> 44.7%) and 15.4% from 3,072 to 12,288
     # (48.7 -> 41.2%). The baseline reduces its DP buckets after the backward (MegaScale adds "DP overlap",
     # Table 3), so the exposed reduction stays while the step shrinks; with the stragglers of 4x more GPUs the
-    # predicted fall must be at least 0.4 of the measured one (with the 0.15 s constant and the reduction
-    # overlapped it was 4.6% and 6.7%, under a third and under a half). The bound was half until the ring
-    # reduce-scatter / all-gather across nodes took the all-reduce's published NIC share (0.96 on dgx-a100, was
-    # 0.75; docs/validation.md#ar-readings): the predicted falls went 8.1% -> 6.9% and 11.4% -> 9.8%, 0.44 and
-    # 0.64 of the measured -- a sourced change that moves these rows away from the measurement, reported there.
+    # predicted fall must be at least half the measured one (with the 0.15 s constant and the reduction
+    # overlapped it was 4.6% and 6.7%, under a third and under a half).
     import accuracy
 
     p_small, m_small = _mfu(accuracy, published_runs, small)
     p_large, m_large = _mfu(accuracy, published_runs, large)
     measured_fall, predicted_fall = 1 - m_large / m_small, 1 - p_large / p_small
     assert measured_fall == pytest.approx(0.155, abs=0.005)
-    assert 0.4 * measured_fall <= predicted_fall <= measured_fall * 1.25
+    assert measured_fall / 2 <= predicted_fall <= measured_fall * 1.25
