@@ -62,7 +62,7 @@ def main() -> None:
         best = cands.get(ct.algorithm)
         alpha = 100 * best.alpha / best.seconds(S) if best else 0.0
         L = group_links(s, sp)
-        nic = L.ar_inter_bw  # per GPU, bytes/s, after the all-reduce NIC share
+        nic = L.ring_inter_bw  # per GPU, bytes/s, after the all-reduce NIC share
         ours = 2 * (k - 1) / k / g if k > 1 else 0.0
         nring = 2 * (n - 1) / n / g if k > 1 else 0.0
         ntree = (2.0 if k > 2 else 1.0) / g if k > 1 else 0.0

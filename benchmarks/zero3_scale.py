@@ -97,8 +97,8 @@ def main() -> int:
         ("Simple lat + no overlap",
          lambda L: dataclasses.replace(L, intra_alpha=3.4e-6, inter_alpha=9.6e-6), no_overlap, None),
         ("reduce traffic x2", None, {"grad_dtype": "fp32"}, None),
-        ("ring net bw / 4 (probe)", lambda L: dataclasses.replace(L, inter_bw=L.inter_bw / 4), None, None),
-        ("ring net bw / 8 (probe)", lambda L: dataclasses.replace(L, inter_bw=L.inter_bw / 8), None, None),
+        ("ring net bw / 4 (probe)", lambda L: dataclasses.replace(L, inter_bw=L.inter_bw / 4, ring_inter_bw=L.ring_inter_bw / 4), None, None),
+        ("ring net bw / 8 (probe)", lambda L: dataclasses.replace(L, inter_bw=L.inter_bw / 8, ring_inter_bw=L.ring_inter_bw / 8), None, None),
     ]
     print("\nsigned error of hw TFLOP/s (model B / GPUs)")
     print(f"{'':25s}" + "".join(f"{label(r):>9s}" for r in rows))

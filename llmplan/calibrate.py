@@ -244,6 +244,9 @@ def anchored_system(model: Any, cluster: Any, plan: Any, allowance: Any, order: 
     changes = [(f"gpu.{k}", float(getattr(cluster.system.gpu, k)), float(getattr(new.gpu, k)))
                for k in ("sustained_clock_fraction", "step_overhead_s", "hbm_reserve_gib")]
     changes += [(k, float(getattr(cluster.system, k)), float(getattr(new, k))) for k in COMM_KEYS]
+    if cluster.system.allreduce_nic_efficiency is not None and new.allreduce_nic_efficiency is not None:
+        changes.append(("allreduce_nic_efficiency", float(cluster.system.allreduce_nic_efficiency),
+                        float(new.allreduce_nic_efficiency)))
     changes = [c for c in changes if abs(c[2] - c[1]) > 1e-9]
     return Anchor(new, changes, before, after, step_s, memory, shares)
 

@@ -664,3 +664,24 @@ def test_a_widened_fallback_basis_names_what_was_widened():
     for came_from, says in (("pool", "the cell's pool's choice widened"), ("all-regime", "the all-regime pair widened")):
         data = {"nominal": 0.8, "pools": {"dense-megatron/hopper": {**info, "fallback_from": came_from}}}
         assert says in iv.nominal_of(data, hopper)[2]
+
+
+def test_calibrate_reports_the_ring_share_it_scales(cli, tmp_path):
+    """A profile that sets allreduce_nic_efficiency (a cluster file; no built-in does) has it scaled with the
+    other collective efficiencies, and Anchor.changes lists it (it was scaled but not reported)."""
+    from llmplan.calibrate import anchored_system
+    from llmplan.estimate import estimate_training
+    from llmplan.planfile import load_plan
+
+    args = ("--model", "llama-3.1-8b", "--nodes", "8", "--tp", "8", "--global-batch", "64")
+    plan = tmp_path / "p.json"
+    assert cli("estimate", "--hardware", "dgx-h100", *args, "--save", plan).code == 0
+    pf = load_plan(plan)
+    system = pf.cluster.system.model_copy(update={"allreduce_nic_efficiency": 0.9})
+    cluster = pf.cluster.model_copy(update={"system": system})
+    before = float(estimate_training(pf.model, cluster, pf.plan, pf.allowance, pf.axis_order).time.total)
+    a = anchored_system(pf.model, cluster, pf.plan, pf.allowance, pf.axis_order, 1.2 * before)
+    moved = {k: (b, after) for k, b, after in a.changes}
+    assert moved["allreduce_nic_efficiency"][0] == 0.9
+    ring, nic = moved["allreduce_nic_efficiency"], moved["nic_efficiency"]
+    assert ring[1] / ring[0] == pytest.approx(nic[1] / nic[0]) and ring[1] < ring[0]

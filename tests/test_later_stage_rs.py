@@ -145,3 +145,14 @@ def test_vectorised_search_agrees_on_later_stage_reductions(name, system, nodes,
     idx = valid_sample(m, cluster, plans, 32, 600, 16, keep=keep)
     assert len(idx) >= 8 and {plans.plan(i).vpp > 1 for i in idx} == {True, False}
     assert_arrays_agree(m, cluster, plans, idx)
+
+
+def test_apex_distributed_fused_adam_keeps_its_buckets_on_every_stage():
+    """Apex's DistributedFusedAdam (kept_grad_shards, NeMo 1.x) reduces in its bucket_cap_mb buckets on every
+    pipeline stage: Megatron-Core DDP's one call per chunk on later stages is not its rule, so every stage's
+    reduce-scatter counts more than one call (one per chunk came out 1 before)."""
+    m = M["llama-3.1-8b"]
+    est = estimate_training(m, H100, _plan(kept_grad_shards=True, grad_reduce="reduce-scatter", grad_dtype="bf16"))
+    for a in est.comm.dp_stages:
+        calls = {t.collective: int(t.calls) for t in a.transfers if t.calls}
+        assert calls["reduce-scatter"] > 1, calls

@@ -973,8 +973,10 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     host = where(gathered, zero3_host_seconds(plan), 0.0)
     per_tensor = gathered & (plan.zero3_unit == "tensor")  # ZERO3_GATHER_COPIES
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
-    # the first chunk cut into buckets (comm.dp_bucket), on the first stage only (step.dp_later_rs)
-    bucketed = first_chunk_bucketed(plan) & np.logical_not(later_stage_unbucketed(plan, stage))
+    # the first chunk cut into buckets (comm.dp_bucket), on the first stage only (step.dp_later_rs); Apex's
+    # DistributedFusedAdam (kept_grad_shards) keeps its bucket_cap_mb buckets on every stage
+    one_call = later_stage_unbucketed(plan, stage) & np.logical_not(plan.kept_grad_shards)
+    bucketed = first_chunk_bucketed(plan) & np.logical_not(one_call)
     out: list[Transfer[G]] = []
     # NeMo 1.x / Apex: the embeddings' fp32 buckets reduce-scattered in fp32 (comm.fp32_embedding_grads)
     emb32 = fp32_embedding_grad_bytes(m, plan, stage)

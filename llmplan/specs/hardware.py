@@ -515,11 +515,13 @@ class SystemSpec(Spec):
     """Achieved fraction of the NIC rate across nodes (4 x 8 B200 over EFA: 0.74; nccl-tests busbw measurements in ml-engineering network/README.md;
     DGX H100 over NDR InfiniBand, NVIDIA's published 32-GPU nccl-tests alltoall busbw 48 GB/s: 0.74, docs/validation.md#h100-ib-rates)."""
     allreduce_nic_efficiency: float | None = Field(default=None, gt=0, le=1.5)
-    """Achieved fraction of the NIC rate for NCCL's ring / tree all-reduce across nodes, where a published
-    nccl-tests all-reduce busbw over nodes sets it (NVIDIA GTC 2025 S72583 slide 12, 32 GPUs: DGX H100 370 GB/s
-    over 8 x 400 Gb/s: 0.925; DGX A100 192 over 8 x 200 Gb/s: 0.96; docs/validation.md#ar-shape). The
-    all-to-all on the same DGX H100s reaches 0.74 (nic_efficiency), so one share does not serve both.
-    None: nic_efficiency."""
+    """Achieved fraction of the NIC rate for NCCL's ring collectives across nodes, one share for all of them:
+    the ring / tree all-reduce and the ring all-gather / reduce-scatter, which run on the same ring graph at the
+    same per-channel rate (NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc: busBw = nChannels x bwInter). For a
+    cluster file or a calibrated profile; no built-in profile sets it: the standalone nccl-tests readings
+    (DGX H100 all-reduce 370 GB/s over 8 x 400 Gb/s, 0.925; DGX A100 192 over 8 x 200, 0.96) made the published
+    training steps worse (docs/validation.md#ar-mend). A cluster file with `base:` that changes nic_efficiency,
+    nic_gbit_per_s or scaleout_fabric does not inherit it. None: nic_efficiency."""
     intra_latency_s: float = Field(default=1.0e-6, ge=0, le=1.0)
     """Latency of one step of a collective over the scale-up fabric, seconds (NCCL alpha; approximate)."""
     inter_latency_s: float = Field(default=5.0e-6, ge=0, le=1.0)

@@ -206,6 +206,7 @@ def _not_a_plan(data: Any, path: Path, what: str) -> None:
 
 
 MODEL_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads")
+NETWORK_KEYS = frozenset({"nic_efficiency", "nic_gbit_per_s", "scaleout_fabric"})
 SYSTEM_KEYS = ("gpu", "gpus_per_node", "base", "pools", "intra_node_gb_per_s")
 
 
@@ -257,7 +258,12 @@ def load_system_file(path: Path) -> SystemSpec:
         base_gpu = "gpu" not in data or (isinstance(data["gpu"], dict) and "name" not in data["gpu"])
         if isinstance(data.get("gpu"), dict) and "name" not in data["gpu"]:
             data["gpu"] = {**base.gpu.model_dump(), **data["gpu"]}
-        data = {**base.model_dump(), "name": path.stem, **data}
+        inherited = base.model_dump()
+        # The base's ring-collective share was read on the base's network: a file that changes the network
+        # without giving its own share falls back to its nic_efficiency (SystemSpec.allreduce_nic_efficiency).
+        if "allreduce_nic_efficiency" not in data and NETWORK_KEYS & set(data):
+            inherited["allreduce_nic_efficiency"] = None
+        data = {**inherited, "name": path.stem, **data}
     gpu = data.get("gpu")
     if isinstance(gpu, str):
         gpus = builtin_gpus()

@@ -56,8 +56,10 @@ class Links:
     inter_alpha: float
     nvls_bw: float | None
     """All-reduce busbw with NVLink SHARP inside the domain, when the hardware has it and it is on."""
-    ar_inter_bw: float = 0.0
-    """The network rate NCCL's ring / tree all-reduce reaches (SystemSpec.allreduce_nic_efficiency)."""
+    ring_inter_bw: float = 0.0
+    """The network rate of NCCL's ring collectives across nodes, one share for all of them: the ring / tree
+    all-reduce and the ring all-gather / reduce-scatter (SystemSpec.allreduce_nic_efficiency where a profile
+    sets it, else nic_efficiency; docs/validation.md#ar-mend)."""
 
 
 def group_links(system: SystemSpec, span: GroupSpan, nvls: bool = True) -> Links:
@@ -74,12 +76,12 @@ def group_links(system: SystemSpec, span: GroupSpan, nvls: bool = True) -> Links
         intra = prof.intra.bw * system.ring_efficiency
     inter_path = prof.inter_spine if span.leaves > 1 else (prof.inter_leaf or prof.inter_spine)
     inter = inter_path.bw * system.nic_efficiency if inter_path else 0.0
-    ar_share = system.allreduce_nic_efficiency or system.nic_efficiency
+    ring_share = system.allreduce_nic_efficiency or system.nic_efficiency
     use_nvls = nvls and system.nvls and g >= NVLS_MIN_GPUS
     return Links(intra_bw=intra, intra_alpha=prof.intra.latency, inter_bw=inter,
                  inter_alpha=inter_path.latency if inter_path else 0.0,
                  nvls_bw=prof.intra.bw * system.nvls_factor if use_nvls else None,
-                 ar_inter_bw=inter_path.bw * ar_share if inter_path else 0.0)
+                 ring_inter_bw=inter_path.bw * ring_share if inter_path else 0.0)
 
 
 @dataclass(frozen=True)
@@ -100,14 +102,16 @@ def _ring(op: str, n: int, bw: float, alpha: float, name: str = "ring") -> Coeff
     return Coeff(name, phases * (n - 1) * alpha, bus_factor(op, n) / bw)
 
 
-def nccl_ring(n: int, k: int, bw: float, L: Links) -> Coeff:
-    """All-gather or reduce-scatter over n ranks in k > 1 NVLink domains: NCCL runs these as a ring only (no
-    tree, no hierarchical variant), n - 1 steps of which k - 1 cross the network and n - k stay on NVLink, so
-    the latency grows with every rank, not only with every node. Source: NVIDIA/nccl src/graph/tuning.cc
+def nccl_ring(n: int, k: int, bw: float, L: Links, op: str = "all-gather") -> Coeff:
+    """A ring collective over n ranks in k > 1 NVLink domains. All-gather or reduce-scatter (NCCL runs these as
+    a ring only, no tree, no hierarchical variant): n - 1 steps of which k - 1 cross the network and n - k stay
+    on NVLink, so the latency grows with every rank, not only with every node; the ring all-reduce has two
+    such phases, 2(n - 1) steps of which 2(k - 1) cross the network. Source: NVIDIA/nccl src/graph/tuning.cc
     (ncclTopoTuneModel, 2.8-2.9: "if (coll != ncclCollAllReduce && a != NCCL_ALGO_RING) continue"; ring
-    latency (nsteps - nInterSteps)·intraLat + nInterSteps·interLat with nsteps = nRanks - 1, nInterSteps =
-    nNodes - 1). Derived: docs/formulas.md#comm.collective"""
-    return Coeff("ring", (n - k) * L.intra_alpha + (k - 1) * L.inter_alpha, bus_factor("all-gather", n) / bw)
+    latency (nsteps - nInterSteps)·intraLat + nInterSteps·interLat with nsteps = nRanks - 1 and nInterSteps =
+    nNodes - 1, for all-reduce 2(nRanks - 1) and 2(nNodes - 1)). Derived: docs/formulas.md#comm.collective"""
+    phases = 2 if op == "all-reduce" else 1
+    return Coeff("ring", phases * ((n - k) * L.intra_alpha + (k - 1) * L.inter_alpha), bus_factor(op, n) / bw)
 
 
 def a2a_latency(n: int, g: int, L: Links, per_node: bool = False) -> float:
@@ -154,7 +158,9 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
     # a flat ring's domain-crossing edges share the g NICs of the group's ranks there, not one.
     # Source: NVIDIA/nccl issues #43 and #601 (one ring per NIC; NVLink splits the data over the N NICs);
     # Hu et al. 2025, "Demystifying NCCL" (arXiv 2507.04786), channels. Derived: docs/formulas.md#comm.collective
-    ring_bw = min(L.intra_bw, g * L.inter_bw)
+    # The ring all-gather / reduce-scatter run on the all-reduce's ring graph at the same per-channel rate (NCCL
+    # v2.21.5-1 tuning.cc: busBw = nChannels x bwInter for every ring collective): one network share for all.
+    ring_bw = min(L.intra_bw, g * L.ring_inter_bw)
     if op == "send-recv":
         return (Coeff("p2p", L.inter_alpha, 1 / L.inter_bw),)
     if op == "all-to-all":
@@ -163,26 +169,27 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
     if op == "broadcast":
         return (Coeff("tree", math.ceil(math.log2(n)) * L.inter_alpha, 1 / flat_bw),)
     if op in ("all-gather", "reduce-scatter"):
-        return (nccl_ring(n, k, ring_bw, L),)
+        return (nccl_ring(n, k, ring_bw, L, op),)
     return allreduce_coeffs(n, k, L, algorithm)
 
 
 def allreduce_coeffs(n: int, k: int, L: Links, algorithm: str = "auto") -> tuple[Coeff, ...]:
     """All-reduce over n ranks in k > 1 NVLink domains: the algorithms NCCL chooses among, ring (2(n-1)/n of
-    S/g on each NIC) and double binary tree (each domain interior in one tree: 2 S/g on each NIC, S/g at
-    k = 2; log latency), both at the all-reduce network rate, so busbw does not fall with k. The
-    hierarchical form (2(k-1)/k of S/g on each NIC), which NCCL does not run, only when asked for.
+    S/g on each NIC, nccl_ring's latency) and double binary tree (each domain interior in one tree: 2 S/g on
+    each NIC, S/g at k = 2; a chain inside the domain, 2 S through each GPU's NVLink; never faster per byte
+    than the ring, as tuning.cc's tree algbw is 0.5 busBw against the ring's nRanks/nsteps busBw; log
+    latency), both at the ring network rate, so busbw does not fall with k. The hierarchical form (2(k-1)/k
+    of S/g on each NIC), which NCCL does not run, only when asked for.
     Source: NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc ncclTopoTuneModel (busBw = nChannels x bwInter for
     nNodes > 2, bwIntra at 2; algbw ring busBw nRanks/nsteps, tree busBw x .5; tree latency
     2((nRanks/nNodes-1) intraLat + log2(nNodes) interLat)). Derived: docs/formulas.md#comm.collective"""
     g = max(1, n // k)
-    intra_alpha = 2 * (g - 1) * L.intra_alpha
-    intra_beta = 2 * (g - 1) / g / L.intra_bw
-    tree_beta = (1.0 if k == 2 else 2.0) / g / L.ar_inter_bw
-    hier_beta = bus_factor("all-reduce", k) / g / L.ar_inter_bw  # docs/formulas.md#comm.hierarchical
-    cands = [_ring("all-reduce", n, min(L.intra_bw, g * L.ar_inter_bw), L.inter_alpha),
-             Coeff("tree", intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha, max(intra_beta, tree_beta)),
-             Coeff("hierarchical", intra_alpha + 2 * (k - 1) * L.inter_alpha, max(intra_beta, hier_beta))]
+    ring = nccl_ring(n, k, min(L.intra_bw, g * L.ring_inter_bw), L, "all-reduce")
+    tree_alpha = 2 * (g - 1) * L.intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha
+    tree_beta = max(2.0 / L.intra_bw, (1.0 if k == 2 else 2.0) / g / L.ring_inter_bw, ring.beta)
+    hier_beta = max(2 * (g - 1) / g / L.intra_bw, bus_factor("all-reduce", k) / g / L.ring_inter_bw)  # comm.hierarchical
+    cands = [ring, Coeff("tree", tree_alpha, tree_beta),
+             Coeff("hierarchical", 2 * (g - 1) * L.intra_alpha + 2 * (k - 1) * L.inter_alpha, hier_beta)]
     if algorithm == "auto":
         return tuple(c for c in cands if c.algorithm != "hierarchical")
     return tuple([c for c in cands if c.algorithm == algorithm] or cands[:1])
