@@ -236,7 +236,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     `target`: each search keeps only the plans that export writes for it, cli.target)."""
     from llmplan.search.grid import Workload
     from llmplan.cli.inputs import cluster_of, make_allowance, make_checkpoint
-    from llmplan.export import SYNC_GATHER_TARGETS, UNFUSED_LOSS_TARGETS
+    from llmplan.export import SYNC_GATHER_TARGETS, UNFUSED_LOSS_TARGETS, WHOLE_EMBEDDING_TARGETS
     from llmplan.planfile import plan_document, save_refs
     from llmplan.specs.registry import build, resolve_model
     from llmplan.specs.thresholds import CheckThresholds
@@ -255,6 +255,8 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         base = Workload(**{**base.fields(), "overlap_param_gather": False})
     if target in UNFUSED_LOSS_TARGETS and "fused_loss" not in named:  # its tp > 1 loss is three all-reduces
         base = Workload(**{**base.fields(), "fused_loss": False})
+    if target in WHOLE_EMBEDDING_TARGETS and "tp_whole_embedding" not in named:  # AutoTP leaves embed_tokens whole
+        base = Workload(**{**base.fields(), "tp_whole_embedding": True})
     refuse_missing_format(m, base, cluster)
     refuse_a2a_size_over_cluster(s.cp_a2a_size, cluster.num_gpus)
     tokens = parse_count(goal.train_tokens, "--train-tokens")  # before the search, not after it

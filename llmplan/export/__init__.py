@@ -36,6 +36,10 @@ UNFUSED_LOSS_TARGETS = ("deepspeed",)
 """Training targets whose loss at tp > 1 is the unfused vocabulary-parallel one (deepspeed.py fused_loss_refusal:
 DeepSpeed's AutoTP loss all-reduces three times): a targeted search searches them with fused_loss false
 (cli.search.train_search) unless the user named --fused-loss or --unfused-loss."""
+WHOLE_EMBEDDING_TARGETS = ("deepspeed",)
+"""Training targets that hold an untied input embedding whole on every TP rank (deepspeed.py split_embedding_refusal:
+AutoTP shards only what the Hugging Face tp_plan names): a targeted search searches them with tp_whole_embedding true
+(cli.search.train_search) unless the user named --tp-whole-embedding or --vocab-parallel-embedding."""
 SERVE_TARGETS = ("vllm", "sglang")
 TARGETS = TRAIN_TARGETS + SERVE_TARGETS
 SCRIPTS = (".sh", ".sbatch")
