@@ -422,7 +422,8 @@ def whole_embedding(m: ModelSpec, plan: PlanLike) -> Any:
     Source: deepspeedai/DeepSpeed v0.19.8 deepspeed/runtime/engine.py (the training AutoTP path converts the
     Hugging Face tp_plan) and module_inject/auto_tp.py (_replace_module leaves an nn.Embedding whole unless a
     non-SKIP spec matches it; _create_vocab_parallel_layer shards a tied one with the head)."""
-    return (plan.tp > 1) & bool(plan.tp_whole_embedding) & (not m.tie_word_embeddings)
+    whole = bool(getattr(plan, "tp_whole_embedding", False))  # a ServePlan has none: serving splits it
+    return (plan.tp > 1) & whole & (not m.tie_word_embeddings)
 
 
 def input_embedding_params(m: ModelSpec, plan: PlanLike) -> Any:

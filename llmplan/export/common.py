@@ -354,7 +354,7 @@ def whole_embedding_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     (tp_whole_embedding, cost.params.whole_embedding: DeepSpeed's AutoTP) on a launcher that splits it over its
     vocabulary: Megatron-Core's VocabParallelEmbedding (NVIDIA/Megatron-LM megatron/core/tensor_parallel/layers.py)
     and torchtitan's RowwiseParallel tok_embeddings (pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py
-    apply_tp)."""
+    apply_non_moe_tp: RowwiseParallel shards nn.Embedding's weight over dim 0)."""
     from llmplan.cost.params import whole_embedding
     return (f"the input embedding priced whole on each of tp {pf.plan.tp} ranks (tp_whole_embedding, as DeepSpeed's "
             "AutoTP holds it; this launcher splits it over the vocabulary)", bool(whole_embedding(pf.model, pf.plan)),
