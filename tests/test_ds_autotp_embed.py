@@ -139,3 +139,17 @@ def test_search_targeting_deepspeed_prices_the_whole_embedding(cli, tmp_path):
     assert cli("export", targeted, "--to", "deepspeed", "-o", tmp_path / "b").code == 0
     r = cli("search", *common, "--vocab-parallel-embedding", "--target", "deepspeed")
     assert r.code == 2 and "the input embedding split over tp 2" in r.err
+
+
+def test_the_splitting_launchers_refuse_the_whole_embedding(cli, tmp_path):
+    # Megatron-Bridge (VocabParallelEmbedding) and torchtitan (RowwiseParallel tok_embeddings) split it: one line,
+    # exit 2, no files
+    for target, extra in (("megatron-bridge", ("--zero", "1")), ("torchtitan", ("--zero", "3", "--tp-impl", "dtensor"))):
+        path = tmp_path / f"{target}.json"
+        assert cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "2",
+                   "--dp", "8", "--tp-whole-embedding", *extra, "--save", path).code == 0
+        r = cli("export", path, "--to", target, "-o", tmp_path / target)
+        line = r.err.strip()
+        assert r.code == 2 and "\n" not in line, (target, r.err)
+        assert "input embedding priced whole on each of tp 2 ranks" in line
+        assert line.endswith("re-plan with --vocab-parallel-embedding") and not (tmp_path / target).exists()
