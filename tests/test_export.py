@@ -160,7 +160,9 @@ def test_deepspeed_batch_identity():
            "plan": load_plan(PLANS / "dense_train.json").plan.model_copy(update={"sp": False, "vpp": 1, "grad_reduce": "all-reduce",
                                                                   "grad_accumulation": "cast-add",
                                                                   "overlap_param_gather": False,
-                                                                  "fused_loss": False})}),
+                                                                  "fused_loss": False,
+                                                                  # AutoTP keeps the untied embedding whole
+                                                                  "tp_whole_embedding": True})}),
         "deepspeed")
     cfg = json.loads(files["ds_config.json"])
     assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 2
@@ -345,10 +347,12 @@ def test_deepspeed_config_accepted_by_deepspeed(zero, tp, monkeypatch):
     # all-reduced (BF16_Optimizer), and without ZeRO they are kept in the model's bf16
     # and BF16_Optimizer casts each micro-batch's gradient to fp32 and adds it (cast-add); the weights gathered
     # inside the optimizer step (overlapped_gather_refusal) and, at tp 2, DeepSpeed's unfused vocab-parallel loss
+    # and the untied embedding AutoTP keeps whole on each rank (split_embedding_refusal)
     grads = {0: {"grad_dtype": "bf16"}, 1: {"grad_reduce": "all-reduce", "grad_accumulation": "cast-add"}}.get(zero, {})
     pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"zero": zero, "tp": tp, "dp": gpus // tp,
                                                                      "overlap_param_gather": False,
-                                                                     "fused_loss": tp == 1, **grads}))
+                                                                     "fused_loss": tp == 1,
+                                                                     "tp_whole_embedding": tp > 1, **grads}))
     cfg = json.loads(render_all(pf, "deepspeed")[0]["ds_config.json"])
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)  # as on rank 0 of a running job
 

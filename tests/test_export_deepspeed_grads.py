@@ -25,6 +25,9 @@ def plan_file(tmp_path: Path, **plan: object) -> Path:
     # synchronous gather unless a case names the switch
     if "overlap_param_gather" not in plan:
         doc["plan"]["overlap_param_gather"] = False
+    # and AutoTP keeps the untied embedding whole on each TP rank (deepspeed.split_embedding_refusal)
+    if "tp_whole_embedding" not in plan:
+        doc["plan"]["tp_whole_embedding"] = True
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
     return path

@@ -181,7 +181,7 @@ def switches(s: SwitchOptions) -> dict:
 SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                      "pp_scatter_gather", "tp_backward_overlap", "ep_comm_overlap", "delay_wgrad", "moe_capacity_factor",
                      "pp_schedule", "attention_kernel", "attention_release", "recompute_layers", "fused_loss",
-                     "fused_loss_impl",
+                     "fused_loss_impl", "tp_whole_embedding",
                      "tp_impl", "cp_impl", "cp_kv_repeated", "cp_comm_overlap", "fp32_param_shards", "megatron_fsdp", "swiglu_fp8_input",
                      "fp8_attention", "moe_dispatcher",
                      "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms", "cuda_max_connections",

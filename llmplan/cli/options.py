@@ -98,6 +98,9 @@ ATTENTION_RELEASE = typer.Option(None, "--attention-release",
 FUSED_LOSS = typer.Option(_plan("fused_loss"), "--fused-loss/--unfused-loss",
                           help="Loss on one fp32 copy of the logits (Megatron, a compiled loss) or PyTorch's eager "
                                "cross_entropy on fp32 logits (three copies at its backward).")
+TP_WHOLE_EMBEDDING = typer.Option(_plan("tp_whole_embedding"), "--tp-whole-embedding/--vocab-parallel-embedding",
+                                  help="At tp > 1, every TP rank holds an untied input embedding whole (DeepSpeed's "
+                                       "AutoTP training) or its vocabulary shard (Megatron).")
 FUSED_LOSS_IMPL = typer.Option(_plan("fused_loss_impl"), "--fused-loss-impl",
                                help="With --fused-loss on Megatron-Core: native (Megatron-Core's fused loss, two "
                                     "TP all-reduces) | te (Transformer Engine's parallel cross entropy, one TP "
@@ -341,7 +344,7 @@ SWITCHES = Flags("Training switches", {
     "seq_len": SEQ_LEN, "dtype": DTYPE, "precision": PRECISION, "moe_capacity_factor": MOE_CAPACITY_FACTOR,
     "pp_schedule": PP_SCHEDULE, "flash_attention": FLASH_ATTENTION, "attention_kernel": ATTENTION_KERNEL,
     "attention_release": ATTENTION_RELEASE,
-    "fused_loss": FUSED_LOSS, "fused_loss_impl": FUSED_LOSS_IMPL, "tp_impl": TP_IMPL, "cp_impl": CP_IMPL, "cp_comm_type": CP_COMM_TYPE,
+    "fused_loss": FUSED_LOSS, "fused_loss_impl": FUSED_LOSS_IMPL, "tp_whole_embedding": TP_WHOLE_EMBEDDING, "tp_impl": TP_IMPL, "cp_impl": CP_IMPL, "cp_comm_type": CP_COMM_TYPE,
     "cp_a2a_size": CP_A2A_SIZE, "cp_kv_repeated": CP_KV_REPEATED,
     "cp_comm_overlap": CP_COMM_OVERLAP,
     "recompute_layers": RECOMPUTE_LAYERS,

@@ -236,7 +236,8 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     `target`: each search keeps only the plans that export writes for it, cli.target)."""
     from llmplan.search.grid import Workload
     from llmplan.cli.inputs import cluster_of, make_allowance, make_checkpoint
-    from llmplan.export import MEGATRON_FSDP_TARGETS, SYNC_GATHER_TARGETS, UNFUSED_LOSS_TARGETS
+    from llmplan.export import (MEGATRON_FSDP_TARGETS, SYNC_GATHER_TARGETS, UNFUSED_LOSS_TARGETS,
+                                WHOLE_EMBEDDING_TARGETS)
     from llmplan.planfile import plan_document, save_refs
     from llmplan.specs.registry import build, resolve_model
     from llmplan.specs.thresholds import CheckThresholds
@@ -257,6 +258,8 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         base = Workload(**{**base.fields(), "fused_loss": False})
     if target in MEGATRON_FSDP_TARGETS and "megatron_fsdp" not in named:  # its ZeRO-2 is Megatron-FSDP's
         base = Workload(**{**base.fields(), "megatron_fsdp": True})  # settled off where it does nothing
+    if target in WHOLE_EMBEDDING_TARGETS and "tp_whole_embedding" not in named:  # AutoTP leaves embed_tokens whole
+        base = Workload(**{**base.fields(), "tp_whole_embedding": True})
     refuse_missing_format(m, base, cluster)
     refuse_a2a_size_over_cluster(s.cp_a2a_size, cluster.num_gpus)
     tokens = parse_count(goal.train_tokens, "--train-tokens")  # before the search, not after it

@@ -27,6 +27,7 @@ from llmplan.cost.quantize import torchao_fp8_params
 from llmplan.cost.offload import attention_offload_bytes, moe_layer_offload_bytes, offload_layer_bytes
 from llmplan.cost.memo import memoized
 from llmplan.cost.params import (
+    whole_embedding,
     attention_params,
     indexer_params,
     norm_params,
@@ -594,14 +595,15 @@ def tp_edge_transfers(m: ModelSpec, plan: ParallelPlan, group: G,
                       stage: Any) -> tuple[list[Transfer[G]], list[Transfer[G]]]:
     """(synchronous, asynchronous) TP collectives of a step on a rank of pipeline stage `stage` outside its
     decoder layers (tp_transfers): the input embedding on the first stage, the output head (its loss included) on
-    the one that holds the output layer (tp_edge_roles), the MTP modules on the stage a pp_layout places them on,
-    else on that one. The asynchronous ones run beside the heads' GEMMs (step.tp_edge).
+    the one that holds the output layer (tp_edge_roles; not an embedding each rank holds whole, params.whole_embedding),
+    the MTP modules on the stage a pp_layout places them on, else on that one. The asynchronous ones run beside the heads' GEMMs (step.tp_edge).
     Derived: docs/formulas.md#comm.tp_edge"""
     first, last = tp_edge_roles(plan, stage)
     mtp = where(last, m.num_nextn_predict_layers, 0) if not has_layout(plan) else stage_mtp_modules(m, plan, stage)
     heads = where(last, 1, 0) + mtp
     mtp_sync, mtp_async = tp_mtp_transfers(m, plan, group, mtp)
-    sync = tp_embedding_transfers(m, plan, group, where(first, 1, 0)) + tp_head_transfers(m, plan, group, heads)
+    embeds = where(first, where(whole_embedding(m, plan), 0, 1), 0)  # a whole embedding's output needs no all-reduce
+    sync = tp_embedding_transfers(m, plan, group, embeds) + tp_head_transfers(m, plan, group, heads)
     return sync + mtp_sync, tp_head_async_transfers(m, plan, group, heads) + mtp_async
 
 

@@ -15,7 +15,8 @@ from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compressed import hc_head_params
 from llmplan.cost.memo import memoized
 from llmplan.cost.params import (RankParams, mtp_projection_params, nonmatrix_layer_params, norm_params, param_counts,
-                                 rank_params, router_params, stage_end_params, stepped_rank_params, vocab_shard_params)
+                                 rank_params, router_params, stage_end_params, stepped_rank_params, vocab_shard_params,
+                                 input_embedding_params)
 from llmplan.cost.quantize import torchao_float8, torchao_fp8_params
 from llmplan.cost.stages import stage_layers
 from llmplan.specs.model import ModelSpec
@@ -188,7 +189,7 @@ def fp32_embedding_grad_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any) -> A
     dtypes, in its grad_sync_dtype). Derived: docs/formulas.md#mem.fp32_embedding_grads"""
     vocab = vocab_shard_params(m, plan.tp)
     positions = m.max_position_embeddings * m.hidden_size if m.learned_position_embeddings else 0
-    first = where(stage == 0, vocab + positions, 0.0)
+    first = where(stage == 0, input_embedding_params(m, plan) + positions, 0.0)
     tied_copy = where((stage == plan.pp - 1) & (plan.pp > 1) & bool(m.tie_word_embeddings), vocab, 0.0)
     on = plan.fp32_embedding_grads & fp32_embedding_grads_act(plan)
     return where(on, (4.0 - plan.grad_bytes) * (first + tied_copy), 0.0)

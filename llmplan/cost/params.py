@@ -416,6 +416,23 @@ def vocab_shard_params(m: ModelSpec, t: Any) -> Any:
     return padded_vocab(m.vocab_size, t) * m.hidden_size / t
 
 
+def whole_embedding(m: ModelSpec, plan: PlanLike) -> Any:
+    """Whether each TP rank holds the input word embedding whole (ParallelPlan.tp_whole_embedding on an untied
+    embedding at tp > 1; a tied one shares the vocabulary-parallel head's shard). Elementwise on arrays of tp.
+    Source: deepspeedai/DeepSpeed v0.19.8 deepspeed/runtime/engine.py (the training AutoTP path converts the
+    Hugging Face tp_plan) and module_inject/auto_tp.py (_replace_module leaves an nn.Embedding whole unless a
+    non-SKIP spec matches it; _create_vocab_parallel_layer shards a tied one with the head)."""
+    whole = bool(getattr(plan, "tp_whole_embedding", False))  # a ServePlan has none: serving splits it
+    return (plan.tp > 1) & whole & (not m.tie_word_embeddings)
+
+
+def input_embedding_params(m: ModelSpec, plan: PlanLike) -> Any:
+    """Parameters of one TP rank's word embedding: V·h whole under whole_embedding (unpadded: AutoTP pads
+    nothing), else its vocabulary shard (vocab_shard_params). Elementwise on arrays of tp.
+    Derived: docs/formulas.md#params.rank"""
+    return where(whole_embedding(m, plan), m.vocab_size * m.hidden_size, vocab_shard_params(m, plan.tp))
+
+
 def rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
     """Parameters held by one rank of pipeline stage `stage` (see _rank_params)."""
     return per_distinct(plan, LAYOUT_AXES + ("tp", "ep", "etp_resolved"), stage, lambda p, i: _rank_params(m, p, i))
@@ -469,10 +486,11 @@ def mtp_block_extra_params(m: ModelSpec, plan: PlanLike) -> Any:
 
 def word_embedding_on_rank(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     """The word embedding's parameters on one rank of pipeline stage `stage`: V·h / t on the first stage, V
-    padded as the rank holds it (padded_vocab; VocabParallelEmbedding splits it over TP), none elsewhere. One
+    padded as the rank holds it (padded_vocab; VocabParallelEmbedding splits it over TP; whole under
+    whole_embedding), none elsewhere. One
     parameter: the DP buckets never split it (cost.exposure.bucket_share).
     Derived: docs/formulas.md#step.dp_last_bucket"""
-    return where(stage == 0, vocab_shard_params(m, plan.tp), 0.0)
+    return where(stage == 0, input_embedding_params(m, plan), 0.0)
 
 
 def separate_output_layer(m: ModelSpec, plan: PlanLike) -> Any:
@@ -523,4 +541,5 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     mtp_proj = m.num_nextn_predict_layers * mtp_projection_params(m, t)
     head = norm_params(m) + where(has_output, vocab, 0) + mtp_proj + hc_head_params(m)
     mtp_extra = mtp_block_params_per_rank(m, t) - (moe_layer if m.is_moe else dense_layer)
-    return dense_layer, moe_layer, expert_layer, vocab + positions, head, mtp_extra
+    embedding = input_embedding_params(m, plan) + positions
+    return dense_layer, moe_layer, expert_layer, embedding, head, mtp_extra

@@ -41,6 +41,10 @@ MEGATRON_FSDP_TARGETS = ("megatron", "megatron-bridge", "torchrun", "slurm")
 bridge.fsdp_overrides; torchrun / slurm wrap them) and refuses a ZeRO-2 plan priced without megatron_fsdp
 (megatron.fsdp_zero2_refusals): a targeted search prices its ZeRO-2/3 plans with megatron_fsdp
 (cli.search.train_search) unless the user named --megatron-fsdp / --no-megatron-fsdp."""
+WHOLE_EMBEDDING_TARGETS = ("deepspeed",)
+"""Training targets that hold an untied input embedding whole on every TP rank (deepspeed.py split_embedding_refusal:
+AutoTP shards only what the Hugging Face tp_plan names): a targeted search searches them with tp_whole_embedding true
+(cli.search.train_search) unless the user named --tp-whole-embedding or --vocab-parallel-embedding."""
 SERVE_TARGETS = ("vllm", "sglang")
 TARGETS = TRAIN_TARGETS + SERVE_TARGETS
 SCRIPTS = (".sh", ".sbatch")

@@ -13,7 +13,7 @@ from typing import Any
 
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal,
+from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
                                    megatron_layout, pp_sync_notes, need_mode, op_fuser, refuse, rendezvous_lines, sh_header,
                                    squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
@@ -255,7 +255,7 @@ def check(pf: PlanFile) -> None:
          "over an all-reducing DDP, use_distributed_optimizer False)", p.optimizer == "muon" and p.zero == 1
          and p.grad_reduce == "reduce-scatter", "re-plan with --grad-reduce all-reduce, or export to megatron"),
         *tp_refusals(pf), *megatron_expert_refusals(pf), *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf),
-        parallel_block_refusal(pf), torch_ring_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf),
+        parallel_block_refusal(pf), torch_ring_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), whole_embedding_refusal(pf),
         (f"the {p.pp_schedule} pipeline schedule (Megatron-Core runs 1F1B and interleaved 1F1B)",
          launcher_schedule("megatron-bridge", p.pp_schedule) is None, "re-plan with --pp-schedule 1f1b"),
         ("op-level selective checkpointing (torchtitan's per-op policy)", p.recompute == "op",

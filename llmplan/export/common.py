@@ -349,6 +349,18 @@ def fp32_embedding_grads_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             "re-plan with --no-fp32-embedding-grads")
 
 
+def whole_embedding_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for an untied input embedding priced whole on every TP rank
+    (tp_whole_embedding, cost.params.whole_embedding: DeepSpeed's AutoTP) on a launcher that splits it over its
+    vocabulary: Megatron-Core's VocabParallelEmbedding (NVIDIA/Megatron-LM megatron/core/tensor_parallel/layers.py)
+    and torchtitan's RowwiseParallel tok_embeddings (pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py
+    apply_non_moe_tp: RowwiseParallel shards nn.Embedding's weight over dim 0)."""
+    from llmplan.cost.params import whole_embedding
+    return (f"the input embedding priced whole on each of tp {pf.plan.tp} ranks (tp_whole_embedding, as DeepSpeed's "
+            "AutoTP holds it; this launcher splits it over the vocabulary)", bool(whole_embedding(pf.model, pf.plan)),
+            "re-plan with --vocab-parallel-embedding")
+
+
 def parallel_block_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for a model with the parallel transformer block
     (ModelSpec.parallel_block: attention and MLP side by side on one norm's output) on a launcher that builds the

@@ -136,6 +136,22 @@ def fused_loss_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "re-plan with --unfused-loss, or export to megatron")
 
 
+def split_embedding_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """An untied input embedding priced as its vocabulary shard at tp > 1 (tp_whole_embedding false). DeepSpeed 0.19.8's
+    training AutoTP (runtime/engine.py) converts the model's Hugging Face tp_plan (module_inject/tp_plan_converter.py)
+    and its _replace_module (module_inject/auto_tp.py) shards an nn.Embedding only where a non-SKIP spec matches it:
+    a Llama-style plan names no embed_tokens (untied), or embedding_rowwise, a SKIP spec; a tied one is sharded with
+    the vocabulary-parallel head (_create_vocab_parallel_layer). So each TP rank holds an untied embedding whole, its
+    gradient and optimizer states too (cost.params.whole_embedding)."""
+    from llmplan.cost.params import vocab_shard_params
+    m, p = pf.model, pf.plan
+    whole, shard = m.vocab_size * m.hidden_size, vocab_shard_params(m, p.tp)
+    return (f"the input embedding split over tp {p.tp} ({shard / 1e9:.2f} G parameters a rank priced; DeepSpeed's "
+            f"AutoTP keeps an untied embed_tokens whole on each rank, {whole / 1e9:.2f} G)",
+            p.tp > 1 and not m.tie_word_embeddings and not p.tp_whole_embedding,
+            "re-plan with --tp-whole-embedding, or search with --target deepspeed")
+
+
 def tp_synced_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     """Weights every TP rank holds whole whose gradients llmplan sums (averages) over TP at tp > 1 without sequence
     parallelism (which DeepSpeed refuses): the per-head q/k norms and DeepSeek Sparse Attention's indexer
@@ -207,6 +223,7 @@ def check(pf: PlanFile) -> None:
         # last: the refusals above name a change to the plan's layout or features; these a switch of its pricing
         tp_synced_refusal(pf),
         fused_loss_refusal(p),
+        split_embedding_refusal(pf),
         overlapped_gather_refusal(p),
     ):
         if bad:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal,
+from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, need_mode, refuse, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
@@ -637,7 +637,7 @@ def check(pf: PlanFile) -> None:
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
     for what, bad, fix in [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
                            *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf), parallel_block_refusal(pf),
-                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), connections_refusal(pf),
+                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), whole_embedding_refusal(pf), connections_refusal(pf),
                            tp_overlap_queues_refusal(pf)]:
         if bad:
             raise refuse(TARGET, what, fix)

@@ -449,6 +449,14 @@ class ParallelPlan(PlanQuantities, Spec):
     eager cross_entropy (torchtitan up to its loss compilation), whose backward holds three fp32 copies at once
     (docs/formulas.md#mem.activations), or Megatron's unfused vocab-parallel cross entropy (its default), priced
     with the same memory though it works in place (about one fp32 copy: an over-count there)."""
+    tp_whole_embedding: bool = False
+    """At tp > 1, every TP rank holds the input word embedding whole (V·h, unpadded) instead of its vocabulary
+    shard (Megatron's VocabParallelEmbedding, V·h / t and one all-reduce of its output forward): DeepSpeed's
+    AutoTP training, which shards only the modules the model's Hugging Face tp_plan names (a Llama-style plan
+    names none of embed_tokens, or marks it embedding_rowwise, a skipped spec). A tied embedding still shares the
+    vocabulary-parallel head's shard (AutoTP's VocabParallelEmbedding), so this acts on an untied one only.
+    Priced in the rank's parameters (weights, gradients, optimizer states, the DP gradient sync), no forward
+    all-reduce (docs/formulas.md#params.rank)."""
     fused_loss_impl: FusedLossImpl = "native"
     """Which fused loss runs under fused_loss on Megatron-Core (cross_entropy_fusion_impl; Megatron-Core's
     default native, as Megatron-LM runs it: d98e8a6 arguments.py rejects te with the fusion, #5115): native
