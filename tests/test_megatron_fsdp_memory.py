@@ -97,3 +97,48 @@ def test_only_megatron_launchers_write_it(cli, tmp_path):
     for target in ("deepspeed", "torchtitan"):
         line = cli("export", path, "--to", target, "-o", tmp_path / target).refusal()
         assert "megatron_fsdp" in line and "--no-megatron-fsdp" in line, line
+
+
+def _follow(fix: str, target: str) -> list[tuple[str, dict[str, str | None]]]:
+    """(target, flags) for each option a refusal's fix names: 're-plan with FLAGS' (on the same target, '--zero 1 or
+    0' read as one option per stage) and 'export to A / B [with FLAGS]'."""
+    out: list[tuple[str, dict[str, str | None]]] = []
+    for option in fix.removeprefix("re-plan with ").split(", or "):
+        to, _, flags = option.partition(" with ") if option.startswith("export to ") else ("", "", option)
+        words = flags.split()
+        stages = [w for i, w in enumerate(words) if i and words[i - 1] in ("--zero", "or") and w.isdigit()]
+        rest = {w: None for w in words if w.startswith("--") and w != "--zero"}
+        for stage in stages or [None]:
+            named = {**rest, **({"--zero": stage} if stage else {})}
+            for t in (to.removeprefix("export to ").split(" / ") if to else [target]):
+                out.append((t, named))
+    return out
+
+
+def test_refusals_of_a_zero3_megatron_fsdp_plan_name_fixes_that_export(cli, tmp_path):
+    # a ZeRO-3 plan priced with megatron_fsdp: no target runs it as priced (Megatron-LM / Megatron-Bridge export
+    # ZeRO-2 only, DeepSpeed / torchtitan shard their own way), so each refusal's fix must lead somewhere that
+    # exports, never back to a target refusing the same plan (review: deepspeed -> megatron -> deepspeed)
+    base = {"--model": "llama-3.1-8b", "--hardware": "dgx-h100", "--nodes": "1", "--tp": "1", "--pp": "1",
+            "--zero": "3", "--global-batch": "64", "--megatron-fsdp": None}
+
+    def saved(flags: dict[str, str | None], name: str):
+        args = {**base, **flags}
+        if "--no-megatron-fsdp" in args:
+            del args["--megatron-fsdp"]
+        path = tmp_path / f"{name}.json"
+        words = [w for k, v in args.items() for w in ((k,) if v is None else (k, v))]
+        assert cli("estimate", *words, "--save", path).code in (0, 3)
+        return path
+
+    plan = saved({}, "zero3")
+    followed = 0
+    for target in ("megatron", "megatron-bridge", "deepspeed", "torchtitan"):
+        line = cli("export", plan, "--to", target, "-o", tmp_path / target).refusal()
+        fix = line.rsplit("; ", 1)[1]
+        for i, (to, flags) in enumerate(_follow(fix, target)):
+            again = saved(flags, f"{target}-{i}")
+            result = cli("export", again, "--to", to, "-o", tmp_path / f"{target}-{i}-{to}")
+            assert result.code == 0, (line, to, flags, result.err)
+            followed += 1
+    assert followed >= 10

@@ -13,7 +13,7 @@ from typing import Any
 
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal,
+from llmplan.export.common import (without_megatron_fsdp, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal,
                                    launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
                                    megatron_layout, pp_sync_notes, need_mode, op_fuser, refuse, rendezvous_lines, sh_header,
                                    squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
@@ -246,7 +246,8 @@ def check(pf: PlanFile) -> None:
         (f"ZeRO stage {p.zero} (this export writes Megatron-Core's distributed optimizer, ZeRO-1, and Megatron-FSDP's "
          "optim_grads, ZeRO-2; not its optim_grads_params, whose gathers llmplan does not price as Megatron-FSDP "
          "runs them: docs/validation.md#mfsdp-zero3)", p.zero >= 3,
-         "re-plan with --zero 1 (or 2 with --megatron-fsdp, or 0), or export to torchtitan"),
+         "re-plan with --zero 2 --megatron-fsdp, or --zero 1 or 0" + without_megatron_fsdp(p)
+         + ", or export to torchtitan" + without_megatron_fsdp(p)),
         *fsdp_zero2_rules(pf),
         ("ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's distributed optimizer "
          "reduce-scatters them)", p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon",

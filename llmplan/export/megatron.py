@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal,
+from llmplan.export.common import (without_megatron_fsdp, as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal,
                                    launcher_schedule, need_mode, refuse, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
@@ -599,7 +599,8 @@ def check(pf: PlanFile) -> None:
     if p.zero >= 3:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (this export writes the distributed optimizer, ZeRO-1, and "
                      "Megatron-FSDP's optim_grads, ZeRO-2; not its optim_grads_params)", "re-plan with --zero 2 "
-                     "--megatron-fsdp, or --zero 1 or 0" + ("" if pf.model.is_hybrid else ", or export to deepspeed / torchtitan"))  # they refuse hybrids
+                     "--megatron-fsdp, or --zero 1 or 0" + without_megatron_fsdp(p) + ("" if pf.model.is_hybrid else ", or export to deepspeed / "
+                     "torchtitan" + without_megatron_fsdp(p)))  # they refuse hybrids
     for what, bad, fix in fsdp_zero2_refusals(pf):
         if bad:
             raise refuse(TARGET, what, fix)
