@@ -353,11 +353,12 @@ def fsdp_zero2_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
     p = pf.plan
     on = p.zero == 2
     z2 = "ZeRO-2 (Megatron-FSDP optim_grads)"
-    keep = ("under a pipeline", "without the overlapped", "with hybrid sharding", "with grad_accumulation",
-            "priced without megatron_fsdp")
+    # Megatron-LM's rules Megatron-Bridge shares, by id (its own CUDA_DEVICE_MAX_CONNECTIONS rule below; the TP
+    # userbuffer one is refused on its own)
+    keep = ("pipeline", "no_overlap", "hybrid", "grad_accumulation", "unpriced")
+    shared = fsdp_zero2_refusals(pf)
     return [
-        *((what, bad, fix) for what, bad, fix in fsdp_zero2_refusals(pf) if what.startswith(tuple(
-            f"{z2} {k}" for k in keep))),
+        *(shared[k] for k in keep),
         (f"{z2} with CUDA_DEVICE_MAX_CONNECTIONS 1 (Megatron-Bridge asserts it is not 1 under Megatron-FSDP)",
          on and p.cuda_max_connections == 1, "re-plan without --cuda-max-connections, or with --zero 1"),
     ]
