@@ -97,3 +97,75 @@ def test_only_megatron_launchers_write_it(cli, tmp_path):
     for target in ("deepspeed", "torchtitan"):
         line = cli("export", path, "--to", target, "-o", tmp_path / target).refusal()
         assert "megatron_fsdp" in line and "--no-megatron-fsdp" in line, line
+
+
+def _follow(fix: str, target: str) -> list[tuple[str, dict[str, str | None]]]:
+    """(target, flags) for each option a refusal's fix names: 're-plan with FLAGS' (on the same target, '--zero 1 or
+    0' read as one option per stage) and 'export to A / B [with FLAGS]'."""
+    out: list[tuple[str, dict[str, str | None]]] = []
+    for option in fix.removeprefix("re-plan with ").split(", or "):
+        to, _, flags = option.partition(" with ") if option.startswith("export to ") else ("", "", option)
+        words = flags.split()
+        stages = [w for i, w in enumerate(words) if i and words[i - 1] in ("--zero", "or") and w.isdigit()]
+        rest = {w: None for w in words if w.startswith("--") and w != "--zero"}
+        for stage in stages or [None]:
+            named = {**rest, **({"--zero": stage} if stage else {})}
+            for t in (to.removeprefix("export to ").split(" / ") if to else [target]):
+                out.append((t, named))
+    return out
+
+
+def test_refusals_of_a_zero3_megatron_fsdp_plan_name_fixes_that_export(cli, tmp_path):
+    # a ZeRO-3 plan priced with megatron_fsdp: no target runs it as priced (Megatron-LM / Megatron-Bridge export
+    # ZeRO-2 only, DeepSpeed / torchtitan shard their own way), so each refusal's fix must lead somewhere that
+    # exports, never back to a target refusing the same plan (review: deepspeed -> megatron -> deepspeed)
+    base = {"--model": "llama-3.1-8b", "--hardware": "dgx-h100", "--nodes": "1", "--tp": "1", "--pp": "1",
+            "--zero": "3", "--global-batch": "64", "--megatron-fsdp": None}
+
+    def saved(flags: dict[str, str | None], name: str):
+        args = {**base, **flags}
+        if "--no-megatron-fsdp" in args:
+            del args["--megatron-fsdp"]
+        path = tmp_path / f"{name}.json"
+        words = [w for k, v in args.items() for w in ((k,) if v is None else (k, v))]
+        assert cli("estimate", *words, "--save", path).code in (0, 3)
+        return path
+
+    plan = saved({}, "zero3")
+    followed = 0
+    for target in ("megatron", "megatron-bridge", "deepspeed", "torchtitan"):
+        line = cli("export", plan, "--to", target, "-o", tmp_path / target).refusal()
+        fix = line.rsplit("; ", 1)[1]
+        for i, (to, flags) in enumerate(_follow(fix, target)):
+            again = saved(flags, f"{target}-{i}")
+            result = cli("export", again, "--to", to, "-o", tmp_path / f"{target}-{i}-{to}")
+            assert result.code == 0, (line, to, flags, result.err)
+            followed += 1
+    assert followed >= 10
+
+
+def test_per_tensor_units_are_refused_with_it(cli):
+    # Megatron-FSDP's units are decoder layers (fsdp_unit_modules, mcore_fsdp_adapter.py at d98e8a64dd): it never
+    # gathers one weight at a time, so the per-tensor unit (DeepSpeed's ZeRO-3 of 2021) cannot be priced beside it
+    args = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--global-batch", "64",
+            "--zero3-unit", "tensor")
+    line = cli("estimate", *args, "--tp", "1", "--pp", "1", "--zero", "3", "--megatron-fsdp").refusal()
+    assert "megatron_fsdp with zero3_unit tensor" in line and "drop --megatron-fsdp" in line, line
+    assert cli("estimate", *args, "--tp", "1", "--pp", "1", "--zero", "3").code in (0, 3)  # either alone is fine
+    line = cli("search", *args, "--megatron-fsdp").refusal()
+    assert "megatron_fsdp_unit" in line and "--zero3-unit layer" in line, line
+    # a Megatron target turns the switch on by itself: the line says to drop the unit, not a flag never named
+    line = cli("search", *args, "--target", "megatron").refusal()
+    assert "--zero3-unit tensor with --target megatron" in line and "drop --zero3-unit" in line, line
+
+
+@pytest.mark.parametrize("unit, units", [(2e8, 4), (6e8, 2), (1.2e9, 2), (5e8, 2), (4.99e8, 3)])
+def test_prefetch_counts_past_the_unit_in_use(unit, units):
+    # all_gather_params (param_and_grad_buffer.py at d98e8a64dd, cd4afffa6) subtracts the unit in use's own size
+    # (base_all_gather_size) before comparing with S = C // 2, C = max(1e9, 2u); it adds a unit while the prefetched
+    # sum is below S: u = 2e8, S = 5e8: 0, 2e8, 4e8 < S, 6e8 stops -> 3 ahead + 1; u = 6e8, S = 6e8: 0 < S, 6e8 stops
+    # -> 1 ahead + 1; u = 4.99e8, S = 5e8: 0, 4.99e8 < S, 9.98e8 stops -> 2 ahead + 1
+    from llmplan.cost.memory import megatron_fsdp_held_params
+    weights, _ = megatron_fsdp_held_params(unit, 7.0, 32, 3)
+    assert float(weights) == pytest.approx(units * unit + 7.0)
+    assert float(megatron_fsdp_held_params(unit, 7.0, 2, 3)[0]) == pytest.approx(2 * unit + 7.0)  # at most L

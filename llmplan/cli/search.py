@@ -256,6 +256,11 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         base = Workload(**{**base.fields(), "overlap_param_gather": False})
     if target in UNFUSED_LOSS_TARGETS and "fused_loss" not in named:  # its tp > 1 loss is three all-reduces
         base = Workload(**{**base.fields(), "fused_loss": False})
+    if target in MEGATRON_FSDP_TARGETS and "megatron_fsdp" not in named and base.zero3_unit == "tensor":
+        raise LlmplanError(f"--zero3-unit tensor with --target {target}: the per-tensor unit is DeepSpeed's ZeRO-3 of "
+                           "2021, and this target runs no ZeRO-3 and shards with Megatron-FSDP, whose units are whole "
+                           "decoder layers (check rule megatron_fsdp_unit); drop --zero3-unit, or use --target "
+                           "deepspeed")
     if target in MEGATRON_FSDP_TARGETS and "megatron_fsdp" not in named:  # its ZeRO-2 is Megatron-FSDP's
         base = Workload(**{**base.fields(), "megatron_fsdp": True})  # settled off where it does nothing
     if target in WHOLE_EMBEDDING_TARGETS and "tp_whole_embedding" not in named:  # AutoTP leaves embed_tokens whole

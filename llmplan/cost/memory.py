@@ -60,7 +60,8 @@ def megatron_fsdp_held_params(unit: Any, ends: Any, layers: Any, zero: Any) -> t
     """(weights gathered, unsharded gradients) in elements that Megatron-FSDP holds on a rank without a pipeline,
     of its mean FSDP unit `unit` (a decoder layer), the non-unit parameters `ends` (embedding, final norm, output
     layer) and `layers` units. Weights, ZeRO-3 only: the unit in use, the units prefetched until max(5e8, unit)
-    elements are asked for ahead (AllGatherPipeline.all_gather_params), and the non-unit bucket, never released
+    elements are asked for ahead (AllGatherPipeline.all_gather_params, counting without the unit in use:
+    base_all_gather_size; so at least one), and the non-unit bucket, never released
     within the step (AllGatherPipeline.reset(preserve_non_fsdp_units=True)). Gradients, ZeRO 2 and 3: a launched
     unit's bucket is freed only once the queue passes C = MFSDP_COMM_UNIT_FLOOR (max with two units at ZeRO-3)
     elements (GradReducePipeline.wait_for_previous_grad_reduce), so floor(C / unit) + 1 launched units and the

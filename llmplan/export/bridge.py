@@ -13,7 +13,7 @@ from typing import Any
 
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
+from llmplan.export.common import (without_megatron_fsdp, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
                                    megatron_layout, pp_sync_notes, need_mode, op_fuser, refuse, rendezvous_lines, sh_header,
                                    squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
@@ -246,7 +246,9 @@ def check(pf: PlanFile) -> None:
         (f"ZeRO stage {p.zero} (this export writes Megatron-Core's distributed optimizer, ZeRO-1, and Megatron-FSDP's "
          "optim_grads, ZeRO-2; not its optim_grads_params, whose gathers llmplan does not price as Megatron-FSDP "
          "runs them: docs/validation.md#mfsdp-zero3)", p.zero >= 3,
-         "re-plan with --zero 1 (or 2 with --megatron-fsdp, or 0), or export to torchtitan"),
+         ("re-plan with --zero 2 --megatron-fsdp, or --zero 1 or 0" if p.megatron_fsdp else
+          "re-plan with --zero 1 (or 2 with --megatron-fsdp, or 0)") + without_megatron_fsdp(p)
+         + ", or export to torchtitan" + without_megatron_fsdp(p)),
         *fsdp_zero2_rules(pf),
         ("ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's distributed optimizer "
          "reduce-scatters them)", p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon",
@@ -352,11 +354,12 @@ def fsdp_zero2_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
     p = pf.plan
     on = p.zero == 2
     z2 = "ZeRO-2 (Megatron-FSDP optim_grads)"
-    keep = ("under a pipeline", "without the overlapped", "with hybrid sharding", "with grad_accumulation",
-            "priced without megatron_fsdp")
+    # Megatron-LM's rules Megatron-Bridge shares, by id (its own CUDA_DEVICE_MAX_CONNECTIONS rule below; the TP
+    # userbuffer one is refused on its own)
+    keep = ("pipeline", "no_overlap", "hybrid", "grad_accumulation", "unpriced")
+    shared = fsdp_zero2_refusals(pf)
     return [
-        *((what, bad, fix) for what, bad, fix in fsdp_zero2_refusals(pf) if what.startswith(tuple(
-            f"{z2} {k}" for k in keep))),
+        *(shared[k] for k in keep),
         (f"{z2} with CUDA_DEVICE_MAX_CONNECTIONS 1 (Megatron-Bridge asserts it is not 1 under Megatron-FSDP)",
          on and p.cuda_max_connections == 1, "re-plan without --cuda-max-connections, or with --zero 1"),
     ]

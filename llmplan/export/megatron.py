@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
+from llmplan.export.common import (without_megatron_fsdp, as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, need_mode, refuse, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
@@ -599,8 +599,9 @@ def check(pf: PlanFile) -> None:
     if p.zero >= 3:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (this export writes the distributed optimizer, ZeRO-1, and "
                      "Megatron-FSDP's optim_grads, ZeRO-2; not its optim_grads_params)", "re-plan with --zero 2 "
-                     "--megatron-fsdp, or --zero 1 or 0" + ("" if pf.model.is_hybrid else ", or export to deepspeed / torchtitan"))  # they refuse hybrids
-    for what, bad, fix in fsdp_zero2_refusals(pf):
+                     "--megatron-fsdp, or --zero 1 or 0" + without_megatron_fsdp(p) + ("" if pf.model.is_hybrid else ", or export to deepspeed / "
+                     "torchtitan" + without_megatron_fsdp(p)))  # they refuse hybrids
+    for what, bad, fix in fsdp_zero2_refusals(pf).values():
         if bad:
             raise refuse(TARGET, what, fix)
     if context_pairs(pf) and (pf.model.is_mla or pf.model.rope_scaling):
@@ -696,8 +697,8 @@ def fsdp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
             ("--megatron-fsdp-main-grads-dtype", grads), ("--megatron-fsdp-grad-comm-dtype", grads)]
 
 
-def fsdp_zero2_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
-    """(what, whether the plan has it, fix) for the ZeRO-2 plans that Megatron-FSDP's optim_grads (fsdp_pairs)
+def fsdp_zero2_refusals(pf: PlanFile) -> dict[str, tuple[str, bool, str]]:
+    """Rule id -> (what, whether the plan has it, fix) for the ZeRO-2 plans that Megatron-FSDP's optim_grads (fsdp_pairs)
     refuses or does not run as llmplan priced them. Source: NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py
     validate_args (under --use-megatron-fsdp: `assert os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1"`; its
     `assert args.optimizer in ('sgd', 'adam')` is check_plan's muon_zero rule, met before any export); megatron/core/distributed/fsdp/src/megatron_fsdp/
@@ -708,27 +709,28 @@ def fsdp_zero2_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     p, gpu = pf.plan, pf.cluster.system.gpu.name
     on = p.zero == 2
     z2 = "ZeRO-2 (Megatron-FSDP optim_grads)"
-    return [
-        (f"{z2} under a pipeline (PP {p.pp}): llmplan prices its gradients reduced once per step and Megatron-FSDP "
+    return {
+        "pipeline": (f"{z2} under a pipeline (PP {p.pp}): llmplan prices its gradients reduced once per step and Megatron-FSDP "
          "reduce-scatters them after every micro-batch's backward", on and p.pp > 1,
          "re-plan with --zero 1, or with --pp 1"),
-        (f"{z2} without the overlapped gradient reduction (Megatron-FSDP turns it on for sharded gradients)",
-         on and not p.overlap_grad_reduce, "re-plan with --overlap-grad-reduce, or --zero 1"),
-        (f"{z2} with hybrid sharding (dp_replicate {p.dp_replicate}: this export writes optim_grads over the whole "
-         "data-parallel group only)", on and p.dp_replicate > 1, "re-plan with --dp-replicate 1, or --zero 1"),
-        (f"{z2} with grad_accumulation {p.grad_accumulation} (Megatron-FSDP writes each micro-batch's sharded "
-         "gradient into its bucket: fused in the GEMM, or copied)", on and p.grad_accumulation in ("add", "cast-add"),
+        "no_overlap": (f"{z2} without the overlapped gradient reduction (Megatron-FSDP turns it on for sharded "
+         "gradients)", on and not p.overlap_grad_reduce, "re-plan with --overlap-grad-reduce, or --zero 1"),
+        "hybrid": (f"{z2} with hybrid sharding (dp_replicate {p.dp_replicate}: this export writes optim_grads over "
+         "the whole data-parallel group only)", on and p.dp_replicate > 1, "re-plan with --dp-replicate 1, or --zero 1"),
+        "grad_accumulation": (f"{z2} with grad_accumulation {p.grad_accumulation} (Megatron-FSDP writes each "
+         "micro-batch's sharded gradient into its bucket: fused in the GEMM, or copied)", on and p.grad_accumulation in ("add", "cast-add"),
          "re-plan with --grad-accumulation fused or copy, or --zero 1"),
-        (f"{z2} with CUDA_DEVICE_MAX_CONNECTIONS 1 (Megatron-LM asserts it is not 1 with --use-megatron-fsdp)",
+        "max_connections": (f"{z2} with CUDA_DEVICE_MAX_CONNECTIONS 1 (Megatron-LM asserts it is not 1 with "
+         "--use-megatron-fsdp)",
          on and p.cuda_max_connections == 1, "re-plan without --cuda-max-connections, or with --zero 1"),
-        (f"{z2} beside TP {p.tp}'s userbuffer overlap on {gpu} (Transformer Engine's TP overlap wants "
-         "CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell; Megatron-LM asserts it is not 1 with Megatron-FSDP)",
+        "tp_userbuffers": (f"{z2} beside TP {p.tp}'s userbuffer overlap on {gpu} (Transformer Engine's TP overlap "
+         "wants CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell; Megatron-LM asserts it is not 1 with Megatron-FSDP)",
          on and tp_userbuffers_before_blackwell(pf), "re-plan with --no-tp-comm-overlap, or with --zero 1"),
-        (f"{z2} priced without megatron_fsdp (zero {p.zero}, megatron_fsdp {p.megatron_fsdp}: the plan's memory "
-         "omits Megatron-FSDP's queue of unsharded gradient buckets, docs/formulas.md#mem.megatron_fsdp, so the run "
+        "unpriced": (f"{z2} priced without megatron_fsdp (zero {p.zero}, megatron_fsdp {p.megatron_fsdp}: the "
+         "plan's memory omits Megatron-FSDP's queue of unsharded gradient buckets, docs/formulas.md#mem.megatron_fsdp, so the run "
          "may hold more than priced)", on and not p.megatron_fsdp,
          "re-estimate with --megatron-fsdp, or re-search with --megatron-fsdp or --target megatron / megatron-bridge"),
-    ]
+    }
 
 
 def ep_overlap_on(pf: PlanFile) -> bool:

@@ -809,6 +809,14 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "at a time, and the per-tensor unit is DeepSpeed's stage 3 of 2021, whose own copies "
                          "around each call are priced already (comm.ZERO3_GATHER_COPIES); use --zero3-unit layer "
                          "or drop --zero3-copy-out"),
+    # Megatron-FSDP's units are modules, the decoder layers: NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/
+    # fsdp/mcore_fsdp_adapter.py (FullyShardedDataParallel: fsdp_unit_modules defaults to TransformerLayer,
+    # MoETransformerLayer, MambaLayer, and megatron/training passes none; nor does NVIDIA-NeMo/Megatron-Bridge at
+    # 067f987), so it never gathers one weight at a time as the per-tensor unit (DeepSpeed's of 2021) is priced
+    Rule("megatron_fsdp_unit", lambda m, p, c: (not p.megatron_fsdp) | (p.zero3_unit == "layer"),
+         lambda m, p, c: "megatron_fsdp with zero3_unit tensor: Megatron-FSDP gathers and frees whole decoder "
+                         "layers (its FSDP units, Megatron-LM's mcore_fsdp_adapter.py), while the per-tensor unit "
+                         "is DeepSpeed's stage 3 of 2021; use --zero3-unit layer, or drop --megatron-fsdp"),
     # Muon as Megatron-LM runs it (NVIDIA/Megatron-LM d98e8a6 arguments.py: "Emerging optimizer does not support
     # Torch-FSDP2 / Megatron-FSDP"; its layer-wise distributed optimizer owns whole matrices, ZeRO-1 alone).
     Rule("muon_zero", lambda m, p, c: (p.optimizer != "muon") | (p.zero <= 1),
