@@ -150,11 +150,11 @@ def read_document(path: Path) -> dict[str, Any]:
 def parse_document(text: str, kind: str, origin: str) -> dict[str, Any]:
     """Parse JSON or YAML text (from a file or a git revision) into a mapping, within the bounds above."""
     path = origin
+    if len(text) > MAX_INPUT_BYTES:  # by its length first: an oversized text is not scanned (nor copied by strip)
+        raise LlmplanError(f"{origin} is over {MAX_INPUT_BYTES // 2**20} MiB; llmplan reads files of at most that")
     if not text.strip():
         raise LlmplanError(f"{origin} is empty: llmplan reads a {kind} mapping of keys to values from it (a model "
                            "spec or config.json, a hardware profile or a plan file); fill it in or give another file")
-    if len(text) > MAX_INPUT_BYTES:
-        raise LlmplanError(f"{origin} is over {MAX_INPUT_BYTES // 2**20} MiB; llmplan reads files of at most that")
     try:
         if kind == "JSON":
             data = json.loads(text)

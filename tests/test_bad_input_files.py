@@ -619,3 +619,17 @@ def test_a_pool_file_given_to_estimate_names_both_searches_that_take_it(cli, tmp
     assert r.code == 2 and "lists several pools" in r.err and "--mode infer" in r.err, r.err
     s = cli("search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", f)
     assert s.code == 0, s.err
+
+
+def test_an_oversized_text_is_refused_by_its_size_before_any_scan():
+    """parse_document (a file's text, or a spec at a git revision for `check --base`): a text over the cap is refused
+    by its length, not scanned for content first; before, 8 MiB of blanks read "is empty" after a full strip."""
+    class Watched(str):
+        def strip(self, *a):
+            raise AssertionError("the oversized text was scanned")
+
+    with pytest.raises(LlmplanError, match=r"big\.yaml at HEAD is over 8 MiB"):
+        fileio.parse_document(Watched(" " * (fileio.MAX_INPUT_BYTES + 1)), "YAML", "big.yaml at HEAD")
+    for blank in ("", " \n\t"):
+        with pytest.raises(LlmplanError, match=r"small\.json at HEAD is empty: llmplan reads a JSON mapping"):
+            fileio.parse_document(blank, "JSON", "small.json at HEAD")

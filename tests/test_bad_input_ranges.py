@@ -88,3 +88,27 @@ def test_every_other_usage_error_is_one_line_too(cli, args, want):
     assert "--help' lists the commands and options" in line
     j = cli(*args, "--json")
     assert j.code == 2 and j.json()["error"]["message"] == j.refusal(2)[len("error: "):]
+
+
+def _commands() -> list[str]:
+    import typer.main
+
+    from llmplan.cli.app import app
+    group = typer.main.get_command(app)
+    return sorted(group.commands)  # type: ignore[attr-defined]
+
+
+def test_the_usage_hint_follows_clicks_message_without_a_stray_stop(cli):
+    """click ends some usage messages with a full stop ("Missing option '--plans'.") or a question ("Did you
+    mean 'search'?"); the hint joined after them read ".;" (before: "Missing option '--plans'.; 'llmplan lock
+    --help' ..."). Every command's usage errors: an unknown option, an option without its value, a missing one."""
+    lines = []
+    for name in _commands():
+        lines.append(cli(name, "--no-such-option-zz").refusal(2))
+    lines += [cli("lock").refusal(2), cli("search", "--model").refusal(2), cli("serch").refusal(2)]
+    assert len(lines) > 10
+    for line in lines:
+        assert "--help' lists the commands and options" in line, line
+        assert ".;" not in line and "?;" not in line and ". '" not in line, line
+    assert lines[-3] == "error: Missing option '--plans'; 'llmplan lock --help' lists the commands and options"
+    assert lines[-1].endswith("? 'llmplan --help' lists the commands and options"), lines[-1]

@@ -550,3 +550,17 @@ def test_a_pool_where_nothing_fits_alone_says_so(cli, tmp_path):
     assert r.code == 0, r.err
     assert "alone: dgx-h100 no plan fits, a100 no plan fits" in " ".join(r.out.split())
     assert "0 tok/s" not in r.out
+
+
+def test_the_cross_pool_reduction_takes_a_set_ring_share():
+    """The inter-pool fabric's ring all-reduce share follows the scale-out rule (topology.collectives.ring_share,
+    docs/validation.md#ar-mend): allreduce_efficiency where the cluster file sets it, else efficiency. Before, the
+    reduction between pools priced every fabric at `efficiency`. Two pools of 4 and 2 replicas: 4 GB over
+    50 GB/s x 0.9 = 45 GB/s, 2(P-1)/P = 1, plus 2 latencies."""
+    from llmplan.topology.collectives import ring_share
+
+    set_ = InterPoolFabric(gb_per_s=50, latency_s=1e-5, efficiency=0.75, allreduce_efficiency=0.9)
+    assert math.isclose(cross_pool_reduce_seconds(8e9, [4, 2], set_), 4e9 / 45e9 + 2e-5)
+    unset = InterPoolFabric(gb_per_s=50, latency_s=1e-5, efficiency=0.75)
+    assert math.isclose(cross_pool_reduce_seconds(8e9, [4, 2], unset), 4e9 / 37.5e9 + 2e-5)
+    assert ring_share(None, 0.75) == 0.75 and ring_share(0.9, 0.75) == 0.9

@@ -236,3 +236,31 @@ def test_a_pool_scripts_notes_name_its_router_script(cli, tmp_path: Path):
     assert "# requests: through sglang_router.sh, written beside this script" in (out / "sglang_serve.sh").read_text()
     co = _export(cli, tmp_path, "co", "vllm", *DPA, "--nodes", "1", "--dp", "8", "--ep", "4")
     assert not (co / "vllm_router.sh").exists() and "(e.g. a router)" in (co / "vllm_serve.sh").read_text()
+
+
+def test_the_nixl_port_check_says_what_its_width_counts(cli, tmp_path: Path):
+    """Servers of 12 GPUs on nodes of 8: node 1 runs two commands (a part of each server), each of a server's 12
+    DP ranks' NIXL ports, so the check covers 2 x 12 = 24 ports on a node of 8 GPUs. Before, the message called
+    them "the 24 DP ranks of a node"."""
+    args = (*DPA, "--nodes", "3", "--dp", "24", "--ep", "12", "--redundant-experts", "16", "--phase", "decode")
+    out = _export(cli, tmp_path, "ep12", "vllm", *args)
+    r, runs = _run(out / "vllm_serve.sh", tmp_path, NODE_RANK="1", NODE_ADDRS=" ".join(ADDRS), NIXL_PORT="7990")
+    assert r.returncode == 2 and runs == [] and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "(2 vLLM commands x 12 DP ranks of a server each), NIXL_PORT to NIXL_PORT+23" in r.stderr
+    assert "DP ranks of a node" not in r.stderr
+
+
+def test_a_straddling_pool_takes_the_nodes_nixl_host_from_node_addrs(cli, tmp_path: Path):
+    """A straddling decode pool reads every node's address (NODE_ADDRS): NODE_ADDR defaults to the NODE_RANK-th
+    of them (before: the script stopped asking for NODE_ADDR as well); a NODE_ADDR given wins; with neither the
+    script stops on the missing addresses."""
+    out = _export(cli, tmp_path, "ep6", "vllm", *STRADDLE, "--phase", "decode")
+    for k, addr in enumerate(ADDRS):
+        r, runs = _run(out / "vllm_serve.sh", tmp_path, NODE_RANK=str(k), NODE_ADDRS=" ".join(ADDRS))
+        assert r.returncode == 0 and runs and {run[2] for run in runs} == {addr}, r.stderr
+    r, runs = _run(out / "vllm_serve.sh", tmp_path, NODE_RANK="2", NODE_ADDRS=" ".join(ADDRS), NODE_ADDR="10.9.9.9")
+    assert r.returncode == 0 and {run[2] for run in runs} == {"10.9.9.9"}, r.stderr
+    r, runs = _run(out / "vllm_serve.sh", tmp_path, NODE_RANK="1")
+    assert r.returncode != 0 and runs == [] and "FILL IN the addresses of the 3 nodes" in r.stderr, r.stderr
+    r, runs = _run(out / "vllm_serve.sh", tmp_path, NODE_RANK="7", NODE_ADDRS=" ".join(ADDRS))
+    assert r.returncode != 0 and runs == [], r.stderr

@@ -202,7 +202,10 @@ def _usage_line(e: Exception) -> str | None:
         message += f" (given {str(errors[0]['input'])!r})"
     ctx = getattr(e, "ctx", None)
     path = getattr(ctx, "command_path", None) or "llmplan"
-    return f"{message}; '{path} --help' lists the commands and options"
+    # click ends some messages with a full stop ("Missing option '--plans'."), some with a question ("Did you mean
+    # --x?"), some with neither: the hint follows as the line's second clause, never after ".;" or "?;"
+    message = message.rstrip(".")
+    return f"{message}{' ' if message.endswith(('?', '!')) else '; '}'{path} --help' lists the commands and options"
 
 
 def _devnull_id(fd: int) -> tuple[int, int] | None:

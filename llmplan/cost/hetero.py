@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 
 from llmplan.specs.pools import InterPoolFabric
-from llmplan.topology.collectives import bus_factor
+from llmplan.units import GB
+from llmplan.topology.collectives import bus_factor, ring_share
 
 
 def speed_split(slots: int, seconds_per_slot: list[float], caps: list[int] | None = None) -> tuple[int, ...]:
@@ -84,7 +85,7 @@ def cross_pool_reduce_seconds(grad_bytes: float, replicas: list[int], fabric: In
     """Gradient reduction between pools, after each pool has reduce-scattered its replicas' gradients inside
     itself (hierarchical all-reduce): rank j of each pool holds 1/r_g of a rank's `grad_bytes` and all-reduces
     it with its peers of the other P pools over the inter-pool fabric, ring all-reduce 2(P-1)/P of the bytes
-    (topology.collectives.bus_factor) and 2(P-1) latencies; the pool with fewest replicas holds the largest shard and paces it. 0 for one pool.
+    (topology.collectives.bus_factor) at the fabric's ring share (topology.collectives.ring_share) and 2(P-1) latencies; the pool with fewest replicas holds the largest shard and paces it. 0 for one pool.
     Source: Thakur, Rabenseifner and Gropp 2005 §4 (ring all-reduce); Jia et al. 2018 (hierarchical all-reduce,
     arXiv 1807.11205). Derived: docs/formulas.md#hetero.replicas"""
     used = [r for r in replicas if r]
@@ -92,7 +93,8 @@ def cross_pool_reduce_seconds(grad_bytes: float, replicas: list[int], fabric: In
     if P <= 1:
         return 0.0
     shard = grad_bytes / min(used)
-    return bus_factor("all-reduce", P) * shard / fabric.bytes_per_s + 2 * (P - 1) * fabric.latency_s
+    ring_bytes_per_s = fabric.gb_per_s * GB * ring_share(fabric.allreduce_efficiency, fabric.efficiency)
+    return bus_factor("all-reduce", P) * shard / ring_bytes_per_s + 2 * (P - 1) * fabric.latency_s
 
 
 def cross_pool_p2p_seconds(message_bytes: float, fabric: InterPoolFabric) -> float:

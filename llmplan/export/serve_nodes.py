@@ -155,11 +155,13 @@ get_physical_gpu_ids_for_local_dp_rank); the documented co-located launch sets C
 server (vllm-project/vllm @01e4fce0, docs/serving/data_parallel_deployment.md, "External Load Balancing")."""
 
 
-def vllm_ports(servers: int, width: int, nixl: bool, rpc: bool = False) -> tuple[str, str]:
+def vllm_ports(servers: int, slots: int, ranks: int, nixl: bool, rpc: bool = False) -> tuple[str, str]:
     """The port variables of `servers` vLLM API servers on a node and the checks on the user's values: server j's
-    --port is PORT + j; (a pool of a disaggregated deployment) the node's `width` NIXL side-channel ports from
-    NIXL_PORT (VLLM_PORT); (`rpc`: servers that straddle nodes) server j's --data-parallel-rpc-port RPC_PORT + j
-    (MASTER_PORT); the ranges must not meet."""
+    --port is PORT + j; (a pool of a disaggregated deployment) the node's NIXL side-channel ports from NIXL_PORT,
+    `slots` commands (servers or parts of servers) of `ranks` ports each, a whole server's DP ranks whatever part
+    of it runs there, so the width over-allows for a part (VLLM_PORT); (`rpc`: servers that straddle nodes) server
+    j's --data-parallel-rpc-port RPC_PORT + j (MASTER_PORT); the ranges must not meet."""
+    width = slots * ranks
     ports = f"PORT=${{PORT:-{VLLM_PORT}}}\n"
     checks = port_check("PORT") + stop(
         f"(( PORT >= 1024 && PORT + {servers - 1} <= 65535 ))",
@@ -170,8 +172,8 @@ def vllm_ports(servers: int, width: int, nixl: bool, rpc: bool = False) -> tuple
         ports += f"NIXL_PORT=${{NIXL_PORT:-{NIXL_PORT}}}\n"
         checks += port_check("NIXL_PORT") + stop(
             f"(( NIXL_PORT >= 1024 && NIXL_PORT + {width - 1} <= 65535 && {_outside('NIXL_PORT', width, taken)} ))",
-            f"NIXL_PORT=$NIXL_PORT: the NIXL side-channel ports of the {width} DP ranks of a node, NIXL_PORT to "
-            f"NIXL_PORT+{width - 1}, must lie outside the servers' ports PORT to PORT+{servers - 1} (PORT=$PORT); "
+            f"NIXL_PORT=$NIXL_PORT: the NIXL side-channel ports of a node ({slots} vLLM commands x {ranks} DP "
+            f"ranks of a server each), NIXL_PORT to NIXL_PORT+{width - 1}, must lie outside the servers' ports PORT to PORT+{servers - 1} (PORT=$PORT); "
             "set NIXL_PORT $FIX", port_advice(width, "PORT", f"PORT + {servers - 1}"))
         taken.append(("NIXL_PORT", f"NIXL_PORT + {width - 1}"))
         which += f", NIXL_PORT to NIXL_PORT+{width - 1} (NIXL_PORT=$NIXL_PORT)"
@@ -506,7 +508,7 @@ def _vllm_servers_on_nodes(pf: PlanFile, s: int, ranks: int) -> NodeLaunch:
             for q, pc in enumerate(node)] for node in layout]
     nodes = [[_piece_flags(pc, heads, s, unit) for pc in node] for node in layout]
     ends = [[(port_word("PORT", j), "") for j in range(sum(pc.before == 0 for pc in node))] for node in layout]
-    ports, checks = vllm_ports(max(len(e) for e in ends), ranks * max(len(node) for node in layout), nixl, split)
+    ports, checks = vllm_ports(max(len(e) for e in ends), max(len(node) for node in layout), ranks, nixl, split)
     return NodeLaunch(nodes, _pieces_note(pf, s, ranks, layout, split), ports=ports, env=env, checks=checks,
                       endpoints=ends, visible=per_node, addrs=len(layout) if split else 0)
 
@@ -522,13 +524,17 @@ def _addrs_lines(n: int) -> str:
             + stop(f"(( ${{#ADDR[@]}} == {n} ))", f"NODE_ADDRS names ${{#ADDR[@]}} addresses; give those of the {n} nodes"))
 
 
-def _nixl_host_lines(n: int) -> str:
+def _nixl_host_lines(n: int, addrs: int) -> str:
     """The lines exporting the node's NIXL side-channel host from NODE_ADDR (NIXL_HOST): required over several
-    nodes, localhost by default on one."""
+    nodes, localhost by default on one; where the script reads the `addrs` nodes' addresses (NODE_ADDRS, into
+    ADDR), NODE_ADDR defaults to the NODE_RANK-th of them."""
     value = ("${NODE_ADDR:?FILL IN the address of this node, reachable from the nodes of the other pool}"
              if n > 1 else "${NODE_ADDR:-localhost}")  # no apostrophe: it would open a quote inside ${...}
-    return (f"# NODE_ADDR: {NIXL_HOST}" + ("" if n > 1 else "; set it when the other pool runs on another machine")
-            + f"\nNODE_ADDR={value}\nexport VLLM_NIXL_SIDE_CHANNEL_HOST=\"$NODE_ADDR\"\n")
+    text = f"# NODE_ADDR: {NIXL_HOST}" + ("" if n > 1 else "; set it when the other pool runs on another machine")
+    if addrs:  # NODE_RANK is checked by the case below; only a plain rank in range picks an address here
+        text += (f"; unset, the NODE_RANK-th address of NODE_ADDRS\nif [[ -z \"${{NODE_ADDR:-}}\" && \"$NODE_RANK\" =~ "
+                 f"^(0|[1-9][0-9]*)$ ]] && (( NODE_RANK < {addrs} )); then NODE_ADDR=\"${{ADDR[NODE_RANK]}}\"; fi")
+    return text + f"\nNODE_ADDR={value}\nexport VLLM_NIXL_SIDE_CHANNEL_HOST=\"$NODE_ADDR\"\n"
 
 
 def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
@@ -542,7 +548,7 @@ def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
     text += visible_lines(launch.visible) if launch.visible else ""
     text += ("NODE_RANK=${NODE_RANK:-0}\n" if n == 1 else
              f"NODE_RANK=${{NODE_RANK:?set NODE_RANK to the rank of this node, 0 to {n - 1}}}\n")
-    text += _nixl_host_lines(n) if launch.nixl_host else ""
+    text += _nixl_host_lines(n, launch.addrs) if launch.nixl_host else ""
     text += "ARGS=(\n" + "".join(f"    {f}\n" for f in kept) + ")\n"
     text += 'case "$NODE_RANK" in\n'
     for k, servers in enumerate(launch.nodes):

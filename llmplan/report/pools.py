@@ -23,7 +23,7 @@ def cluster_json(pc: PoolCluster) -> dict[str, Any]:
             "pools": [{"name": p.name, "system": p.system.name, "nodes": p.nodes, "gpus": p.num_gpus}
                       for p in pc.pools],
             "fabric": {"gb_per_s": pc.fabric.gb_per_s, "latency_s": pc.fabric.latency_s,
-                       "efficiency": pc.fabric.efficiency}}
+                       "efficiency": pc.fabric.efficiency, "allreduce_efficiency": pc.fabric.allreduce_efficiency}}
 
 
 def pool_use_json(u: PoolUse, plan: ParallelPlan) -> dict[str, Any]:

@@ -62,6 +62,14 @@ class Links:
     sets it, else nic_efficiency; docs/validation.md#ar-mend)."""
 
 
+def ring_share(ring: float | None, base: float) -> float:
+    """The network share of NCCL's ring collectives (ring / tree all-reduce, ring all-gather / reduce-scatter):
+    the one a profile or cluster file sets for them (`ring`), else the fabric's general share (`base`); one rule
+    for the scale-out fabric (SystemSpec.allreduce_nic_efficiency, nic_efficiency) and the inter-pool fabric
+    (InterPoolFabric.allreduce_efficiency, efficiency). Derived: docs/formulas.md#comm.links"""
+    return base if ring is None else ring
+
+
 def group_links(system: SystemSpec, span: GroupSpan, nvls: bool = True) -> Links:
     """Bandwidth shares from the cluster graph times the profile's efficiencies.
 
@@ -76,12 +84,12 @@ def group_links(system: SystemSpec, span: GroupSpan, nvls: bool = True) -> Links
         intra = prof.intra.bw * system.ring_efficiency
     inter_path = prof.inter_spine if span.leaves > 1 else (prof.inter_leaf or prof.inter_spine)
     inter = inter_path.bw * system.nic_efficiency if inter_path else 0.0
-    ring_share = system.allreduce_nic_efficiency or system.nic_efficiency
+    share = ring_share(system.allreduce_nic_efficiency, system.nic_efficiency)
     use_nvls = nvls and system.nvls and g >= NVLS_MIN_GPUS
     return Links(intra_bw=intra, intra_alpha=prof.intra.latency, inter_bw=inter,
                  inter_alpha=inter_path.latency if inter_path else 0.0,
                  nvls_bw=prof.intra.bw * system.nvls_factor if use_nvls else None,
-                 ring_inter_bw=inter_path.bw * ring_share if inter_path else 0.0)
+                 ring_inter_bw=inter_path.bw * share if inter_path else 0.0)
 
 
 @dataclass(frozen=True)
