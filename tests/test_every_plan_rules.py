@@ -3,7 +3,7 @@ bf16 gradient reduction: torchtitan's (both releases) Muon, fp16 / fp32 training
 below fp32, fp32 master kept as remainders, SwiGLU input in fp8, FP8 attention, outer optimizer sharding,
 activation and experts' fc1 offload, recompute of the first layers, and 0.3.0's fp8 tensorwise scaling; DeepSpeed's
 Muon, context and sequence parallelism, gradient NaN check, fp8 / fp4 training, Adam states below fp32,
-remainders, SwiGLU input in fp8, activation and experts' fc1 offload, hybrid sharding and FP8 attention;
+remainders, SwiGLU input in fp8, activation and experts' fc1 offload, hybrid sharding, FP8 attention and TP with PP;
 Megatron-LM's and Megatron-Bridge's bf16 layers under fp8 delayed scaling and a bf16 / no master; Megatron-LM's FP8
 attention; Megatron-Bridge's attention kernel other than native flash, fp8 moments, CUDA graphs and precision
 without a preset (or weights / gradient reduction other than its preset's).
@@ -51,6 +51,8 @@ RULES = {  # (target, EVERY_PLAN key): the plan change that meets the rule, and 
     ("deepspeed", "offload_modules"): ({"offload_modules": ("core_attn", "attn_proj")},
                                        "fine-grained activation offload of core_attn, attn_proj"),
     ("deepspeed", "fp8_attention"): ({"fp8_attention": True}, "FP8 dot-product attention (Transformer Engine's"),
+    ("deepspeed", "tp_pp"): ({"tp": 2, "pp": 2, "dp": 2},
+                             "tensor parallelism (AutoTP, tp 2) with pipeline parallelism (pp 2)"),
     ("torchtitan", "optimizer"): ({"optimizer": "muon"}, "the Muon optimizer (torchtitan's optimizer.name"),
     ("torchtitan-0.2", "grad_checks"): ({"grad_nan_check": True}, "gradient NaN check or 1/dp pre-scaling"),
     ("torchtitan", "swiglu_fp8_input"): ({"swiglu_fp8_input": True}, "the SwiGLU input kept in fp8"),
@@ -185,10 +187,10 @@ def test_passing_over_the_class_keeps_the_search(name, monkeypatch):
 
 
 def test_plans_passed_over_are_counted_by_the_rule_that_refuses_each_first():
-    """DeepSpeed refuses every plan with CP, every plan with EP and every plan with SP, in that order in its check:
-    over the plans of an MoE search marked by those rules, every_plan_reasons counts those with CP under CP's words,
-    those with EP without CP under EP's and the rest (SP alone) under SP's, not all of them under the first plan's
-    rule."""
+    """DeepSpeed refuses every plan with CP, every plan with EP, every plan with SP and every plan with both TP and
+    PP, in that order in its check: over the plans of an MoE search marked by those rules, every_plan_reasons counts
+    those with CP under CP's words, those with EP without CP under EP's, those with SP alone under SP's and the rest
+    (TP with PP) under that rule's, not all of them under the first plan's rule."""
     import numpy as np
 
     from llmplan.search.grid import Workload, default_space, enumerate_plans
@@ -200,12 +202,15 @@ def test_plans_passed_over_are_counted_by_the_rule_that_refuses_each_first():
     a = enumerate_plans(default_space(m, cluster, w), cluster, w)
     idx = np.flatnonzero(every_plan_mask(a, "deepspeed"))
     cp, ep, sp = np.asarray(a.cp)[idx] > 1, np.asarray(a.ep)[idx] > 1, np.asarray(a.sp)[idx]
-    assert cp.any() and (ep & ~cp).any() and (sp & ~cp & ~ep).any() and (cp | ep | sp).all()
+    tp_pp = (np.asarray(a.tp)[idx] > 1) & (np.asarray(a.pp)[idx] > 1)  # AutoTP under the pipeline engine, last
+    assert cp.any() and (ep & ~cp).any() and (sp & ~cp & ~ep).any() and (cp | ep | sp | tp_pp).all()
     reasons = every_plan_reasons(a, "deepspeed", idx.tolist(), a.plan)
     by_rule = {("context" if "context parallelism" in k else "expert" if "expert parallelism" in k else
-                "sequence" if "sequence parallelism" in k else k): n for k, n in reasons.items()}
-    assert len(reasons) == 3 and by_rule == {"context": int(cp.sum()), "expert": int((ep & ~cp).sum()),
-                                             "sequence": int((sp & ~cp & ~ep).sum())}
+                "sequence" if "sequence parallelism" in k else "autotp" if "with pipeline parallelism" in k else k): n
+               for k, n in reasons.items()}
+    expected = {"context": int(cp.sum()), "expert": int((ep & ~cp).sum()), "sequence": int((sp & ~cp & ~ep).sum()),
+                "autotp": int((tp_pp & ~cp & ~ep & ~sp).sum())}
+    assert by_rule == {k: n for k, n in expected.items() if n}
     for why in reasons:
         assert why.startswith("deepspeed cannot express this plan: ")
 

@@ -160,12 +160,11 @@ def test_deepspeed_batch_identity():
            "plan": load_plan(PLANS / "dense_train.json").plan.model_copy(update={"sp": False, "vpp": 1, "grad_reduce": "all-reduce",
                                                                   "grad_accumulation": "cast-add",
                                                                   "overlap_param_gather": False,
-                                                                  "fused_loss": False,
-                                                                  # AutoTP keeps the untied embedding whole
-                                                                  "tp_whole_embedding": True})}),
+                                                                  # the pipeline engine runs without AutoTP
+                                                                  "tp": 1, "dp": 16})}),
         "deepspeed")
     cfg = json.loads(files["ds_config.json"])
-    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 2
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 16
     assert cfg["zero_optimization"]["stage"] == 1 and cfg["bf16"]["enabled"] is True
 
 
@@ -246,7 +245,7 @@ def edited(tmp_path: Path, case: str, **changes) -> Path:
     ("serve", {}, "megatron", "it is a serving plan and megatron takes training plans"),
     ("serve", {"plan__ep": 3}, "vllm", "ep_experts"),
     # Uneven stages: DeepSpeed's PipelineModule partitions cannot pin per-stage layer counts.
-    ("uneven_train", {"plan__sp": False}, "deepspeed", "uneven pipeline stages"),
+    ("uneven_train", {"plan__sp": False, "plan__tp": 1, "plan__dp": 1024}, "deepspeed", "uneven pipeline stages"),
     # AutoTP trains with ZeRO 0-2 only (DeepSpeed's AutoTP training tutorial).
     ("fsdp_train", {"plan__tp": 2, "plan__dp": 8}, "deepspeed", "with ZeRO stage 3"),
 ])

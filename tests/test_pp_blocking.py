@@ -156,7 +156,8 @@ def test_exports_run_the_blocking_exchanges_or_refuse_them(cli, tmp_path):
         assert f"model.overlap_p2p_comm={str(not blocking).lower()}" in files.lower(), files
     code, _, err = export(cli, plan, "torchtitan", tmp_path / "torchtitan")
     assert code == 2 and "pp_blocking_sends" in err and "--no-pp-blocking-sends" in err, err
-    plan = saved(cli, tmp_path / "ds", "--nodes", "4", "--tp", "8", "--pp", "4", "--dp", "1", "--no-sp",
-                 "--zero", "1", "--pp-blocking-sends")
+    # tp 1: DeepSpeed's pipeline engine runs without AutoTP (deepspeed.pipelined_autotp_refusal)
+    plan = saved(cli, tmp_path / "ds", "--nodes", "1", "--tp", "1", "--pp", "4", "--dp", "2", "--zero", "1",
+                 "--no-overlap-param-gather", "--pp-blocking-sends")
     code, _, err = export(cli, plan, "deepspeed", tmp_path / "deepspeed")
     assert code == 2 and "pp_blocking_sends" in err and "--no-pp-blocking-sends" in err, err

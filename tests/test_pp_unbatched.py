@@ -95,9 +95,9 @@ def test_exports_refuse_unbatched_transfers_but_deepspeed(cli, tmp_path):
     for target, p in (("megatron", plan), ("megatron-bridge", plan), ("torchtitan", fsdp)):
         code, _, err = export(cli, p, target, tmp_path / target)
         assert code == 2 and "pp_unbatched_sends" in err and "--no-pp-unbatched-sends" in err, (target, err)
-    # DeepSpeed's AutoTP keeps the untied embedding whole on each TP rank (deepspeed.split_embedding_refusal)
-    ds = saved(cli, tmp_path / "ds", "--nodes", "4", "--tp", "8", "--pp", "4", "--dp", "1", "--no-sp",
-               "--zero", "1", "--grad-reduce", "all-reduce", "--pp-unbatched-sends", "--unfused-loss",
-               "--tp-whole-embedding")
+    # DeepSpeed's pipeline engine runs without AutoTP (deepspeed.pipelined_autotp_refusal): tp 1, and the weights
+    # gathered after the optimizer step (deepspeed.overlapped_gather_refusal)
+    ds = saved(cli, tmp_path / "ds", "--nodes", "1", "--tp", "1", "--pp", "4", "--dp", "2", "--zero", "1",
+               "--grad-reduce", "all-reduce", "--pp-unbatched-sends", "--no-overlap-param-gather")
     code, _, err = export(cli, ds, "deepspeed", tmp_path / "deepspeed")
     assert code == 0, err

@@ -159,7 +159,8 @@ EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]
                   "offload_layers": deepspeed.offload_layers_refusal, "dp_replicate": deepspeed.dp_replicate_refusal,
                   "offload_moe_act": deepspeed.offload_moe_act_refusal,
                   "offload_modules": deepspeed.offload_modules_refusal,
-                  "fp8_attention": deepspeed.fp8_attention_refusal},
+                  "fp8_attention": deepspeed.fp8_attention_refusal,
+                  "tp_pp": deepspeed.pipelined_autotp_refusal},
     "torchtitan": {**TORCHTITAN_COMMON, "fp8_recipe": torchtitan.tensorwise_refusal},
     "torchtitan-0.2": {**TORCHTITAN_COMMON, "fp8_scaling": torchtitan.delayed_scaling_refusal},
 }
@@ -171,7 +172,7 @@ states below fp32, remainders, the SwiGLU input in fp8, the jit_fuser activation
 reduction, outer optimizer sharding, activation / expert fc1 offload, recompute of the first layers, and 0.3.0's fp8
 tensorwise scaling; DeepSpeed's Muon, gradient NaN check / pre-scaling, fp8 / fp4 training, Adam states below fp32,
 remainders, the SwiGLU input in fp8, the jit_fuser activation, activation and expert fc1 offload, hybrid sharding,
-FP8 attention; Megatron's FP8 attention, bf16 layers under fp8 delayed scaling and a bf16 / no master; Megatron-
+FP8 attention, and TP with PP (tp_pp: AutoTP under its pipeline engine); Megatron's FP8 attention, bf16 layers under fp8 delayed scaling and a bf16 / no master; Megatron-
 Bridge's attention kernel other than native flash, bf16 / no master, fp8 moments, CUDA graphs, a precision it has no
 preset for, or fp8 layers kept in bf16 other than its preset keeps). Each target's rules in the order its check
 meets them, so that the first rule that refuses a plan is the one its check names (where no other rule of the check

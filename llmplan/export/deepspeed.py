@@ -171,6 +171,25 @@ def tp_synced_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             "micro-batch)", p.tp > 1 and bool(what), "re-plan with --tp 1, or export to megatron")
 
 
+def pipelined_autotp_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Tensor parallelism (AutoTP) under the pipeline engine, which DeepSpeed 0.19.8 does not run, refused whatever
+    else the plan sets (export.EVERY_PLAN: a search passes over its plans with both unasked). AutoTP training
+    is TP + DP + ZeRO 0-2 (deepspeed.ai/tutorials/autotp-training): runtime/engine.py
+    _configure_tensor_parallel_states puts the groups module in place of the PipelineModule's grid as the engine's
+    mpu, whose _init_tp_mesh_device (utils/groups.py) builds a (world / tp, tp) data x tensor mesh with no pipeline
+    axis, so the data-parallel group spans the stages and PipelineEngine.__init__ (runtime/pipe/engine.py) asserts
+    dp_world_size == grid.data_parallel_size; before that, a PipelineModule builds only its stage's layers
+    (runtime/pipe/module.py _build) under indexed names and has no Hugging Face tp_plan, so the fallback path of
+    _apply_autotp_partitioning finds no nn.Linear named lm_head for the vocab_parallel_lm_head this export writes
+    (module_inject/auto_tp.py _resolve_vocab_parallel_lm_head raises), and the last stage, with loss_fn and no
+    loss_function, could not take DeepSpeed's loss (sequence/cross_entropy.py _set_vocab_parallel_loss)."""
+    return (f"tensor parallelism (AutoTP, tp {p.tp}) with pipeline parallelism (pp {p.pp}) (DeepSpeed's AutoTP "
+            "training runs TP with data parallelism and ZeRO only: its data x tensor mesh has no pipeline axis, "
+            "and it finds no lm_head in a pipeline stage, runtime/engine.py _apply_autotp_partitioning)",
+            (p.tp > 1) & (p.pp > 1),  # elementwise on a search's arrays (export.EVERY_PLAN)
+            "re-plan with --pp 1 or --tp 1, or search with --target deepspeed, or export to megatron")
+
+
 def check(pf: PlanFile) -> None:
     need_mode(pf, "train", TARGET)
     p = pf.plan
@@ -207,6 +226,7 @@ def check(pf: PlanFile) -> None:
         offload_moe_act_refusal(p),
         offload_modules_refusal(p),
         fp8_attention_refusal(p),
+        pipelined_autotp_refusal(p),  # after the EVERY_PLAN rules, which a plan with it may also meet
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
         (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",
@@ -279,8 +299,26 @@ def check_grads(pf: PlanFile) -> None:
 
 def notes(pf: PlanFile) -> tuple[str, ...]:
     """The export header's notes: the gradient accumulation DeepSpeed runs where the plan priced the default; how
-    a ZeRO-3 plan gathering per tensor runs (zero3_tensor); the pipeline transfers it runs one at a time."""
-    return accumulation_notes(pf, "DeepSpeed", *accumulation(pf)) + zero3_notes(pf) + pp_send_notes(pf)
+    a ZeRO-3 plan gathering per tensor runs (zero3_tensor); the pipeline transfers it runs one at a time; at
+    tp > 1, that the loss must go through the model's labels (vocab_parallel_notes)."""
+    return (accumulation_notes(pf, "DeepSpeed", *accumulation(pf)) + zero3_notes(pf) + pp_send_notes(pf)
+            + vocab_parallel_notes(pf))
+
+
+def vocab_parallel_notes(pf: PlanFile) -> tuple[str, ...]:
+    """The note of a tp > 1 plan, written with tensor_parallel.vocab_parallel_lm_head (config): DeepSpeed 0.19.8
+    keeps the head's logits split over the TP ranks (module_inject/layers.py VocabParallelLinear, no output
+    gather) and puts its vocabulary-parallel loss in the Hugging Face model's loss_function hook
+    (sequence/cross_entropy.py configure_vocab_parallel_loss -> _set_vocab_parallel_loss), which the model runs
+    only when its forward is given labels. A script's own cross entropy on .logits sees one rank's shard of the
+    vocabulary: a wrong loss, with no error where it reads the class count off the logits."""
+    p = pf.plan
+    if p.tp == 1:
+        return ()
+    return (f"note: tp {p.tp}: the output head stays vocabulary-parallel (tensor_parallel.vocab_parallel_lm_head), "
+            f"so .logits holds 1/{p.tp} of the vocabulary on each TP rank and DeepSpeed's loss runs only through "
+            "the model's labels: take loss = model(input_ids, labels=labels).loss; cross entropy computed on "
+            ".logits in the training script is wrong",)
 
 
 def pp_send_notes(pf: PlanFile) -> tuple[str, ...]:
