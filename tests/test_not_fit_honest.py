@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-SERVE = ["--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "1", "--batch", "100000"]
+SERVE = ["--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "1", "--batch", "100000",
+         "--max-num-batched-tokens", "100000"]  # vLLM refuses a token budget under its sequence cap (#cli-json-errors)
 TRAIN = {"70b-1-node": ["--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "1"],
          "405b-tp8": ["--model", "llama-3.1-405b", "--hardware", "dgx-h100", "--tp", "8"]}
 
