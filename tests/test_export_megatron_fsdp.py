@@ -11,6 +11,7 @@ _init_each_parameter_group_buffers: optim_grads shards the main weights and the 
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -143,8 +144,29 @@ def test_zero2_priced_without_the_switch_is_refused_in_one_line(cli, tmp_path, t
     line = r.refusal()  # exit 2, one line
     assert r.code == 2 and f"{target} cannot express this plan" in line, line
     assert "priced without megatron_fsdp (zero 2, megatron_fsdp False" in line and "mem.megatron_fsdp" in line
-    assert "re-estimate with --megatron-fsdp" in line and "--target megatron" in line
+    assert '"megatron_fsdp": true' in line and "with --megatron-fsdp" in line and "--target megatron" in line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("target", ["megatron", "megatron-bridge"])
+def test_unpriced_zero2_fixes_are_usable(cli, tmp_path, target):
+    """The unpriced refusal's fixes, followed (docs/validation.md#late-mend): `estimate --plan FILE --megatron-fsdp`
+    is itself refused (--plan prices the saved plan as saved), so the line names the plan file's key and the
+    original command with the flag; each makes a plan the export writes."""
+    plan = tmp_path / "plan.json"
+    assert cli("estimate", *BASE, "--tp", "1", "--pp", "1", "--save", plan).code in (0, 3)
+    assert cli("estimate", "--plan", plan, "--megatron-fsdp").code == 2  # the fix the line no longer gives
+    doc = json.loads(plan.read_text())
+    doc["plan"]["megatron_fsdp"] = True  # the first fix: the plan file's key
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(doc))
+    assert cli("estimate", "--plan", edited).code in (0, 3)
+    r = cli("export", edited, "--to", target, "-o", tmp_path / "edited")
+    assert r.code == 0, r.err
+    again = tmp_path / "again.json"  # the second: the estimate that saved it, with the flag
+    assert cli("estimate", *BASE, "--tp", "1", "--pp", "1", "--megatron-fsdp", "--save", again).code in (0, 3)
+    r = cli("export", again, "--to", target, "-o", tmp_path / "again")
+    assert r.code == 0, r.err
 
 
 def test_targeted_search_prices_zero2_with_the_switch_and_exports_it(cli, tmp_path):
@@ -164,6 +186,35 @@ def test_targeted_search_prices_zero2_with_the_switch_and_exports_it(cli, tmp_pa
     assert first["memory"]["total"] == pytest.approx(on, rel=1e-9) and on > off
     for target in ("megatron", "megatron-bridge"):
         assert cli("export", saved, "--to", target, "-o", tmp_path / target).code == 0, target
+
+
+@pytest.mark.parametrize("target", ["torchrun", "slurm"])
+def test_wrapping_targets_keep_zero3_plans(cli, target):
+    """torchrun / slurm wrap the first target that accepts the plan (export.default_wrap), and the search does not
+    know which: it leaves megatron_fsdp off (export.MEGATRON_FSDP_TARGETS), so ZeRO-3 plans, which Megatron-LM
+    refuses and the DeepSpeed / torchtitan wraps take only without the switch, stay (docs/validation.md#late-mend:
+    before, --target torchrun --zero 3 on 2 nodes ranked tp1 pp2 first and lost the untargeted #1 tp1 pp1 dp16)."""
+    args = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--zero", "3", "--top", "1",
+            "--json")
+    free = cli("search", *args).json()["plans"][0]
+    kept = cli("search", *args, "--target", target).json()["plans"][0]
+    assert kept["plan"]["megatron_fsdp"] is False, kept["plan"]
+    assert (kept["plan"]["pp"], kept["plan"]["dp"]) == (free["plan"]["pp"], free["plan"]["dp"]), (kept, free)
+    assert kept["throughput"]["tokens_per_s"] == pytest.approx(free["throughput"]["tokens_per_s"], rel=1e-9)
+
+
+def test_wrapping_target_takes_the_per_tensor_unit(cli, tmp_path):
+    """--zero3-unit tensor with --target torchrun: not refused up front (its DeepSpeed wrap runs the per-tensor
+    unit); the saved #1 exports to torchrun. The Megatron targets still refuse it in one line
+    (tests/test_megatron_fsdp_memory.py)."""
+    saved = tmp_path / "plan.json"
+    r = cli("search", *LLAMA, "--zero", "3", "--pp", "1", "--zero3-unit", "tensor", "--target", "torchrun",
+            "--top", "1", "--save", saved, "--json")
+    assert r.code == 0, r.err
+    p = r.json()["plans"][0]["plan"]
+    assert p["zero3_unit"] == "tensor" and p["megatron_fsdp"] is False, p
+    r = cli("export", saved, "--to", "torchrun", "-o", tmp_path / "out")
+    assert r.code == 0, r.err
 
 
 def test_targeted_search_with_the_switch_named_off_refuses_every_zero2(cli):

@@ -307,6 +307,18 @@ def test_bad_pool_files_exit_2_with_one_line(cli, tmp_path: Path, text, words):
     assert words in lines[0] and str(f) in lines[0]
 
 
+def test_ring_share_between_pools_is_bounded_by_line_rate(cli, tmp_path: Path):
+    """fabric.allreduce_efficiency is a fraction of gb_per_s, as efficiency: above 1 it is refused in one line
+    naming the field and its bound (docs/validation.md#late-mend; before, up to 1.5 passed), and 1 itself passes."""
+    f = tmp_path / "cluster.yaml"
+    f.write_text(GOOD.replace("{gb_per_s: 50}", "{gb_per_s: 50, allreduce_efficiency: 1.2}"))
+    r = cli("search", "--model", "llama-3.1-8b", "--hardware", f)
+    lines = r.err.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert "allreduce_efficiency" in lines[0] and "less than or equal to 1 " in lines[0] and "1.2" in lines[0], lines[0]
+    assert InterPoolFabric(gb_per_s=50, allreduce_efficiency=1.0).allreduce_efficiency == 1.0
+
+
 def test_pool_file_refused_where_one_system_is_needed(cli, tmp_path: Path):
     f = tmp_path / "cluster.yaml"
     f.write_text(GOOD)

@@ -531,7 +531,9 @@ def _documented_gap() -> dict[tuple[str, int, str], tuple[float, float]]:
     import re
 
     text = (Path(__file__).parents[1] / "docs" / "validation.md").read_text()
-    section = text[text.index('<a id="ar-mend"></a>'):]
+    start = text.index('<a id="ar-mend"></a>')
+    end = text.find("<a id=", start + 1)  # the section alone: a later section's table is not this one's
+    section = text[start:end if end >= 0 else len(text)]
     rows = re.findall(r"^\| (dgx-[\w-]+) \| (\d+) \| ([\w-]+) \| 16 GiB \| ([\d.]+) \| ([\d.]+) \|", section, re.M)
     return {(s, int(n), op): (float(pub), float(ours)) for s, n, op, pub, ours in rows}
 
@@ -539,15 +541,17 @@ def _documented_gap() -> dict[tuple[str, int, str], tuple[float, float]]:
 def test_the_gap_to_the_standalone_readings_is_the_documented_one():
     """docs/validation.md#ar-mend tabulates what llmplan predicts against each standalone reading: a change to the
     ring share (or to the ring / tree pricing) that moves a prediction must update that table. The readings are
-    the published ones, and every prediction stays below them (the documented open gap)."""
+    the published ones. Whether a prediction sits below its reading is not pinned (a fix closing the gap must pass):
+    the flatness and ratio tests here hold the shape."""
     doc = _documented_gap()
-    assert set(doc) == set(STANDALONE_READINGS)
+    assert set(doc) == set(STANDALONE_READINGS), f"docs/validation.md#ar-mend rows {sorted(doc)}"
     for (system, n, op), published in STANDALONE_READINGS.items():
         pub_doc, ours_doc = doc[(system, n, op)]
-        assert pub_doc == published
+        assert pub_doc == published, f"{system} {n} {op}: the docs table reads {pub_doc} GB/s, published {published}"
         ours = collective_time(op, 16 * GIB, span(system, n), SYS[system]).busbw / 1e9
-        assert ours == pytest.approx(ours_doc, abs=0.1)
-        assert ours < published
+        assert ours == pytest.approx(ours_doc, abs=0.1), (
+            f"{system} {n} GPUs {op}: llmplan predicts {ours:.1f} GB/s and docs/validation.md#ar-mend's table says "
+            f"{ours_doc}: update the table with the change that moved it")
 
 
 @pytest.mark.parametrize("system", ["dgx-h100", "dgx-a100", "dgx-b200", "dgx-h200", "mi300x-8"])

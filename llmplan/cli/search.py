@@ -239,6 +239,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     from llmplan.export import (MEGATRON_FSDP_TARGETS, SYNC_GATHER_TARGETS, UNFUSED_LOSS_TARGETS,
                                 WHOLE_EMBEDDING_TARGETS)
     from llmplan.planfile import plan_document, save_refs
+    from llmplan.specs.check_switches import MEGATRON_FSDP_UNITS
     from llmplan.specs.registry import build, resolve_model
     from llmplan.specs.thresholds import CheckThresholds
     from llmplan.topology.placement import parse_order
@@ -257,12 +258,12 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     if target in UNFUSED_LOSS_TARGETS and "fused_loss" not in named:  # its tp > 1 loss is three all-reduces
         base = Workload(**{**base.fields(), "fused_loss": False})
     if target in MEGATRON_FSDP_TARGETS and "megatron_fsdp" not in named and base.zero3_unit == "tensor":
-        raise LlmplanError(f"--zero3-unit tensor with --target {target}: the per-tensor unit is DeepSpeed's ZeRO-3 of "
-                           "2021, and this target runs no ZeRO-3 and shards with Megatron-FSDP, whose units are whole "
-                           "decoder layers (check rule megatron_fsdp_unit); drop --zero3-unit, or use --target "
-                           "deepspeed")
-    if target in MEGATRON_FSDP_TARGETS and "megatron_fsdp" not in named:  # its ZeRO-2 is Megatron-FSDP's
-        base = Workload(**{**base.fields(), "megatron_fsdp": True})  # settled off where it does nothing
+        raise LlmplanError(f"--zero3-unit tensor with --target {target}: the unit acts only at ZeRO-3, which this "
+                           "target does not export, and its ZeRO-2 is Megatron-FSDP's (check rule megatron_fsdp_unit: "
+                           f"{MEGATRON_FSDP_UNITS}); drop --zero3-unit, or use --target deepspeed")
+    if target in MEGATRON_FSDP_TARGETS and "megatron_fsdp" not in named and pins.zero != 3:
+        base = Workload(**{**base.fields(), "megatron_fsdp": True})  # its ZeRO-2 is Megatron-FSDP's; settled
+        # off where it does nothing (ZeRO 0-1, a pipeline); the ZeRO-3 plans it also prices are refused by the stage
     if target in WHOLE_EMBEDDING_TARGETS and "tp_whole_embedding" not in named:  # AutoTP leaves embed_tokens whole
         base = Workload(**{**base.fields(), "tp_whole_embedding": True})
     refuse_missing_format(m, base, cluster)

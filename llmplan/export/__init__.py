@@ -36,11 +36,14 @@ UNFUSED_LOSS_TARGETS = ("deepspeed",)
 """Training targets whose loss at tp > 1 is the unfused vocabulary-parallel one (deepspeed.py fused_loss_refusal:
 DeepSpeed's AutoTP loss all-reduces three times): a targeted search searches them with fused_loss false
 (cli.search.train_search) unless the user named --fused-loss or --unfused-loss."""
-MEGATRON_FSDP_TARGETS = ("megatron", "megatron-bridge", "torchrun", "slurm")
+MEGATRON_FSDP_TARGETS = ("megatron", "megatron-bridge")
 """Training targets whose export writes ZeRO-2 as Megatron-FSDP's optim_grads (megatron.fsdp_pairs,
-bridge.fsdp_overrides; torchrun / slurm wrap them) and refuses a ZeRO-2 plan priced without megatron_fsdp
-(megatron.fsdp_zero2_refusals): a targeted search prices its ZeRO-2/3 plans with megatron_fsdp
-(cli.search.train_search) unless the user named --megatron-fsdp / --no-megatron-fsdp."""
+bridge.fsdp_overrides) and refuses a ZeRO-2 plan priced without megatron_fsdp (megatron.fsdp_zero2_refusals): a
+targeted search prices its ZeRO-2 plans with megatron_fsdp (cli.search.train_search) unless the user named
+--megatron-fsdp / --no-megatron-fsdp. Neither exports ZeRO-3. Not torchrun / slurm: a search does not know
+which target their launch wraps (export --wrap; default_wrap: the first that accepts the plan), and the
+DeepSpeed and torchtitan wraps refuse megatron_fsdp (common.megatron_fsdp_refusal), so pricing it would keep
+only the plans Megatron-LM runs."""
 WHOLE_EMBEDDING_TARGETS = ("deepspeed",)
 """Training targets that hold an untied input embedding whole on every TP rank (deepspeed.py split_embedding_refusal:
 AutoTP shards only what the Hugging Face tp_plan names): a targeted search searches them with tp_whole_embedding true

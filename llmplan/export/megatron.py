@@ -729,7 +729,8 @@ def fsdp_zero2_refusals(pf: PlanFile) -> dict[str, tuple[str, bool, str]]:
         "unpriced": (f"{z2} priced without megatron_fsdp (zero {p.zero}, megatron_fsdp {p.megatron_fsdp}: the "
          "plan's memory omits Megatron-FSDP's queue of unsharded gradient buckets, docs/formulas.md#mem.megatron_fsdp, so the run "
          "may hold more than priced)", on and not p.megatron_fsdp,
-         "re-estimate with --megatron-fsdp, or re-search with --megatron-fsdp or --target megatron / megatron-bridge"),
+         "set \"megatron_fsdp\": true in the plan file's plan (estimate --plan FILE prices it so), or re-run the "
+         "estimate or search that saved it with --megatron-fsdp (a search: or --target megatron / megatron-bridge)"),
     }
 
 

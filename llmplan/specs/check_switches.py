@@ -482,6 +482,11 @@ def fp8_params_allowed(plan: ParallelPlan) -> bool:
     return all(bool(ok(on)) for ok in (_fp8_params_low, _fp8_params_per_tensor, _fp8_params_adam))
 
 
+MEGATRON_FSDP_UNITS = ("Megatron-FSDP gathers and frees whole decoder layers (its FSDP units, Megatron-LM's "
+                       "mcore_fsdp_adapter.py), while the per-tensor unit is DeepSpeed's stage 3 of 2021")
+"""Why rule megatron_fsdp_unit refuses the per-tensor unit beside megatron_fsdp (also `search --target megatron`'s
+pre-check, cli.search.train_search)."""
+
 SWITCH_RULES: tuple[Rule, ...] = (
     Rule("mtp_layers", lambda m, p, c: (p.mtp_layers is None) or p.mtp_layers <= m.num_nextn_predict_layers,
          lambda m, p, c: f"mtp_layers {p.mtp_layers} exceeds the {m.num_nextn_predict_layers} multi-token-prediction "
@@ -814,9 +819,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
     # MoETransformerLayer, MambaLayer, and megatron/training passes none; nor does NVIDIA-NeMo/Megatron-Bridge at
     # 067f987), so it never gathers one weight at a time as the per-tensor unit (DeepSpeed's of 2021) is priced
     Rule("megatron_fsdp_unit", lambda m, p, c: (not p.megatron_fsdp) | (p.zero3_unit == "layer"),
-         lambda m, p, c: "megatron_fsdp with zero3_unit tensor: Megatron-FSDP gathers and frees whole decoder "
-                         "layers (its FSDP units, Megatron-LM's mcore_fsdp_adapter.py), while the per-tensor unit "
-                         "is DeepSpeed's stage 3 of 2021; use --zero3-unit layer, or drop --megatron-fsdp"),
+         lambda m, p, c: f"megatron_fsdp with zero3_unit tensor: {MEGATRON_FSDP_UNITS}; use --zero3-unit layer, "
+                         "or drop --megatron-fsdp"),
     # Muon as Megatron-LM runs it (NVIDIA/Megatron-LM d98e8a6 arguments.py: "Emerging optimizer does not support
     # Torch-FSDP2 / Megatron-FSDP"; its layer-wise distributed optimizer owns whole matrices, ZeRO-1 alone).
     Rule("muon_zero", lambda m, p, c: (p.optimizer != "muon") | (p.zero <= 1),

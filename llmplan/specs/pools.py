@@ -51,10 +51,10 @@ class InterPoolFabric(Spec):
     """Latency of one message between pools, seconds."""
     efficiency: float = Field(default=0.75, gt=0, le=1.0)
     """Achieved fraction of gb_per_s (as SystemSpec.nic_efficiency for the scale-out fabric)."""
-    allreduce_efficiency: float | None = Field(default=None, gt=0, le=1.5)
+    allreduce_efficiency: float | None = Field(default=None, gt=0, le=1.0)
     """Achieved fraction of gb_per_s for the ring all-reduce of the gradients between pools, as
-    SystemSpec.allreduce_nic_efficiency for the scale-out fabric (same bound; topology.collectives.ring_share).
-    None: efficiency."""
+    SystemSpec.allreduce_nic_efficiency for the scale-out fabric (topology.collectives.ring_share); at most 1,
+    as efficiency: a ring over gb_per_s cannot beat its line rate. None: efficiency."""
 
     @property
     def bytes_per_s(self) -> float:

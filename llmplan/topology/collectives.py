@@ -56,10 +56,11 @@ class Links:
     inter_alpha: float
     nvls_bw: float | None
     """All-reduce busbw with NVLink SHARP inside the domain, when the hardware has it and it is on."""
-    ring_inter_bw: float = 0.0
+    ring_inter_bw: float
     """The network rate of NCCL's ring collectives across nodes, one share for all of them: the ring / tree
     all-reduce and the ring all-gather / reduce-scatter (SystemSpec.allreduce_nic_efficiency where a profile
-    sets it, else nic_efficiency; docs/validation.md#ar-mend)."""
+    sets it, else nic_efficiency; docs/validation.md#ar-mend). Required: the all-gather / reduce-scatter divide
+    by it, so no default may stand in for it (0 only where the group has no network path, as inter_bw)."""
 
 
 def ring_share(ring: float | None, base: float) -> float:
