@@ -514,7 +514,8 @@ MXFP8 unstaging),
 def _stage_tail(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, c: CommSeconds, stage: Any, sc: StageCompute,
                 kappa: float) -> tuple:
     """((exposed reduction at the bucket share, buffer passes), (exposed gather, optimizer, copy-out, unstaging),
-    the whole gather, the whole reduction) of a rank of `stage`, `c` its DP seconds (stage_comm)."""
+    the whole gather, the whole reduction) of a rank of `stage`, `c` its DP seconds (stage_comm).
+    Derived: docs/formulas.md#step.dp_later_rs, docs/formulas.md#step.stage_tail"""
     rp = stepped_rank_params(m, plan, stage)
     emb = word_embedding_on_rank(m, plan, stage)  # the last bucket's last parameter (step.dp_last_bucket)
     kept = bf16_kept_params(m, plan, stage)  # fp8_params' bf16 parts (mem.fp8_param_bf16_parts)

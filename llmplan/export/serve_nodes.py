@@ -250,8 +250,9 @@ def vllm_head_ports(var: str, default: int, what: str) -> tuple[str, str]:
     --data-parallel-rpc-port, both bound on the head), and the checks on the user's values: numbers in range, and
     `var` not PORT."""
     ports = f"PORT=${{PORT:-{VLLM_PORT}}}\n{var}=${{{var}:-{default}}}\n"
-    checks = port_check("PORT") + stop("(( PORT >= 1024 && PORT <= 65535 ))",
-                                           "PORT=$PORT: set PORT from 1024 to 65535")
+    checks = port_check("PORT") + stop(
+        "(( PORT >= 1024 && PORT <= 65535 ))",
+        "PORT=$PORT: the head's API server port is out of range; set PORT from 1024 to 65535")
     checks += port_check(var) + stop(
         f"(( {var} >= 1024 && {var} <= 65535 && {var} != PORT ))",
         f"{var}=${var}: the head binds {what} at {var} and the API server at PORT (PORT=$PORT); set {var} from "

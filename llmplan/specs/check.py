@@ -349,13 +349,14 @@ check_serve_plan and the vLLM export (export.serve.render_vllm)."""
 def engine_max_seqs(job: ServeJob) -> int | None:
     """The most sequences per replica `job.engine` starts with under the job's max_num_batched_tokens: vLLM's
     max_num_seqs may not exceed it (VLLM_BATCHED_TOKENS_RULE); None where the engine sets no such bound (SGLang and
-    TensorRT-LLM: not read, not refused)."""
+    TensorRT-LLM: not read, not refused). Derived: docs/formulas.md#infer.capacity"""
     return job.max_num_batched_tokens if job.engine == "vllm" else None
 
 
 def engine_capped(job: ServeJob) -> ServeJob:
     """The job with its batch cut to the most sequences per replica its engine starts with (engine_max_seqs): a
-    search's --max-batch or a full-load batch is a ceiling, and one above the engine's bound is no candidate."""
+    search's --max-batch or a full-load batch is a ceiling, and one above the engine's bound is no candidate.
+    Derived: docs/formulas.md#infer.capacity"""
     cap = engine_max_seqs(job)
     return job if cap is None or job.batch <= cap else job.model_copy(update={"batch": cap})
 
