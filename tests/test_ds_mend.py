@@ -116,6 +116,9 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.skipif(not os.environ.get("LLMPLAN_UPSTREAM_TESTS"),
+                    reason="checks DeepSpeed 0.19.8 itself, not llmplan (about 60 s of CPU: DeepSpeed's engine set-up); "
+                           "run with LLMPLAN_UPSTREAM_TESTS=1 after a DeepSpeed upgrade")
 def test_deepspeed_finds_no_vocab_parallel_head_in_a_pipeline_model(tmp_path):
     # the rule's DeepSpeed side, on DeepSpeed 0.19.8 itself: a real PipelineModule (one process, gloo, one stage,
     # so it holds the head too) names its layers by index, so the lookup AutoTP's engine runs for
