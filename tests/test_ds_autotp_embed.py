@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from agreement import assert_arrays_agree, valid_sample
+from refusal import targeted_search_exports
 from llmplan.cost.comm import tp_edge_transfers
 from llmplan.cost.params import rank_params
 from llmplan.estimate import estimate_training
@@ -128,15 +129,8 @@ def test_search_targeting_deepspeed_prices_the_whole_embedding(cli, tmp_path):
     # the whole embedding (export.WHOLE_EMBEDDING_TARGETS), its #1 exports and holds more than the split price
     common = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "2", "--pp", "1", "--no-sp",
               "--no-overlap-param-gather", "--unfused-loss")
-    plain, targeted = tmp_path / "p.json", tmp_path / "t.json"
-    assert cli("search", *common, "--save", plain).code == 0
-    assert json.loads(plain.read_text())["plan"]["tp_whole_embedding"] is False
-    r = cli("export", plain, "--to", "deepspeed", "-o", tmp_path / "a")
-    assert r.code == 2 and "re-plan with --tp-whole-embedding" in r.err
-    r = cli("search", *common, "--target", "deepspeed", "--save", targeted)
-    assert r.code == 0, r.err
-    assert json.loads(targeted.read_text())["plan"]["tp_whole_embedding"] is True
-    assert cli("export", targeted, "--to", "deepspeed", "-o", tmp_path / "b").code == 0
+    targeted_search_exports(cli, tmp_path, common, "tp_whole_embedding", False, True,
+                            "re-plan with --tp-whole-embedding")
     r = cli("search", *common, "--vocab-parallel-embedding", "--target", "deepspeed")
     assert r.code == 2 and "the input embedding split over tp 2" in r.err
 

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from refusal import targeted_search_exports
 
 HERE = Path(__file__).parent
 BASE = HERE / "data" / "plans" / "fsdp_train.json"  # bf16, tp 1, pp 1, dp 16, ZeRO-3, fp32 gradients
@@ -196,15 +197,7 @@ def test_search_targeting_deepspeed_without_a_pipeline_exports(cli, tmp_path):
     # pp 1, ZeRO-1: the untargeted search's #1 overlaps the gather and deepspeed refuses it; --target deepspeed
     # searches the synchronous gather (export.SYNC_GATHER_TARGETS) and its #1 exports
     common = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--pp", "1", "--tp", "1", "--zero", "1")
-    plain, targeted = tmp_path / "p.json", tmp_path / "t.json"
-    assert cli("search", *common, "--save", plain).code == 0
-    assert json.loads(plain.read_text())["plan"]["overlap_param_gather"] is True
-    r = cli("export", plain, "--to", "deepspeed", "-o", tmp_path / "a")
-    assert r.code == 2 and "--no-overlap-param-gather" in r.err
-    r = cli("search", *common, "--target", "deepspeed", "--save", targeted)
-    assert r.code == 0, r.err
-    assert json.loads(targeted.read_text())["plan"]["overlap_param_gather"] is False
-    assert cli("export", targeted, "--to", "deepspeed", "-o", tmp_path / "b").code == 0
+    targeted_search_exports(cli, tmp_path, common, "overlap_param_gather", True, False, "--no-overlap-param-gather")
 
 
 def test_deepspeed_refuses_the_fused_loss_at_tp(cli, tmp_path):
@@ -251,16 +244,8 @@ def test_search_targeting_deepspeed_searches_the_unfused_loss_at_tp(cli, tmp_pat
     # exports with the head vocabulary-parallel; --fused-loss named is kept, and none of its plans exports
     common = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "2", "--pp", "1", "--no-sp",
               "--no-overlap-param-gather")
-    plain, targeted = tmp_path / "p.json", tmp_path / "t.json"
-    assert cli("search", *common, "--save", plain).code == 0
-    assert json.loads(plain.read_text())["plan"]["fused_loss"] is True
-    r = cli("export", plain, "--to", "deepspeed", "-o", tmp_path / "a")
-    assert r.code == 2 and "re-plan with --unfused-loss" in r.err
-    r = cli("search", *common, "--target", "deepspeed", "--save", targeted)
-    assert r.code == 0, r.err
-    assert json.loads(targeted.read_text())["plan"]["fused_loss"] is False
-    assert cli("export", targeted, "--to", "deepspeed", "-o", tmp_path / "b").code == 0
-    cfg = json.loads((tmp_path / "b" / "ds_config.json").read_text())
+    targeted_search_exports(cli, tmp_path, common, "fused_loss", True, False, "re-plan with --unfused-loss")
+    cfg = json.loads((tmp_path / "targeted" / "ds_config.json").read_text())
     assert cfg["tensor_parallel"]["vocab_parallel_lm_head"] is True
     r = cli("search", *common, "--fused-loss", "--target", "deepspeed")
     assert r.code == 2 and "none of the" in r.err and "the fused cross entropy at tp 2" in r.err
