@@ -23,10 +23,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from serve_scripts import export_serving, run_with_stand_ins
 
 from tests.test_export import recorded_parser
 
-H100 = ("--hardware", "dgx-h100")
 DPA = ("--model", "qwen3-30b-a3b", "--dp-attention", "--moe-dispatcher", "deepep")
 STAND_IN = r'''#!/bin/bash
 f=$(mktemp "$RECORDS/run.XXXXXX")
@@ -35,26 +35,14 @@ printf '%s\0' "${CUDA_VISIBLE_DEVICES-unset}" "${VLLM_NIXL_SIDE_CHANNEL_PORT-uns
 
 
 def _export(cli, tmp_path: Path, name: str, target: str, *args: str) -> Path:
-    plan, out = tmp_path / f"{name}.json", tmp_path / name
-    r = cli("estimate", "--mode", "infer", *H100, *DPA, *args, "--engine", target, "--save", plan)
-    assert r.code == 0, r.err
-    r = cli("export", plan, "--to", target, "-o", out)
-    assert r.code == 0, r.err
-    return out / f"{target}_serve.sh"
+    return export_serving(cli, tmp_path, name, target, *DPA, *args) / f"{target}_serve.sh"
 
 
 def _run(script: Path, tmp_path: Path, node: int, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     """Run the exported script for NODE_RANK `node` with the stand-ins; the recorded launches as [visible GPUs,
     NIXL side-channel port, argv...], in the order of their --port."""
-    bin_dir, records = tmp_path / "bin", tmp_path / f"records{node}-{len(list(tmp_path.glob('records*')))}"
-    bin_dir.mkdir(exist_ok=True)
-    records.mkdir()
-    for name in ("vllm", "python"):
-        (bin_dir / name).write_text(STAND_IN)
-        (bin_dir / name).chmod(0o755)
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
-                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "RECORDS": str(records), "NODE_RANK": str(node),
-                            "HEAD_ADDR": "10.0.0.1", "NODE_ADDR": "10.0.0.9", **env})
+    r, records = run_with_stand_ins(script, tmp_path, STAND_IN, {"NODE_RANK": str(node), "HEAD_ADDR": "10.0.0.1",
+                                                              "NODE_ADDR": "10.0.0.9", **env}, tag=f"{node}-")
     runs = [f.read_bytes().decode().split("\0")[:-1] for f in records.iterdir()]
     return r, sorted(runs, key=lambda run: int(run[run.index("--port") + 1]))  # the servers start in any order
 

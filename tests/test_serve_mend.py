@@ -24,10 +24,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from serve_scripts import H100, export_serving as _export, run_with_stand_ins
 
 from tests.test_export import recorded_parser
 
-H100 = ("--hardware", "dgx-h100")
 DPA = ("--model", "qwen3-30b-a3b", "--dp-attention", "--moe-dispatcher", "deepep")
 STRADDLE = (*DPA, "--nodes", "3", "--dp", "24", "--ep", "6", "--redundant-experts", "16")
 STAND_IN = r'''#!/bin/bash
@@ -39,27 +39,10 @@ ENV = 5  # recorded environment values before argv
 ADDRS = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
 
 
-def _export(cli, tmp_path: Path, name: str, target: str, *args: str) -> Path:
-    plan, out = tmp_path / f"{name}.json", tmp_path / name
-    r = cli("estimate", "--mode", "infer", *H100, *args, "--engine", target, "--save", plan)
-    assert r.code == 0, r.err
-    r = cli("export", plan, "--to", target, "-o", out)
-    assert r.code == 0, r.err
-    return out
-
-
 def _run(script: Path, tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     """Run `script` with the stand-ins on PATH; the recorded launches as [CUDA_VISIBLE_DEVICES, NIXL port, NIXL
     host, VLLM_PORT, SGLANG_PORT, argv...]."""
-    bin_dir = tmp_path / "bin"
-    records = tmp_path / f"records{len(list(tmp_path.glob('records*')))}"
-    bin_dir.mkdir(exist_ok=True)
-    records.mkdir()
-    for name in ("vllm", "python"):
-        (bin_dir / name).write_text(STAND_IN)
-        (bin_dir / name).chmod(0o755)
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
-                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "RECORDS": str(records), "MODEL": "m", **env})
+    r, records = run_with_stand_ins(script, tmp_path, STAND_IN, {"MODEL": "m", **env})
     return r, [f.read_bytes().decode().split("\0")[:-1] for f in records.iterdir()]
 
 

@@ -23,8 +23,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from serve_scripts import export_serving as _export, run_with_stand_ins
 
-H100 = ("--hardware", "dgx-h100")
 DPA = ("--model", "qwen3-30b-a3b", "--dp-attention", "--moe-dispatcher", "deepep")
 STAND_IN = r'''#!/bin/bash
 f=$(mktemp "$RECORDS/run.XXXXXX")
@@ -33,27 +33,9 @@ printf '%s\0' "${VLLM_PORT-unset}" "${SGLANG_PORT-unset}" "$@" > "$f"
 PROXY = "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"
 
 
-def _export(cli, tmp_path: Path, name: str, target: str, *args: str) -> Path:
-    plan, out = tmp_path / f"{name}.json", tmp_path / name
-    r = cli("estimate", "--mode", "infer", *H100, *args, "--engine", target, "--save", plan)
-    assert r.code == 0, r.err
-    r = cli("export", plan, "--to", target, "-o", out)
-    assert r.code == 0, r.err
-    return out
-
-
 def _run(script: Path, tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     """Run `script` with the stand-ins on PATH; the recorded launches as [VLLM_PORT, SGLANG_PORT, argv...]."""
-    bin_dir = tmp_path / "bin"
-    records = tmp_path / f"records{len(list(tmp_path.glob('records*')))}"
-    bin_dir.mkdir(exist_ok=True)
-    records.mkdir()
-    for name in ("vllm", "python"):
-        (bin_dir / name).write_text(STAND_IN)
-        (bin_dir / name).chmod(0o755)
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
-                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "RECORDS": str(records), "HEAD_ADDR": "10.0.0.1", "NODE_ADDR": "10.0.0.9",
-                            "MODEL": "m", **env})
+    r, records = run_with_stand_ins(script, tmp_path, STAND_IN, {"HEAD_ADDR": "10.0.0.1", "NODE_ADDR": "10.0.0.9", "MODEL": "m", **env})
     return r, [f.read_bytes().decode().split("\0")[:-1] for f in records.iterdir()]
 
 

@@ -20,32 +20,20 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from serve_scripts import export_serving, run_with_stand_ins
 
-H100 = ("--hardware", "dgx-h100")
 DPA = ("--model", "qwen3-30b-a3b", "--dp-attention", "--moe-dispatcher", "deepep")
 STAND_IN = '#!/bin/bash\nmktemp "$RECORDS/run.XXXXXX" > /dev/null\n'
 
 
 def _export(cli, tmp_path: Path, target: str, *args: str) -> Path:
-    plan, out = tmp_path / "plan.json", tmp_path / "out"
-    r = cli("estimate", "--mode", "infer", *H100, *args, "--engine", target, "--save", plan)
-    assert r.code == 0, r.err
-    r = cli("export", plan, "--to", target, "-o", out)
-    assert r.code == 0, r.err
-    return out
+    return export_serving(cli, tmp_path, "out", target, *args)
 
 
 def _run(script: Path, tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, int]:
     """Run `script` with the stand-ins on PATH; its result and how many launcher commands it started."""
-    bin_dir, records = tmp_path / "bin", tmp_path / f"records{len(list(tmp_path.glob('records*')))}"
-    bin_dir.mkdir(exist_ok=True)
-    records.mkdir()
-    for name in ("vllm", "python"):
-        (bin_dir / name).write_text(STAND_IN)
-        (bin_dir / name).chmod(0o755)
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
-                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "RECORDS": str(records), "HEAD_ADDR": "10.0.0.1",
-                            "NODE_ADDR": "10.0.0.9", "NODE_RANK": "0", "MODEL": "m", **env})
+    r, records = run_with_stand_ins(script, tmp_path, STAND_IN, {"HEAD_ADDR": "10.0.0.1", "NODE_ADDR": "10.0.0.9",
+                                                              "NODE_RANK": "0", "MODEL": "m", **env})
     return r, len(list(records.iterdir()))
 
 
