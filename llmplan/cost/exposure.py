@@ -15,7 +15,7 @@ from llmplan.arith import maximum, minimum, where
 from llmplan.cost.compute import TE_PIPELINE_SPLITS, StageCompute
 from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS, zero3_layer_tensors
 from llmplan.cost.params import rank_params, stage_end_params
-from llmplan.cost.stages import recomputed_share
+from llmplan.cost.stages import explicit_stages, recomputed_share
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_ring_size
 from llmplan.specs.quantities import dp_first_chunk_unbucketed, param_gather_optstep
@@ -431,16 +431,27 @@ def later_stage_reduce_exposed(plan: ParallelPlan, reduce: Any, slack: Any, back
     return maximum(0.0, maximum(reduce / v - slack, busy)) + kappa * minimum(rest, ahead)
 
 
-def cooldown_slack(plan: ParallelPlan, stages: list[Any], backwards: list[Any]) -> list[Any]:
+def cooldown_slack(plan: ParallelPlan, stages: list[Any], backwards: list[Any], per_mb: list[Any]) -> list[Any]:
     """Seconds from each stage of `stages`' last backward to the first stage's in the pipeline's cool-down: the
-    stages before stage j run their last (chunk-)backward in turn after it, j of them, each at least the fastest of
-    `backwards` (one micro-batch's backward compute of each candidate stage), 1/v of it interleaved; the
-    pipeline sends between them are not counted (a lower bound). Elementwise.
+    stages before stage j run their last (chunk-)backward in turn after it, each its own backward, 1/v of it
+    interleaved: sum_{i<j} b_i / v, `backwards` one micro-batch's backward compute of each candidate stage. The
+    stages between are priced as the bubble prices them (pipeline_sum): every stage where the plan lists its
+    stages, else the first stage's and, for each middle stage, the candidate middle stage whose micro-batch time
+    (`per_mb`) is the larger, so a stage's last backward ends at the bubble's end less its slack and never earlier
+    for more work on any stage. The pipeline sends between them are not counted. Elementwise.
+    Source: Narayanan et al. 2021 (§2.2, Fig. 4: the cool-down's backwards in turn, stage p-1 first);
+    NVIDIA/Megatron-LM d98e8a64dd megatron/core/pipeline_parallel/schedules.py
+    (forward_backward_pipelining_without_interleaving: the cool-down loop, recv_backward then its own backward).
     Derived: docs/formulas.md#step.dp_later_rs"""
-    fastest = backwards[0]
-    for b in backwards[1:]:
-        fastest = minimum(fastest, b)
-    return [stage * fastest / plan.vpp for stage in stages]
+    v = plan.vpp
+    if explicit_stages(plan) is not None:  # stages = every stage, in order (candidate_stages)
+        out, total = [], 0.0 * backwards[0]
+        for b in backwards:  # every stage, in order
+            out.append(total / v)
+            total = total + b
+        return out
+    first, mid = backwards[0], where(per_mb[1] >= per_mb[2], backwards[1], backwards[2])
+    return [where(stage > 0, first + maximum(stage - 1, 0) * mid, 0.0) / v for stage in stages]
 
 
 def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,

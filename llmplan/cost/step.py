@@ -299,7 +299,7 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         k = int(attn_groups) - 1
         offload = offload + n * (moe_act_offload_exposed(comm.host_attn, fwd, k, fwd)
                                  + moe_act_offload_exposed(comm.host_attn, bwd, k, bwd))
-    dp_tail, optimizer, grad_buffer, copy_out, unstage = stage_tails(m, plan, gpu, comm, stages, kappa)
+    dp_tail, optimizer, grad_buffer, copy_out, unstage = stage_tails(m, plan, gpu, comm, stages, kappa, per_mb)
     exposed = {"tp": n * tp_mb + comm.tp_step_end, "pp": pp_exposed,  # docs/formulas.md#comm.tp_grad_sync
                "dp": n * z3_mb + dp_tail + comm.dp_step_end,
                "cp": n * cp_mb, "ep": n * ep_mb, "offload": offload, "router": n * router_mb}
@@ -469,7 +469,8 @@ def edge_comm(comm: CommSeconds, j: int) -> CommSeconds:
 
 
 def stage_tails(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
-                stages: list[tuple[Any, StageCompute, Any, Any]], kappa: float) -> tuple[Any, Any, Any, Any, Any]:
+                stages: list[tuple[Any, StageCompute, Any, Any]], kappa: float,
+                per_mb: list[Any]) -> tuple[Any, Any, Any, Any, Any]:
     """(DP exposed per step, optimizer, gradient-buffer passes, ZeRO-3 copy-out, MXFP8 unstaging) of the step's
     tail, elementwise.
     Each stage reduces its own gradients behind its own last backward and steps and gathers its own parameters
@@ -478,7 +479,8 @@ def stage_tails(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSecond
     the slowest stage's (buffer passes + reduction) plus the slowest stage's (optimizer + gather + copy-out or
 MXFP8 unstaging),
     not the fullest stage's (memory's) nor the slowest compute's. A later stage of Megatron-Core's DDP reduces
-    unbucketed in the cool-down's slack (later_stage_reduce_exposed). On Megatron-Core's 1F1B with the
+    unbucketed in the cool-down's slack (later_stage_reduce_exposed; cooldown_slack, the earlier stages'
+    backwards, the middle ones the bubble's, `per_mb` each candidate stage's micro-batch time). On Megatron-Core's 1F1B with the
     overlapped gather (gathers_on_warmup_chain) a later stage's whole gather sits on the warm-up's chain instead:
     out of the tail, the later stages' gathers added (later_stage_chain).
     Source: NVIDIA/Megatron-LM megatron/core/optimizer/clip_grads.py at 0293807e53 (get_grad_norm_fp32:
@@ -490,7 +492,7 @@ MXFP8 unstaging),
     classes = class_key(m, plan)
     chain_on = gathers_on_warmup_chain(plan)
     backwards = [sc.total - sc.forward for _, sc, _, _ in stages]
-    slack = cooldown_slack(plan, [stage for stage, _, _, _ in stages], backwards)
+    slack = cooldown_slack(plan, [stage for stage, _, _, _ in stages], backwards, per_mb)
     wholes: list[tuple[Any, Any]] = []  # (stage, its rank's whole gather seconds)
     for j, (stage, sc, _, _) in enumerate(stages):
         key = None if classes is None else classes(stage) + (id(sc),) + (comm.dp_stages[j] if comm.dp_stages else ())
