@@ -27,8 +27,11 @@ shipped value):
   (GpuSpec.jit_activation_hbm_efficiency: H100 0.56 from Liger-Kernel's megatron_swiglu rows; none elsewhere, so
   Blackwell rows do not move; docs/formulas.md#compute.jit_activation).
 
-`python benchmarks/moe_shares.py [--published-attention] [--hbm-efficiency 0.55] [--hbm-size] [--jit-activation]`
-(about 30 s).
+* --residual MODEL: the Blackwell fit refitted without MODEL's rows, then each MODEL row's signed error less what
+  that fit gives at the row's shares (how much of its error the cross-model trend leaves; docs/validation.md#gptoss).
+
+`python benchmarks/moe_shares.py [--published-attention] [--hbm-efficiency 0.55] [--hbm-size] [--jit-activation]
+[--residual gpt-oss-120b]` (about 30 s).
 """
 
 from __future__ import annotations
@@ -140,16 +143,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hbm-efficiency", type=float, default=None)
     ap.add_argument("--hbm-size", action="store_true")
     ap.add_argument("--jit-activation", action="store_true")
+    ap.add_argument("--residual", metavar="MODEL", default=None)
     args = ap.parse_args(argv)
     if args.hbm_efficiency is not None and not 0 < args.hbm_efficiency <= 1:
         ap.error(f"--hbm-efficiency {args.hbm_efficiency}: a bandwidth fraction, must be in (0, 1] (e.g. 0.55)")
     rows: dict[tuple[str, str], list[tuple[float, dict[str, float]]]] = {}
+    ids: dict[tuple[str, str], list[str]] = {}
     for rec in yaml.safe_load(A.DEFAULT_RUNS.read_text()):
         got = shares(rec, args.published_attention, args.hbm_efficiency, args.hbm_size, args.jit_activation)
         if got is None:
             continue
         gen = "h100" if "h100" in str(rec["hardware"]["gpu"]).lower() else "bw"
         rows.setdefault((model_key(rec["id"]), gen), []).append(got)
+        ids.setdefault((model_key(rec["id"]), gen), []).append(rec["id"])
     print(f"{'model':24s} {'gpu':4s} {'rows':>4s} {'signed':>7s} {'attn':>5s} {'membd':>5s} {'gemm':>5s} {'comm':>5s}")
     for (model, gen), v in sorted(rows.items()):
         def med(p: str, v: list = v) -> float:
@@ -166,7 +172,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{gen}: {len(pts)} rows, signed error = {coef[0]:+.3f} {coef[1]:+.3f} x attention "
               f"{coef[2]:+.3f} x memory-bound; r(attention) {np.corrcoef(attn, signed)[0, 1]:+.2f}, "
               f"r(memory-bound) {np.corrcoef(mem, signed)[0, 1]:+.2f}")
+    if args.residual:
+        print_residuals(rows, ids, args.residual)
     return 0
+
+
+def fit(pts: list[tuple[float, dict[str, float]]]) -> Any:
+    """Least-squares [intercept, attention, memory-bound] coefficients of the signed error on the shares."""
+    x = np.array([[1.0, p[1]["attention"], p[1]["memory_bound"]] for p in pts])
+    return np.linalg.lstsq(x, np.array([p[0] for p in pts]), rcond=None)[0]
+
+
+def print_residuals(rows: dict, ids: dict, model: str) -> None:
+    """Each of `model`'s rows per generation: its signed error less the fit of the other models' rows."""
+    for gen in ("h100", "bw"):
+        own = rows.get((model, gen), [])
+        others = [x for (m, g), v in rows.items() if g == gen and m != model for x in v]
+        if not own or len(others) < 3:
+            continue
+        coef = fit(others)
+        res = [e - (coef[0] + coef[1] * p["attention"] + coef[2] * p["memory_bound"]) for e, p in own]
+        print(f"{model} {gen}: fit without it {coef[0]:+.3f} {coef[1]:+.3f} x attention {coef[2]:+.3f} x "
+              f"memory-bound; median residual {100 * statistics.median(res):+.1f} points ({len(own)} rows)")
+        for rid, (e, p), r in zip(ids[(model, gen)], own, res, strict=True):
+            print(f"  {rid[7:62]:55s} {100 * e:+6.1f}% resid {100 * r:+5.1f} attn {100 * p['attention']:4.1f}% "
+                  f"mem {100 * p['memory_bound']:4.1f}% comm {100 * p['comm']:4.1f}%")
 
 
 if __name__ == "__main__":

@@ -118,3 +118,21 @@ def test_the_size_probe_moves_only_h100_and_the_row_slows(published_runs):
     err, parts = S.shares(published_runs[rid])
     err_size, parts_size = S.shares(published_runs[rid], hbm_size=True)
     assert parts_size["memory_bound"] > parts["memory_bound"] and err_size < err  # 0.8 -> about 0.62 at 4,096 x 2,048
+
+
+def test_residual_fit_recovers_a_planted_trend_and_leaves_the_excess():
+    """--residual: the fit over the other models' rows recovers an exact linear trend, so a model planted
+    10 points above it reads a residual of +10 points."""
+    trend = (0.05, -0.5, 0.2)
+    pts = [(trend[0] + trend[1] * a + trend[2] * m, {"attention": a, "memory_bound": m})
+           for a, m in ((0.1, 0.2), (0.3, 0.1), (0.2, 0.4), (0.05, 0.3))]
+    assert list(S.fit(pts)) == pytest.approx(trend, abs=1e-9)
+    a, m = 0.12, 0.3
+    rows = {("other", "bw"): pts, ("x", "bw"): [(trend[0] + trend[1] * a + trend[2] * m + 0.10,
+                                                  {"attention": a, "memory_bound": m, "comm": 0.1})]}
+    import io
+    from contextlib import redirect_stdout
+    out = io.StringIO()
+    with redirect_stdout(out):
+        S.print_residuals(rows, {("other", "bw"): ["o"] * 4, ("x", "bw"): ["mbridge-x-row"]}, "x")
+    assert "median residual +10.0 points" in out.getvalue()
