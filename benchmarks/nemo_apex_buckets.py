@@ -131,32 +131,36 @@ def main() -> int:
     cache = float(low_precision_weight_cache(m, p, mem.stage))
     priced = {"weights (bf16 param buffers)": float(mem.weights) - cache,
               "gradients (grad buffers)": float(mem.gradients), "optimizer (shards)": float(mem.optimizer)}
-    print(f"{ROW}: Apex buckets of {size:,} elements ({BUCKET_CAP_MB} MiB of bf16), shard {size // dp:,}")
+    print(f"{ROW}\n  Apex buckets of {size:,} elements ({BUCKET_CAP_MB} MiB of bf16), "
+          f"shard {size // dp:,}")
     for k in (NORMAL, FP32):
-        print(f"  {k}: {count[k]} buckets, {filled[k]:,} parameter elements, buffer {buffer[k]:,} elements")
-    print(f"  fp32-grad embedding parameters: {float(fp32_embedding_grad_bytes(m, p, mem.stage)) / 2:,.0f}"
-          " (llmplan's count: the extra 2 B each)")
+        print(f"  {k}: {count[k]} buckets, {filled[k]:,} parameters,\n    buffer {buffer[k]:,} elements")
+    print(f"  fp32-grad embedding parameters as llmplan counts them: "
+          f"{float(fp32_embedding_grad_bytes(m, p, mem.stage)) / 2:,.0f}")
     print(f"{'model state, GiB':32s} {'llmplan':>8s} {'Apex':>8s} {'diff':>7s}")
     for k in real:
         print(f"  {k:30s} {priced[k] / GIB:8.3f} {real[k] / GIB:8.3f} {(real[k] - priced[k]) / GIB:+7.3f}")
     extra = sum(real.values()) - sum(priced.values())
     tensors = float(bare.total) - float(mem.runtime.total) + extra
     room = float(mem.capacity) - tensors - float(mem.runtime.total)
-    print(f"tensors with Apex's buffers {tensors / GIB:.2f} GiB (priced {(tensors - extra) / GIB:.2f}), runtime "
-          f"{float(mem.runtime.total) / GIB:.2f}, capacity {float(mem.capacity) / GIB:.2f}: room for the allocator "
-          f"{room / GIB:.2f} GiB = {100 * room / tensors:.1f}% of the tensors, "
-          f"{100 * room / float(mem.activations):.1f}% of the activations "
-          f"({float(mem.activations) / GIB:.2f} GiB); the 5% allowance prices "
-          f"{(float(mem.total) - float(bare.total)) / GIB:.2f}")
+    print(f"tensors with Apex's buffers {tensors / GIB:.2f} GiB (priced {(tensors - extra) / GIB:.2f}),\n"
+          f"runtime {float(mem.runtime.total) / GIB:.2f}, capacity {float(mem.capacity) / GIB:.2f}: "
+          f"room for the allocator {room / GIB:.2f} GiB,\n"
+          f"  {100 * room / tensors:.1f}% of the tensors, {100 * room / float(mem.activations):.1f}% of the "
+          f"activations ({float(mem.activations) / GIB:.2f} GiB);\n"
+          f"  the shipped 5% allowance: {(float(mem.total) - float(bare.total)) / GIB:.2f} GiB; "
+          f"total with Apex's buffers {(float(mem.total) + 1.05 * extra) / GIB:.2f}")
     if "--grid" in sys.argv:  # allocator_reserve's (held, churned) grid with the row's held bytes so raised
         rs = [replace(r, held=r.held + extra, total=r.total + 1.05 * extra, frag=r.frag + 0.05 * extra)
               if r.id == ROW else r for r in R.rows()]
         grid = [(i * 0.0025, j * 0.0025) for i in range(41) for j in range(41)]
         ok = [(fh, fc) for fh, fc in grid if not R.score(rs, fh, fc)[0]]
-        print(f"(held, churned) fractions on a 0.25% grid to 10% with no fit record wrong, the row's Apex "
-              f"buffers held: {len(ok)} {ok}")
+        print(f"(held, churned) fractions, 0.25% grid to 10%, no fit record wrong\n"
+              f"  (this row's Apex buffers held): {len(ok)} {ok}")
         for fh, fc in ((0.0, 0.05), (0.0, 0.055)):
-            print(f"  held {100 * fh:.2f}% churned {100 * fc:.2f}%: wrong {R.score(rs, fh, fc)[0]}")
+            print(f"  held {100 * fh:.2f}% churned {100 * fc:.2f}%: wrong")
+            for w in R.score(rs, fh, fc)[0]:
+                print(f"    {w}")
     return 0
 
 
