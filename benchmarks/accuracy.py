@@ -1831,11 +1831,14 @@ def bridge_comm_overlap(rec: dict, fam: str) -> bool:
     return True
 
 
-BRIDGE_NATIVE_LOSS_MODELS = ("deepseekv4", "glm5", "nemotron-3")
+BRIDGE_NATIVE_LOSS_MODELS = ("deepseekv4", "glm5", "nemotron-3-ultra")
 """Megatron-Bridge performance recipes that keep Megatron-Core's native fused loss (perf_recipes, at v0.6.0:
-_benchmark_common(cfg, cross_entropy_impl="native") in deepseek/*/deepseek_v4.py, glm_moe_dsa/*/glm5.py,
-nemotronh/common.py); every other performance recipe sets Transformer Engine's (scripts/performance/utils/
-overrides.py at v0.2.2 .. v0.6.0 and _benchmark_common's default: cross_entropy_fusion_impl "te")."""
+_benchmark_common(cfg, cross_entropy_impl="native") in deepseek/*/deepseek_v4.py, glm_moe_dsa/*/glm5.py and,
+in nemotronh/common.py, _apply_nemotron_3_ultra_perf_defaults only: its Nano / Super / Lightning defaults and
+builders call _benchmark_common(cfg), Transformer Engine's); every other performance recipe sets Transformer
+Engine's (scripts/performance/utils/overrides.py at v0.2.2 .. v0.6.0, _set_common_perf_overrides, last in
+set_workload_base_configs, which ran the 26.02.01 - 26.06.01 Nemotron-3 rows; _benchmark_common's default:
+cross_entropy_fusion_impl "te")."""
 
 
 def bridge_loss_impl(rec: dict, fam: str) -> str:

@@ -35,7 +35,8 @@ def test_overheads_sum_to_overhead_and_reach_the_json(cli):
     plan = ParallelPlan(tp=2, dp=8, global_batch=64, seq_len=4096)
     e = estimate_training(m, ClusterSpec(system=H100, num_nodes=2), plan)
     assert set(e.time.overheads) == {"host", "stragglers", "measured", "grad_buffer", "zero3_copy_out",
-                                       "mxfp8_param_unstage", "pp_sync", "geglu_offset_sync"}
+                                       "mxfp8_param_unstage", "pp_sync", "geglu_offset_sync",
+                                       "mxfp8_master_cast"}
     assert sum(float(v) for v in e.time.overheads.values()) == pytest.approx(float(e.time.overhead))
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--tp", "2",
             "--global-batch", "64", "--json")

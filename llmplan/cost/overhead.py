@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmplan.arith import expected_max_normal, maximum, where
-from llmplan.cost.comm import STAGED_GATHER_BYTES, mxfp8_staged_gather
+from llmplan.cost.comm import STAGED_GATHER_BYTES, mxfp8_params, mxfp8_staged_gather
 from llmplan.cost.compute import KERNEL_LAUNCH_S
 from llmplan.cost.elementwise import softmax_launches
 from llmplan.cost.model_states import bf16_parts_extra_bytes
@@ -135,6 +135,49 @@ one rank stages and casts alike.
     bucket.param_data.zero_()) .. 2a75ac12c (_post_param_sync: copy_tensors_to_quantized_params, then
     bucket.param_data.zero_()). Derived: docs/formulas.md#step.mxfp8_param_unstage"""
     return where(mxfp8_staged_gather(plan), MXFP8_UNSTAGE_BYTES * weights / gpu.hbm_achieved_bytes_per_s, 0.0)
+
+
+MXFP8_MASTER_CAST_HOST_OPS = 9
+"""Eager host operators per MXFP8 weight when Megatron-FSDP casts the updated fp32 master shards into the MXFP8
+weights after the optimizer step: copy_main_weights_to_model_weights slices the weight's shard out of the model,
+transpose and main weight buffers (3 get_item slices), then Transformer Engine's
+_cast_master_weights_to_fp8_mxfp8_scaling, weight by weight, slices and reshapes its rowwise and columnwise amax
+views out of the packed buffer (4) and calls the partial-amax kernel (1) in its first loop, and the partial cast
+(1) in its second. Source: NVIDIA/Megatron-LM megatron/core/distributed/fsdp/src/megatron_fsdp/
+param_and_grad_buffer.py at cd4afffa6 (copy_main_weights_to_model_weights, DataParallelBuffer.get_item) and
+mixed_precision.py (fp8_quantize -> cast_master_weights_to_fp8); NVIDIA/TransformerEngine
+transformer_engine/pytorch/tensor/utils.py at v2.17.1 (_cast_master_weights_to_fp8_mxfp8_scaling).
+Derived: docs/formulas.md#step.mxfp8_master_cast"""
+
+
+def mxfp8_weight_tensors(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """MXFP8 weight tensors (Transformer Engine GEMM weights, one optimizer parameter each) a rank holds, the
+    layers spread evenly over the pp stages: 2 per mixer layer (attention's QKV and output projections, Mamba-2's
+    or a linear-attention mixer's in- and out-projections; MLA's down / up projections 2 or 3 more), 2 per
+    dense MLP (fc1 with its gate, fc2), per MoE layer 2 per local routed expert (TE GroupedLinear registers
+    weight0 .. weight{E-1} unless moe_single_grouped_weight, default off) plus 2 for a shared expert and 2 for
+    a latent MoE's projections, and per MTP module its eh_proj and one attention and MLP / MoE layer's.
+    Source: NVIDIA/TransformerEngine transformer_engine/pytorch/module/grouped_linear.py at v2.17.1
+    (register_parameter(f"weight{i}"), single_grouped_weight False); NVIDIA/Megatron-LM
+    megatron/core/extensions/transformer_engine.py at cd4afffa6 (moe_single_grouped_weight, default False).
+    Derived: docs/formulas.md#step.mxfp8_master_cast"""
+    attn = 2 + (0 if m.mla is None else (3 if m.q_lora_rank else 2))
+    mixers = 2 * (m.num_hidden_layers - m.count_layers("none")) + (attn - 2) * m.num_attention_layers
+    moe = 2 * m.num_experts / plan.ep + 2 * (m.shared_ffn > 0) + 2 * (m.moe_latent_size is not None)
+    layers = mixers + 2 * m.num_mlp_layers + moe * m.num_moe_layers
+    mtp = m.num_nextn_predict_layers * (1 + attn + (moe if m.is_moe else 2))
+    return (layers + mtp) / plan.pp
+
+
+def mxfp8_master_cast_seconds(m: ModelSpec, plan: ParallelPlan, optimizer_s: Any, host_factor: Any = 1.0) -> Any:
+    """GPU idle time per step of Megatron-FSDP's cast of the updated fp32 master shards into MXFP8 weights (ZeRO-3,
+    fp8_params, recipe mxfp8): a host loop of MXFP8_MASTER_CAST_HOST_OPS eager operators per weight
+    (mxfp8_weight_tensors), each EAGER_OP_HOST_S at the host CPU's `host_factor`, whose kernels (a shard's
+    amax and cast) take microseconds, so the GPU runs at the loop's pace once the optimizer step queued before it
+    (`optimizer_s`) is done; the block-amax all-reduce between its two loops is priced apart
+    (comm.mxfp8_amax_transfers). Once a step, after the last micro-batch. Derived: docs/formulas.md#step.mxfp8_master_cast"""
+    host = mxfp8_weight_tensors(m, plan) * MXFP8_MASTER_CAST_HOST_OPS * EAGER_OP_HOST_S * host_factor
+    return where(mxfp8_params(plan) & (plan.zero >= 3), maximum(host - optimizer_s, 0.0), 0.0)
 
 
 def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layers: Any = 0,

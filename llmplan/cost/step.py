@@ -75,6 +75,7 @@ from llmplan.cost.overhead import (  # noqa: F401  (re-exported: their home was 
     grad_buffer_seconds,
     host_seconds,
     host_sync_seconds,
+    mxfp8_master_cast_seconds,
     mxfp8_param_unstage_seconds,
     geglu_offset_sync_seconds,
     pp_sync_seconds,
@@ -135,7 +136,9 @@ class StepTime(Breakdown):
     all-gather into the parameters on the compute stream; 0 without ParallelPlan.zero3_copy_out) and
     mxfp8_param_unstage (Megatron-Core's cast of the bf16-gathered weights into MXFP8 weights; 0 unless ZeRO-1
     with MXFP8 fp8_params) and pp_sync
-    (the device synchronised after each blocking pipeline exchange; 0 without ParallelPlan.pp_blocking_sends)."""
+    (the device synchronised after each blocking pipeline exchange; 0 without ParallelPlan.pp_blocking_sends)
+    and mxfp8_master_cast (Megatron-FSDP's host-paced cast of the fp32 master shards into MXFP8 weights after
+    the optimizer step; 0 unless ZeRO-3 with MXFP8 fp8_params)."""
 
 
 def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,
@@ -320,7 +323,8 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
                  "zero3_copy_out": copy_out,
                  "mxfp8_param_unstage": unstage,
                  "pp_sync": pp_sync_seconds(plan, pp_blocking_exchanges(plan), gpu.host_op_factor),
-                 "geglu_offset_sync": geglu_offset_sync_seconds(m, plan, moe_top, r_max, gpu.host_op_factor)}
+                 "geglu_offset_sync": geglu_offset_sync_seconds(m, plan, moe_top, r_max, gpu.host_op_factor),
+                 "mxfp8_master_cast": mxfp8_master_cast_seconds(m, plan, optimizer, gpu.host_op_factor)}
     return StepTime(
         compute=n * sc.total, bubble=bubble, comm_exposed=sum(exposed.values()),
         optimizer=optimizer,

@@ -341,7 +341,8 @@ OVERHEAD_ROWS = {"host": ("waiting for kernel launches", "step.overhead"),
                  "zero3_copy_out": ("FSDP2 all-gather copy-out", "step.zero3_copy_out"),
                  "mxfp8_param_unstage": ("MXFP8 cast after gather", "step.mxfp8_param_unstage"),
                  "pp_sync": ("device syncs after pipeline sends", "step.pp_blocking"),
-                 "geglu_offset_sync": ("GeGLU offset copies (host waits)", "step.geglu_offset_sync")}
+                 "geglu_offset_sync": ("GeGLU offset copies (host waits)", "step.geglu_offset_sync"),
+                 "mxfp8_master_cast": ("MXFP8 master-weight cast (host)", "step.mxfp8_master_cast")}
 """(row name, formula id) of the step-time table's overheads (StepTime.overheads)."""
 
 
