@@ -389,7 +389,8 @@ def make_folder(folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise LlmplanError(f"cannot create folder {folder}: {e.strerror or e}") from None
+        raise LlmplanError(f"cannot create folder {folder}: {e.strerror or e}; give an output folder in a place "
+                           "you can write to") from None
 
 
 def _umask() -> int:

@@ -119,8 +119,10 @@ def written_flags(ctx: Any, names: frozenset[str]) -> list[str]:
 def checked_pins(cls: type[BaseModel], pins: dict) -> dict:
     """The axes `search` pins, checked against the bounds of the plan they will become (cls: ParallelPlan or
     ServePlan, whose Field bounds `estimate` applies too), so that a pinned --tp 70000 is the same clear error
-    in both commands; None (free) axes are not checked."""
-    build(cls, {k: v for k, v in pins.items() if v is not None and k in cls.model_fields}, "pinned axes")
+    in both commands, naming the flag (PLAN_FLAGS; a pinned axis is always the user's value); None (free) axes
+    are not checked."""
+    build(cls, {k: v for k, v in pins.items() if v is not None and k in cls.model_fields}, "pinned axes",
+          {**PLAN_FLAGS, "etp": "--etp", "vpp": "--vpp", "zero": "--zero"})
     return pins
 
 
@@ -234,6 +236,12 @@ OPTION_FLAGS = {"num_nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "fix
                 **SERVE_PLAN_FLAGS}
 """The flag that sets each spec field the options build, where one flag alone sets it: a bad value is one
 line naming the flag and the value to give (registry.validation_message), not the field."""
+
+
+PLAN_FLAGS = {"tp": "--tp", "pp": "--pp", "cp": "--cp", "ep": "--ep", "micro_batch": "--micro-batch",
+              "seq_len": "--seq-len"}
+"""The flags estimate's training plan takes as given, ParallelPlan field by field (dp, and unless given etp, vpp
+and global_batch, may be derived, so their errors name the field)."""
 
 
 def make_allowance(m: MemoryOptions) -> MemoryAllowance:
