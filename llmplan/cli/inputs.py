@@ -288,7 +288,8 @@ def make_job(s: ServingOptions, batch: int, request_rate: float | None = None, t
                             "cuda_graph_sizes_default": s.cuda_graphs and s.cuda_graph_sizes is None,
                             "speculative": spec,
                             **{f"{side}_len_dist": d for side, d in dists.items()}},
-                 "inference workload options", OPTION_FLAGS)
+                 "inference workload options", {**OPTION_FLAGS, **{f"{side}_len": f"--{side}-len" for side in
+                                                                  ("input", "output") if side not in dists}})
 
 
 GRAPH_SIZE_MAX, GRAPH_SIZES_MAX = 1 << 24, 64
@@ -362,8 +363,8 @@ def length_distribution(flag: str, text: str, side: str, fixed: int) -> LengthDi
                                "standard deviation of log length, e.g. lognormal:mean=2000,sigma=0.8)")
         return build(LengthDistribution, {"kind": "lognormal", **fields, "name": text}, flag)
     path = Path(text)
-    if not path.exists():
-        raise LlmplanError(f"{flag} {text}: not lognormal:mean=M,sigma=S, a trace shape "
+    if not text.strip() or not path.exists():  # Path("") is the current folder, which exists
+        raise LlmplanError(f"{flag} {text if text.strip() else repr(text)}: not lognormal:mean=M,sigma=S, a trace shape "
                            f"({' | '.join(TRACE_SHAPES)}) or an existing histogram file")
     return build(LengthDistribution, {"kind": "histogram", **histogram_rows(flag, path), "name": text}, flag)
 
