@@ -45,14 +45,17 @@ def bounded_list(items: Iterable[object], limit: int = MAX_LISTED, sep: str = ",
 
 
 
-def not_one_of(flag: str, value: object, allowed: Iterable[object], what: str | None = None) -> str:
+def not_one_of(flag: str, value: object, allowed: Iterable[object], what: str | None = None,
+               give: str | None = None) -> str:
     """The one line for an option given a value outside its set (an enum flag: --kv-dtype fp4): the flag and
     value, what the flag names (`what`, where the caller knows it), the accepted values and the fix: the accepted
     value alike to the one given (difflib's similarity, at least 0.5), else any of them. Every enum flag answers
-    in these words (specs.registry.validation_message for the flags a spec's Literal checks)."""
+    in these words (specs.registry.validation_message for the flags a spec's Literal checks, and for a spec
+    file's field: `give` the words of the fix before the value, "set norm_type:", instead of "give FLAG")."""
     import difflib
     choices = [str(a) for a in allowed]
     given = str(value)[:60]
     near = difflib.get_close_matches(given, choices, n=1, cutoff=0.5)
-    fix = f"give {flag} {near[0]}" if near else f"give {flag} with one of them"
+    lead = give or f"give {flag}"
+    fix = f"{lead} {near[0]}" if near else f"{lead} one of them" if give else f"give {flag} with one of them"
     return f"{flag} {given}{f' is not {what}' if what else ''}: it must be one of {bounded_list(choices)}; {fix}"

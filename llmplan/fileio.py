@@ -81,7 +81,8 @@ def _file_kind(mode: int) -> str:
 
 def _refuse_special(path: Path, mode: int) -> None:
     if not stat.S_ISREG(mode):
-        raise LlmplanError(f"{path} is {_file_kind(mode)}, not a regular file; give a spec, profile or plan file")
+        shown = "'.' (the current folder; an empty path '' names it too)" if str(path) == "." else str(path)
+        raise LlmplanError(f"{shown} is {_file_kind(mode)}, not a regular file; give a spec, profile or plan file")
 
 
 def exists(path: Path) -> bool:
@@ -389,7 +390,8 @@ def make_folder(folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise LlmplanError(f"cannot create folder {folder}: {e.strerror or e}") from None
+        raise LlmplanError(f"cannot create folder {folder}: {e.strerror or e}; give an output folder in a place "
+                           "you can write to") from None
 
 
 def _umask() -> int:

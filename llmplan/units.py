@@ -18,8 +18,9 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": KIB, "m": 1e6, "mb": 1
                "gb": 1e9, "gib": GIB, "t": 1e12, "tb": 1e12, "tib": 1024**4}
 
 
-def parse_size(text: str) -> float:
-    """'1GiB' -> 1073741824, '256MB' -> 2.56e8, '4e9' -> 4e9. Raises LlmplanError on anything else."""
+def parse_size(text: str, option: str = "size") -> float:
+    """'1GiB' -> 1073741824, '256MB' -> 2.56e8, '4e9' -> 4e9. Raises LlmplanError naming `option` (the flag that
+    gave it) on anything else."""
     import re
 
     from llmplan.errors import LlmplanError
@@ -27,10 +28,12 @@ def parse_size(text: str) -> float:
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
     unit = match.group(2).lower() if match else None
     if not match or unit not in _SIZE_UNITS or float(match.group(1)) <= 0:
-        raise LlmplanError(f"size '{text[:40]}' is not a positive size; write e.g. 1GiB, 256MiB, 64KB or 4e9 (bytes)")
+        raise LlmplanError(f"{option} '{text[:40]}' is not a positive size; write e.g. 1GiB, 256MiB, 64KB or 4e9 "
+                           "(bytes)")
     value = float(match.group(1)) * _SIZE_UNITS[unit]
     if not value < MAX_SIZE:
-        raise LlmplanError(f"size '{text[:40]}' is beyond anything llmplan plans for (at most {MAX_SIZE:.0e})")
+        raise LlmplanError(f"{option} '{text[:40]}' is beyond anything llmplan plans for (below {MAX_SIZE:.0e} "
+                           "bytes); give a smaller size, e.g. 1TiB")
     return value
 
 
@@ -51,5 +54,6 @@ def parse_count(text: str, option: str) -> float:
                            "4194304 or 4e6 (suffixes k, M, B, T: thousands to trillions)")
     value = float(match.group(1)) * _COUNT_UNITS[unit]
     if not value < MAX_SIZE:
-        raise LlmplanError(f"{option} '{text[:40]}' is beyond anything llmplan plans for (at most {MAX_SIZE:.0e})")
+        raise LlmplanError(f"{option} '{text[:40]}' is beyond anything llmplan plans for (below {MAX_SIZE:.0e} "
+                           "tokens); give a smaller count")
     return value

@@ -12,7 +12,8 @@ tests check are written here from the launchers' sources, not from llmplan:
   handshake) besides --port (vllm-project/vllm @00193b82, vllm/config/parallel.py).
 - The SGLang router's flags (sgl-project/sglang @094b723a, sgl-router/py_src/sglang_router/launch_router.py
   RouterArgs.add_cli_args): --host, --port, --worker-urls URL..., --pd-disaggregation, --prefill URL
-  BOOTSTRAP_PORT (repeated), --decode URL (repeated). vLLM's NixlConnector proxy (@030ea52e,
+  BOOTSTRAP_PORT (repeated), --decode URL (repeated); --prometheus-port, default 29000 (@083d6013,
+  sgl-router/py_src/sglang_router/router_args.py add_cli_args). vLLM's NixlConnector proxy (@030ea52e,
   tests/v1/kv_connector/nixl_integration/toy_proxy_server.py parse_args): --host, --port, --prefiller-hosts,
   --prefiller-ports, --decoder-hosts, --decoder-ports, hosts and ports paired in order."""
 
@@ -69,6 +70,7 @@ def _sglang_router(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--pd-disaggregation", action="store_true")
     ap.add_argument("--prefill", nargs="+", action="append", default=[])
     ap.add_argument("--decode", nargs=1, action="append", default=[])
+    ap.add_argument("--prometheus-port", type=int, default=29000)
     return ap.parse_args(argv[2:])  # an unknown word is an error here
 
 

@@ -50,7 +50,7 @@ def test_the_router_names_the_count_of_addresses_it_needs(cli, tmp_path: Path):
     assert r.returncode == 0 and launched == 1, r.stderr
     line = _refused(*_run(out / "sglang_router.sh", tmp_path, NODE_ADDRS="10.0.1.1 10.0.1.2 10.0.1.3"))
     assert line.startswith("NODE_ADDRS names 3 addresses"), line  # what, and the value (its count)
-    assert "give the 2 of each node the serve script runs on, in NODE_RANK order" in line, line  # rule and fix
+    assert "give the 2 addresses of each node the serve script runs on, in NODE_RANK order" in line, line  # rule, fix
 
 
 @pytest.mark.parametrize("rpc,ok", [(7998, True), (7999, False), (8000, False), (8001, False), (8002, True)])

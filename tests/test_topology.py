@@ -353,7 +353,7 @@ def test_two_node_ring_stripes_its_channels_over_every_nic_of_the_node(cli, syst
 
 @pytest.mark.parametrize("args,needle", [
     (["--op", "all-reduse", "--hardware", "dgx-h100"], "--op all-reduse is not a collective"),
-    (["--size", "12 parsecs", "--hardware", "dgx-h100"], "size '12 parsecs' is not a positive size"),
+    (["--size", "12 parsecs", "--hardware", "dgx-h100"], "--size '12 parsecs' is not a positive size"),
     (["--gpus", "12", "--gpus-per-node", "8", "--hardware", "dgx-h100"], "must be a multiple of --gpus-per-node"),
     (["--gpus", "2", "--gpus-per-node", "2", "--hardware", "dgx-h100", "--algorithm", "magic"], "--algorithm magic"),
 ])

@@ -143,7 +143,7 @@ def _run(args: list[str]) -> int:
             ranged = _range_error(e)
             if ranged is not None:
                 return _fail(args, exit_code, ranged)
-            usage = _usage_line(e)
+            usage = _usage_line(e, args)
             if usage is not None:
                 return _fail(args, exit_code, usage)
             if json_wanted(args):
@@ -190,10 +190,13 @@ def _range_error(e: Exception) -> str | None:
     return f"Invalid value for '{flag}': {value} is out of range; it must be {rule} ({fix})"
 
 
-def _usage_line(e: Exception) -> str | None:
+def _usage_line(e: Exception, args: list[str]) -> str | None:
     """One line for a usage error (an unknown option or command, a missing or malformed value): click's own
     message, which names the option and, for a misspelling, its nearest match, and where the options are
-    listed. None for what is not a usage error (click's other exceptions keep their answer)."""
+    listed: the command's --help. typer's parser raises an option given no value ("Option '--model' requires an
+    argument") without the command's context, so the command is then the first word of `args` (the app takes
+    no option before it but --help, which ends before any error). None for what is not a usage error (click's
+    other exceptions keep their answer)."""
     if getattr(e, "exit_code", None) != 2 or not hasattr(e, "format_message"):
         return None
     message = " ".join(str(e.format_message()).split())
@@ -201,11 +204,20 @@ def _usage_line(e: Exception) -> str | None:
     if errors and "input" in errors[0]:
         message += f" (given {str(errors[0]['input'])!r})"
     ctx = getattr(e, "ctx", None)
-    path = getattr(ctx, "command_path", None) or "llmplan"
+    path = getattr(ctx, "command_path", None) or _command_path(args)
     # click ends some messages with a full stop ("Missing option '--plans'."), some with a question ("Did you mean
     # --x?"), some with neither: the hint follows as the line's second clause, never after ".;" or "?;"
     message = message.rstrip(".")
     return f"{message}{' ' if message.endswith(('?', '!')) else '; '}'{path} --help' lists the commands and options"
+
+
+def _command_path(args: list[str]) -> str:
+    """`llmplan COMMAND` for the command the arguments name (their first word, when it is one), else `llmplan`."""
+    from typer.main import get_command
+
+    group = get_command(app)
+    names = getattr(group, "commands", {})
+    return f"llmplan {args[0]}" if args and args[0] in names else "llmplan"
 
 
 def _devnull_id(fd: int) -> tuple[int, int] | None:

@@ -71,7 +71,8 @@ def bench(
     else:
         raise LlmplanError("give --plan plan.json or --model (with --tp, --seq-len, --micro-batch)")
     check_machine(backend, nproc)
-    cfg = BenchConfig(m, plan, cluster, nproc, backend, picked, tuple(int(parse_size(x)) for x in sizes.split(",")),
+    cfg = BenchConfig(m, plan, cluster, nproc, backend, picked,
+                      tuple(int(parse_size(x, "--sizes")) for x in sizes.split(",")),
                       timeout, gemm_tokens)
     notes = bench_notes(cfg)
     with bench_progress(not json_mode) as say:

@@ -45,6 +45,6 @@ def collective(
         raise LlmplanError(f"--gpus {gpus} at {per_node} per node is {gpus // per_node:,} nodes, more than the "
                            f"{limit:,} a cluster may have; give --gpus {limit * per_node:,} or fewer")
     cluster = make_cluster(hardware, gpus // per_node, per_node)
-    ct, span = group_collective_time(op, parse_size(size), cluster, algorithm, nvls)
+    ct, span = group_collective_time(op, parse_size(size, "--size"), cluster, algorithm, nvls)
     group = span.describe(*report.fabric_names(system))
     emit(report.collective_json(ct, group), json_mode, lambda: report.collective_view(out, ct, group, system))

@@ -116,12 +116,14 @@ def training_plan(m: ModelSpec, cluster: ClusterSpec, p: PlanOptions, s: SwitchO
                   split: PipelineSplitOptions) -> ParallelPlan:
     """The ParallelPlan estimate's options describe: p's degrees and batch (--tp -> PlanOptions.tp ->
     ParallelPlan.tp), s's switches, split's stage layout (a --pp-layout may set vpp)."""
-    from llmplan.cli.inputs import OPTION_FLAGS, pipeline_split, reported, switches
+    from llmplan.cli.inputs import OPTION_FLAGS, PLAN_FLAGS, pipeline_split, reported, switches
     dp = p.dp if p.dp is not None else max(1, cluster.num_gpus // (p.tp * p.pp * p.cp))
     stages = pipeline_split(trained_model(m, s), p.pp, split.pp_first, split.pp_last, p.pp_layers,
                             split.embedding_in_split, split.loss_in_split, p.pp_layout, p.vpp)
     vpp = stages.pop("vpp", 1 if p.vpp is None else p.vpp)
-    with reported("plan options", OPTION_FLAGS):
+    given = {k: f for k, f, v in (("global_batch", "--global-batch", p.global_batch), ("etp", "--etp", p.etp),
+                                  ("vpp", "--vpp", p.vpp)) if v is not None}  # else derived: no flag
+    with reported("plan options", {**OPTION_FLAGS, **PLAN_FLAGS, **given}):
         return ParallelPlan(
             tp=p.tp, pp=p.pp, dp=dp, cp=p.cp, ep=p.ep, etp=ETP_SAME_AS_TP if p.etp is None else p.etp, vpp=vpp,
             **stages,

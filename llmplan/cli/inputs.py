@@ -119,8 +119,10 @@ def written_flags(ctx: Any, names: frozenset[str]) -> list[str]:
 def checked_pins(cls: type[BaseModel], pins: dict) -> dict:
     """The axes `search` pins, checked against the bounds of the plan they will become (cls: ParallelPlan or
     ServePlan, whose Field bounds `estimate` applies too), so that a pinned --tp 70000 is the same clear error
-    in both commands; None (free) axes are not checked."""
-    build(cls, {k: v for k, v in pins.items() if v is not None and k in cls.model_fields}, "pinned axes")
+    in both commands, naming the flag (PLAN_FLAGS; a pinned axis is always the user's value); None (free) axes
+    are not checked."""
+    build(cls, {k: v for k, v in pins.items() if v is not None and k in cls.model_fields}, "pinned axes",
+          {**PLAN_FLAGS, "etp": "--etp", "vpp": "--vpp", "zero": "--zero"})
     return pins
 
 
@@ -236,6 +238,12 @@ OPTION_FLAGS = {"num_nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "fix
 line naming the flag and the value to give (registry.validation_message), not the field."""
 
 
+PLAN_FLAGS = {"tp": "--tp", "pp": "--pp", "cp": "--cp", "ep": "--ep", "micro_batch": "--micro-batch",
+              "seq_len": "--seq-len"}
+"""The flags estimate's training plan takes as given, ParallelPlan field by field (dp, and unless given etp, vpp
+and global_batch, may be derived, so their errors name the field)."""
+
+
 def make_allowance(m: MemoryOptions) -> MemoryAllowance:
     return build(MemoryAllowance, {"fixed_gib": m.overhead_gib, "fragmentation": m.fragmentation},
                  "memory allowance options", OPTION_FLAGS)
@@ -280,7 +288,8 @@ def make_job(s: ServingOptions, batch: int, request_rate: float | None = None, t
                             "cuda_graph_sizes_default": s.cuda_graphs and s.cuda_graph_sizes is None,
                             "speculative": spec,
                             **{f"{side}_len_dist": d for side, d in dists.items()}},
-                 "inference workload options", OPTION_FLAGS)
+                 "inference workload options", {**OPTION_FLAGS, **{f"{side}_len": f"--{side}-len" for side in
+                                                                  ("input", "output") if side not in dists}})
 
 
 GRAPH_SIZE_MAX, GRAPH_SIZES_MAX = 1 << 24, 64
@@ -354,8 +363,8 @@ def length_distribution(flag: str, text: str, side: str, fixed: int) -> LengthDi
                                "standard deviation of log length, e.g. lognormal:mean=2000,sigma=0.8)")
         return build(LengthDistribution, {"kind": "lognormal", **fields, "name": text}, flag)
     path = Path(text)
-    if not path.exists():
-        raise LlmplanError(f"{flag} {text}: not lognormal:mean=M,sigma=S, a trace shape "
+    if not text.strip() or not path.exists():  # Path("") is the current folder, which exists
+        raise LlmplanError(f"{flag} {text if text.strip() else repr(text)}: not lognormal:mean=M,sigma=S, a trace shape "
                            f"({' | '.join(TRACE_SHAPES)}) or an existing histogram file")
     return build(LengthDistribution, {"kind": "histogram", **histogram_rows(flag, path), "name": text}, flag)
 

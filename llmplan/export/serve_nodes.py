@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from llmplan.export.common import refuse
-from llmplan.export.serve_shell import port_advice, port_check, port_word, stop, visible_lines, visible_slice
+from llmplan.export.serve_shell import count_check, port_advice, port_check, port_word, stop, visible_lines, visible_slice
 from llmplan.planfile import PlanFile
 
 HEAD_LINE = ("# FILL IN HEAD_ADDR: the IP address of node 0 of the server, reachable from its other nodes, the "
@@ -57,7 +57,8 @@ class NodeLaunch:
     prefill server, its bootstrap port, as shell words over the port variables (export.serve_router). `visible`:
     the GPUs a node's servers take slices of (serve_shell.visible_lines; 0: no slices); `addrs`: the nodes whose
     addresses NODE_ADDRS lists, in NODE_RANK order (0: none read); `nixl_host`: the node's NIXL side-channel host
-    is set from NODE_ADDR (NIXL_HOST)."""
+    is set from NODE_ADDR (NIXL_HOST); `guard`: lines that stop the serve script (not its router's) on an
+    environment the launch cannot run under (rust_guard)."""
     nodes: list[list[list[str]]]
     note: str
     head: bool = False
@@ -70,6 +71,7 @@ class NodeLaunch:
     visible: int = 0
     addrs: int = 0
     nixl_host: bool = False
+    guard: str = ""
 
 
 SGLANG_PORT, PORT_STRIDE, GRPC_DELTA, BOOTSTRAP_PORT = 30000, 1000, 10000, 8998
@@ -93,6 +95,30 @@ picked free by the OS."""
 ZMQ_SPAN = 240
 """--port + 233 (the dist-init port) + 1 (port_base) + 6 fixed ports: the derived block ends at --port + 239, the
 Rust path's DP-rank ports follow it (SGLANG_PORT)."""
+
+
+RUST_OFF = '[[ ! "${RUST_SERVER,,}" =~ ^(1|true|yes|y)$ ]]'
+"""The shell test that SGLang reads SGLANG_RUST_SERVER (copied into RUST_SERVER, empty when unset) as off: its
+EnvBool takes true, 1, yes or y in any case (srt/environ.py EnvBool.parse)."""
+
+
+def rust_guard(ranks: int, first: int, base: str) -> str:
+    """The lines that stop the script where SGLang's Rust-server path (SGLANG_RUST_SERVER) would give two of a
+    server's sockets one port: its DP handshake sits at `base` + 13 (DP_ATTENTION_HANDSHAKE_PORT_DELTA,
+    managers/data_parallel_controller.py) and the Rust path puts one port a DP rank from `base` + `first` (over
+    nodes the scheduler-input ports, first 7: srt/server_args.py PortArgs.init_new, port_base + 6 + dp_rank; on
+    one node the listeners, first 0: rust_server/server.py, --port + local DP rank), so `ranks` DP ranks reach
+    base + 13 from 13 - first + 1 ranks on. Both ports derive from `base`, so no choice of port variable moves
+    them apart: the script refuses the Rust path there (conservative: it assumes the DP controller also runs
+    on that path). Empty where the ranks do not reach base + 13."""
+    if first + ranks - 1 < DIST_HANDSHAKE:
+        return ""
+    rank = DIST_HANDSHAKE - first
+    what = "scheduler-input port" if first else "listener"
+    return "RUST_SERVER=${SGLANG_RUST_SERVER:-}\n" + stop(
+        RUST_OFF, f"SGLANG_RUST_SERVER=$RUST_SERVER: on SGLang's Rust-server path DP rank {rank}'s {what} "
+                  f"{base}+{first}+{rank} is its DP handshake port {base}+{DIST_HANDSHAKE}, and a server here has "
+                  f"{ranks} DP ranks; unset SGLANG_RUST_SERVER, or re-plan with at most {rank} DP ranks a server")
 
 
 def sglang_span(ranks: int) -> int:
@@ -343,8 +369,10 @@ def _sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
         note = _head_note(n, per_node, copies) + _groups_note(
             copies, "DP-attention servers" if p.dp_attention else "replicas", s, n)
         ports, checks = sglang_server_ports(p.attn_dp if p.dp_attention else 1, p.dp_attention, prefill, True)
+        guard = rust_guard(p.attn_dp, DIST_FIXED + 1, "DIST_PORT") if p.dp_attention else ""
         return NodeLaunch(nodes, note, head=True, ports=ports, drop=("--dp-size",), checks=checks,
-                          endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")]] * copies, per_server=True)
+                          endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")]] * copies, per_server=True,
+                          guard=guard)
     if p.dp_attention and s < per_node and copies > 1:
         if per_node % s:
             raise refuse("sglang", f"DP-attention servers of {s} GPUs on nodes of {per_node} would straddle nodes",
@@ -362,7 +390,7 @@ def _sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
                                   "command is one server on GPUs --base-gpu-id onward; server j of a node listens on "
                                   f"--port PORT + {stride} j{boot}, its derived ports between; run this script "
                                   f"{_on_nodes(len(shares))} and spread requests over the servers {ROUTER_HINT}\n"),
-                          ports=ports, checks=checks, endpoints=ends)
+                          ports=ports, checks=checks, endpoints=ends, guard=rust_guard(p.attn_dp, 0, "--port"))
     if not p.dp_attention and p.num_gpus > per_node:
         if per_node % s:
             raise refuse("sglang", f"replicas of tp x pp = {s} GPUs on nodes of {per_node} would straddle nodes",
@@ -522,7 +550,7 @@ def _addrs_lines(n: int) -> str:
             "the same on every node (a server that straddles nodes joins its head's)\n"
             f"NODE_ADDRS=${{NODE_ADDRS:?FILL IN the addresses of the {n} nodes, see above}}\n"
             "set -f\nADDR=($NODE_ADDRS)\nset +f\n"
-            + stop(f"(( ${{#ADDR[@]}} == {n} ))", f"NODE_ADDRS names ${{#ADDR[@]}} addresses; give those of the {n} nodes"))
+            + count_check(n, f"give those of the {n} nodes"))
 
 
 def _nixl_host_lines(n: int, addrs: int) -> str:
@@ -546,6 +574,7 @@ def node_script(launch: NodeLaunch, command: str, flags: list[str]) -> str:
     kept = [f for f in flags if f.split(" ", 1)[0] not in launch.drop]
     n = len(launch.nodes)
     text = (HEAD_LINE if launch.head else "") + _addrs_lines(launch.addrs) + launch.ports + launch.checks
+    text += launch.guard
     text += visible_lines(launch.visible) if launch.visible else ""
     text += ("NODE_RANK=${NODE_RANK:-0}\n" if n == 1 else
              f"NODE_RANK=${{NODE_RANK:?set NODE_RANK to the rank of this node, 0 to {n - 1}}}\n")

@@ -8,6 +8,9 @@ both pools of a disaggregated deployment. Only flags read in the router's source
   server and `--decode URL` a decode server (sgl-project/sglang @094b723a, sgl-router/py_src/sglang_router/
   launch_router.py, RouterArgs.add_cli_args; the same flags @083d6013, sgl-router/py_src/sglang_router/
   router_args.py).
+  The router also serves Prometheus metrics at `--prometheus-port`, 29000 unless given (`--prometheus-host`
+  127.0.0.1; @083d6013 router_args.py add_cli_args): the script gives it as PROMETHEUS_PORT, checked against
+  ROUTER_PORT and the servers' ports like ROUTER_PORT.
 - vLLM: for a disaggregated deployment with NixlConnector, the proxy its NixlConnector guide documents,
   `tests/v1/kv_connector/nixl_integration/toy_proxy_server.py` of a vLLM source tree, with `--host`, `--port`,
   `--prefiller-hosts H... --prefiller-ports P...` and `--decoder-hosts H... --decoder-ports P...`, one host and port
@@ -23,12 +26,16 @@ from __future__ import annotations
 
 from llmplan.export.common import sh_header
 from llmplan.export.serve_nodes import BOOTSTRAP_PORT, PORT_ENV, SGLANG_PORT, VLLM_PORT, NodeLaunch
-from llmplan.export.serve_shell import port_check, stop
+from llmplan.export.serve_shell import count_check, port_check, stop
 from llmplan.planfile import PlanFile
 
 ROUTER_PORT = 8080
 """The router's port unless ROUTER_PORT is given: SGLang's router defaults to 30000, its servers' own --port, and
 vLLM's proxy to 8000, its servers' (launch_router.py RouterArgs.port; toy_proxy_server.py parse_args)."""
+
+PROMETHEUS_PORT = 29000
+"""SGLang's router's metrics port unless PROMETHEUS_PORT is given: its own default (sgl-project/sglang @083d6013,
+sgl-router/py_src/sglang_router/router_args.py, add_cli_args "--prometheus-port", default=29000)."""
 
 PROXY = "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"
 """vLLM's documented NixlConnector proxy, a script of its source tree (not installed with the wheel)."""
@@ -82,7 +89,7 @@ def _addresses(n: int, what: str, phase: str, engine: str) -> str:
                  f'OTHER_POOL="$(POOL_ARGS_ONLY=1 NODE_ADDRS=... bash {other}/{engine}_router.sh)"\n')
     text += "NODE_ADDRS=${NODE_ADDRS:?FILL IN the addresses of the servers, see above}\n"
     text += "set -f\nADDR=($NODE_ADDRS)\nset +f\n"
-    return text + stop(f"(( ${{#ADDR[@]}} == {n} ))", f"NODE_ADDRS names ${{#ADDR[@]}} addresses; give the {n} of {what}")
+    return text + count_check(n, f"give the {n} addresses of {what}" if n > 1 else f"give the one address of {what}")
 
 
 def _router_port(first: str, last: str, span: str) -> str:
@@ -92,6 +99,16 @@ def _router_port(first: str, last: str, span: str) -> str:
         f"ROUTER_PORT > {_arith(last)}) ))",
         f"ROUTER_PORT=$ROUTER_PORT: the router must not take a server's port ({span} on a node); set "
         "ROUTER_PORT from 1024 to 65535 outside those")
+
+
+def _prometheus_port(first: str, last: str, span: str) -> str:
+    """PROMETHEUS_PORT and its checks: a port number, not ROUTER_PORT, outside a node's servers' --port span (the
+    router may run on a server's node): SGLang's router binds both (PROMETHEUS_PORT)."""
+    return f"PROMETHEUS_PORT=${{PROMETHEUS_PORT:-{PROMETHEUS_PORT}}}\n" + port_check("PROMETHEUS_PORT") + stop(
+        f"(( PROMETHEUS_PORT >= 1024 && PROMETHEUS_PORT <= 65535 && PROMETHEUS_PORT != ROUTER_PORT && "
+        f"(PROMETHEUS_PORT < {_arith(first)} || PROMETHEUS_PORT > {_arith(last)}) ))",
+        f"PROMETHEUS_PORT=$PROMETHEUS_PORT: the router's metrics port must differ from ROUTER_PORT=$ROUTER_PORT and "
+        f"from a server's port ({span} on a node); set PROMETHEUS_PORT from 1024 to 65535 outside those")
 
 
 def _launch(engine: str, phase: str) -> str:
@@ -104,7 +121,8 @@ def _launch(engine: str, phase: str) -> str:
         rest = ' "${OTHER[@]}"'
     if engine == "sglang":
         pd = " --pd-disaggregation" if phase != "both" else ""
-        return text + (f'python -m sglang_router.launch_router --host 0.0.0.0 --port "$ROUTER_PORT"{pd} '
+        return text + (f'python -m sglang_router.launch_router --host 0.0.0.0 --port "$ROUTER_PORT" '
+                       f'--prometheus-port "$PROMETHEUS_PORT"{pd} '
                        f'"${{POOL[@]}}"{rest}\n')
     text += f"# VLLM_SRC: a vLLM source tree, whose {PROXY} is the proxy\n"
     text += "VLLM_SRC=${VLLM_SRC:?FILL IN the path of a vLLM source tree}\n"
@@ -126,5 +144,6 @@ def router_script(pf: PlanFile, launch: NodeLaunch | None, engine: str) -> str |
     text = sh_header(pf, "SGLang router (python -m sglang_router.launch_router)" if engine == "sglang" else
                      "vLLM NixlConnector proxy (toy_proxy_server.py of a vLLM source tree)") + "set -euo pipefail\n"
     text += _addresses(len(ends), what, phase, engine) + ports + checks + _router_port(first, last, span)
+    text += _prometheus_port(first, last, span) if engine == "sglang" else ""
     text += "POOL=(\n" + "".join(f"    {w}\n" for w in _pool_words(engine, phase, ends)) + ")\n"
     return text + _launch(engine, phase)

@@ -46,6 +46,14 @@ def port_advice(width: int, lo: str, hi: str) -> str:
             f'[[ -n "$FIX" ]] || FIX="after changing PORT (no room around {lo} to {hi})"\n')
 
 
+def count_check(n: int, message: str) -> str:
+    """The lines that stop the script unless the array ADDR holds n addresses; `message` (after "NODE_ADDRS names
+    K address(es); ") says which to give. The count is the user's, so its noun is chosen at run time (1 address,
+    2 addresses)."""
+    return stop(f"(( ${{#ADDR[@]}} == {n} ))", "NODE_ADDRS names ${#ADDR[@]} $W; " + message,
+                'W=address; (( ${#ADDR[@]} == 1 )) || W=addresses')
+
+
 def visible_lines(per_node: int) -> str:
     """The lines that read a node's GPUs into VIS: the caller's CUDA_VISIBLE_DEVICES (a Slurm allocation or a
     shared node's share) or else 0 .. per_node - 1, and the function `gpus FIRST COUNT` that prints a slice of it

@@ -31,8 +31,8 @@ class ClusterSpec(Spec):
                              f"beyond any cluster llmplan plans for (at most {MAX_GPUS:,})")
         if g is not None and g > self.system.gpus_per_node:
             raise ValueError(
-                f"gpus_per_node ({g}) exceeds the {self.system.gpus_per_node} GPUs of a {self.system.name} node"
-            )
+                f"gpus_per_node ({g}) exceeds the {self.system.gpus_per_node} GPUs of a {self.system.name} node; "
+                f"use {self.system.gpus_per_node} or fewer GPUs per node")
         return self
 
     @property

@@ -52,6 +52,9 @@ def validation_message(origin: str, err: ValidationError, cls: type[BaseModel] |
         if flags and field in flags:
             parts.append(f"{flags[field]} {excerpt(e['input'])}: {msg}{_bound_fix(flags[field], e)}")
             continue
+        if e["type"] in ("literal_error", "enum") and e["loc"]:
+            parts.append(_file_choice(field, e))
+            continue
         if e["type"] == "extra_forbidden" and cls is not None and e["loc"]:
             parts.append(f"field '{field}': {msg} (got {excerpt(e['input'])}); "
                          + _extra_key_fix(str(e["loc"][-1]), _keys_at(cls, e["loc"][:-1])))
@@ -66,6 +69,15 @@ def validation_message(origin: str, err: ValidationError, cls: type[BaseModel] |
         parts.append(f"field '{field}': {msg}{got}" if field else msg)
     more = f"; ... ({len(errors) - MAX_LISTED:,} more problems)" if len(errors) > MAX_LISTED else ""
     return f"{origin}: " + "; ".join(parts) + more
+
+
+def _file_choice(field: str, e: Any) -> str:
+    """A spec file's field given a value outside its set (norm_type: rmsnrm), in the words of every enum flag
+    (errors.not_one_of): the field, the value, the accepted values and the line to write; an item of a list
+    (kernels.1) is replaced."""
+    key = next((str(x) for x in reversed(e["loc"]) if not isinstance(x, int)), field)
+    give = "replace it with" if isinstance(e["loc"][-1], int) else f"set {key}:"
+    return not_one_of(f"field '{field}':", excerpt(e["input"]), expected_values(e), "allowed", give)
 
 
 def expected_values(e: Any) -> list[str]:
