@@ -813,9 +813,10 @@ def data_loader_flags(pf: PlanFile) -> list[str]:
     hands a [1, s, s] mask with every sample unless --no-create-attention-mask-in-dataloader
     (megatron/core/datasets/gpt_dataset.py create_attention_mask, True by default), which the loader stacks and pins
     per micro-batch and get_batch copies to the GPU and broadcasts over TP (pretrain_gpt.py, megatron/core/utils.py
-    get_batch_on_this_tp_rank at d98e8a6), none of it priced. Transformer Engine's and flash-attn's causal kernels ignore it. The unfused path keeps it:
-    Megatron-Core's torch softmax (FusedScaleMaskSoftmax.forward_torch_softmax, where the fused kernel's checks fail,
-    e.g. s > 4096) would otherwise build a new s x s mask on the GPU in every layer (get_default_causal_mask)."""
+    get_batch_on_this_tp_rank at d98e8a6), none of it priced. Transformer Engine's and flash-attn's causal kernels
+    ignore it. The unfused path keeps it: Megatron-Core's torch softmax (FusedScaleMaskSoftmax.forward_torch_softmax,
+    where the fused kernel's checks fail, e.g. s > 4096) would otherwise build a new s x s mask on the GPU in every
+    layer (get_default_causal_mask)."""
     return ["--no-create-attention-mask-in-dataloader"] if pf.plan.flash_attention else []
 
 
