@@ -19,7 +19,7 @@ from llmplan.export.common import (without_megatron_fsdp, cast_add_refusal, chec
                                    squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
                                    parallel_block_refusal,
                                    torch_ring_refusal)
-from llmplan.export.megatron import balance_pairs, fsdp_zero2_refusals, precision_aware
+from llmplan.export.megatron import MANUAL_GC_INTERVAL, balance_pairs, fsdp_zero2_refusals, precision_aware
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
 
@@ -447,6 +447,13 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             ("model.cross_entropy_fusion_impl", p.fused_loss_impl),
             ("model.seq_length", p.seq_len), ("dataset.seq_length", p.seq_len),
             ("train.micro_batch_size", p.micro_batch), ("train.global_batch_size", p.global_batch),
+            # TrainingConfig.manual_gc / manual_gc_interval: Python's collections at the same step on every rank,
+            # whatever the recipe sets (megatron.MANUAL_GC_INTERVAL); GPTDatasetConfig.create_attention_mask off:
+            # the default skip_getting_attention_mask_from_dataset never hands the mask to the model, and the
+            # attention this export writes (native flash only: attention_kernel_refusal) ignores it, so the loader
+            # need not build, stack and pin an s x s mask per sample (perf_recipes/gpt_oss/common.py at 6124fbe)
+            ("train.manual_gc", True), ("train.manual_gc_interval", MANUAL_GC_INTERVAL),
+            ("dataset.create_attention_mask", False),
             # Muon's layer-wise optimizer runs beside an all-reducing DDP (muon_overrides)
             # ZeRO-2 too: Megatron-FSDP's v1 sets both (fsdp_overrides), written so that it does not print
             ("ddp.use_distributed_optimizer", p.zero in (1, 2) and p.optimizer != "muon"),

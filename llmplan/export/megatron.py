@@ -799,18 +799,42 @@ def tp_overlap_queues_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             "overlap)")
 
 
+MANUAL_GC_INTERVAL = 100
+"""Training steps between the collections of Python's garbage collector that --manual-gc runs on every rank at
+once (the automatic, threshold-triggered collector off; Megatron-LM@d98e8a6 megatron/training/training.py:
+gc.disable() before the loop, gc.collect() every manual_gc_interval steps). 100 as NVIDIA-NeMo/Megatron-Bridge's
+pretrain recipes set it (src/megatron/bridge/recipes/common.py _pretrain_common at 6124fbe) and as Megatron-LM's
+MoE guide names it against CPU jitter (megatron/core/transformer/moe/README.md at d98e8a6); 0 would never collect
+during training, and unaligned collections are what --manual-gc exists to avoid."""
+
+
+def data_loader_flags(pf: PlanFile) -> list[str]:
+    """The data loader's dense causal mask left out where the plan's attention never reads it: Megatron-LM's dataset
+    hands a [1, s, s] mask with every sample unless --no-create-attention-mask-in-dataloader
+    (megatron/core/datasets/gpt_dataset.py create_attention_mask, True by default), which the loader stacks and pins
+    per micro-batch and get_batch copies to the GPU and broadcasts over TP (pretrain_gpt.py, megatron/core/utils.py
+    get_batch_on_this_tp_rank at d98e8a6), none of it priced. Transformer Engine's and flash-attn's causal kernels
+    ignore it. The unfused path keeps it: Megatron-Core's torch softmax (FusedScaleMaskSoftmax.forward_torch_softmax,
+    where the fused kernel's checks fail, e.g. s > 4096) would otherwise build a new s x s mask on the GPU in every
+    layer (get_default_causal_mask)."""
+    return ["--no-create-attention-mask-in-dataloader"] if pf.plan.flash_attention else []
+
+
 def script_body(pf: PlanFile, launcher: str) -> str:
     """The shared body: node/rendezvous variables, argument arrays; `launcher` is the command that runs."""
     p = pf.plan
     model, pattern_lines = pattern_variable(model_flags(pf))  # a hybrid's pattern, built 56 symbols a line
     arrays = {"MODEL_ARGS": model, "PARALLEL_ARGS": parallel_flags(pf)}
+    data = " ".join(["--mock-data --tokenizer-type NullTokenizer", f"--vocab-size {pf.model.vocab_size}",
+                     *data_loader_flags(pf)])
     lines = [
         *rendezvous_lines(pf),
         "MEGATRON_LM=${MEGATRON_LM:-/workspace/Megatron-LM}",
-        f"DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size {pf.model.vocab_size})"
+        f"DATA_ARGS=({data})"
         "   # real data: --data-path \"$DATA_PATH\" --tokenizer-type HuggingFaceTokenizer --tokenizer-model \"$TOKENIZER\"",
+        # Python's garbage collection at the same step on every rank (MANUAL_GC_INTERVAL), as NVIDIA's examples run
         "TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine "
-        "--weight-decay 0.1 --clip-grad 1.0 --log-interval 10)",
+        f"--weight-decay 0.1 --clip-grad 1.0 --log-interval 10 --manual-gc --manual-gc-interval {MANUAL_GC_INTERVAL})",
     ]
     lines += connections_lines(pf)
     if p.fine_grained_offload_modules:  # megatron/training/arguments.py (2a75ac12c): required with TE >= 2.10

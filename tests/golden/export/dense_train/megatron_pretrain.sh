@@ -22,10 +22,11 @@ MASTER_PORT=${MASTER_PORT:-6000}
 MEGATRON_LM=${MEGATRON_LM:-/workspace/Megatron-LM}
 # real data: --data-path "$DATA_PATH" --tokenizer-type HuggingFaceTokenizer
 #   --tokenizer-model "$TOKENIZER"
-DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size 128256)
+DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size 128256
+    --no-create-attention-mask-in-dataloader)
 TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5
     --lr-decay-style cosine --weight-decay 0.1 --clip-grad 1.0
-    --log-interval 10)
+    --log-interval 10 --manual-gc --manual-gc-interval 100)
 # Megatron-LM expects it with TP/CP before Blackwell
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 MODEL_ARGS=(
