@@ -610,27 +610,14 @@ def test_the_ring_share_applies_to_every_ring_collective(op):
     assert a2a[0] == a2a[1]
 
 
+@pytest.mark.xfail(strict=True, reason="one communicator's ring on one OPA port is not priced: capping it moved "
+                   "BLOOM's TP2 rows away from their measurements (docs/validation.md#net-profiles)")
 def test_jean_zay_flat_allreduce_over_4_nodes_against_bigscience_log():
     # bigscience-workshop/bigscience (9e64edec) experiments/bandwidth/all_reduce_bench-a100-n4.txt (2022-01,
     # NCCL 2.10.3, the tr11 environment): a 4 GB fp32 all-reduce over 4 nodes x 8 A100 on Jean Zay's gpu_p5
     # reached busbw 40.5 Gbit/s (5.07 GB/s) from the second trial on. Its NCCL log lists the node's 4 OPA ports
-    # (NET/IB : Using hfi1_1, hfi1_0, hfi1_2, hfi1_3) but builds 2 channels on one ring, each node's crossing
-    # sent by GPU 7 on NET/IB/3 and received by GPU 0 on NET/IB/1. Tolerance 5%. Main priced 20.0 GB/s (all 4
-    # ports for one communicator).
+    # but builds one ring in 2 channels, each node crossed on one port; llmplan gives every GPU's port share to
+    # the flat ring (20.0 GB/s). Tolerance 5%.
     sp = span("jean-zay-a100", 32)
     t = collective_time("all-reduce", 4e9, sp, SYS["jean-zay-a100"])
     assert t.busbw == pytest.approx(40.5e9 / 8, rel=0.05)
-
-
-def test_ring_port_cap_leaves_one_gpu_per_node_groups_alone():
-    # A DP group with one GPU per node (BLOOM's TP8 layouts) already gets that GPU's share of its NIC, under the
-    # cap; only a group with several GPUs on a node (the flat ring above, TP1-2 layouts) is held to the ports
-    # its rings use. Without the key nothing changes (None: one ring per NIC).
-    s = SYS["jean-zay-a100"]
-    free = s.model_copy(update={"ring_nics_per_group": None})
-    cluster = ClusterSpec(system=s, num_nodes=4, gpus_per_node=8)
-    one = span_of_ranks([0, 8, 16, 24], cluster)
-    assert collective_time("all-reduce", 4e9, one, s).seconds == collective_time("all-reduce", 4e9, one, free).seconds
-    flat = span("jean-zay-a100", 32)
-    capped, uncapped = (collective_time("all-reduce", 4e9, flat, x).busbw for x in (s, free))
-    assert uncapped / capped == pytest.approx(4.0, rel=0.02)  # 8 GPU shares of 4 ports, against 1 port

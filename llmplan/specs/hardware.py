@@ -522,12 +522,6 @@ class SystemSpec(Spec):
     (DGX H100 all-reduce 370 GB/s over 8 x 400 Gb/s, 0.925; DGX A100 192 over 8 x 200, 0.96) made the published
     training steps worse (docs/validation.md#ar-mend). A cluster file with `base:` that changes nic_efficiency,
     nic_gbit_per_s or scaleout_fabric does not inherit it. None: nic_efficiency."""
-    ring_nics_per_group: int | None = Field(default=None, ge=1, le=1024)
-    """NIC ports that one NCCL communicator's ring collectives cross the node boundary on, where a published
-    NCCL log of the system shows fewer than the group's GPUs there: its rings' `[send] via NET/IB/i` lines name
-    the ports. Caps the ring / tree network rate of one group at this many ports at the ring share, un-shared
-    (jean-zay-a100: 1, NCCL 2.10.3 built one ring over the 4 OPA ports and duplicated it into its 2 channels).
-    None: one ring per NIC of the group's GPUs in the node (NVIDIA/nccl issues #43 and #601)."""
     intra_latency_s: float = Field(default=1.0e-6, ge=0, le=1.0)
     """Latency of one step of a collective over the scale-up fabric, seconds (NCCL alpha; approximate)."""
     inter_latency_s: float = Field(default=5.0e-6, ge=0, le=1.0)

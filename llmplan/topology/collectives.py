@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from llmplan.specs.hardware import SystemSpec
-from llmplan.topology.graph import link_profile, nic_ports
+from llmplan.topology.graph import link_profile
 from llmplan.topology.placement import GroupSpan, span_of_ranks
 
 Op = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "broadcast"]
@@ -61,16 +61,6 @@ class Links:
     all-reduce and the ring all-gather / reduce-scatter (SystemSpec.allreduce_nic_efficiency where a profile
     sets it, else nic_efficiency; docs/validation.md#ar-mend). Required: the all-gather / reduce-scatter divide
     by it, so no default may stand in for it (0 only where the group has no network path, as inter_bw)."""
-    ring_net_cap: float = math.inf
-    """The most one group's ring collectives carry across a node boundary (bytes/s): the ports its rings use
-    (SystemSpec.ring_nics_per_group) at the ring share, un-shared; inf where the profile does not set it."""
-
-
-def ring_net(g: int, L: Links) -> float:
-    """The network rate of one group's ring collectives across nodes, g ranks per NVLink domain: the g ranks'
-    NIC shares (one ring per NIC), capped at the ports its rings use where a published NCCL log shows fewer.
-    Derived: docs/formulas.md#comm.links"""
-    return min(g * L.ring_inter_bw, L.ring_net_cap)
 
 
 def ring_share(ring: float | None, base: float) -> float:
@@ -97,14 +87,10 @@ def group_links(system: SystemSpec, span: GroupSpan, nvls: bool = True) -> Links
     inter = inter_path.bw * system.nic_efficiency if inter_path else 0.0
     share = ring_share(system.allreduce_nic_efficiency, system.nic_efficiency)
     use_nvls = nvls and system.nvls and g >= NVLS_MIN_GPUS
-    cap = math.inf
-    if system.ring_nics_per_group and inter_path:
-        port = nic_ports(system)[0] * system.nic_bytes_per_s / (system.oversubscription if span.leaves > 1 else 1.0)
-        cap = system.ring_nics_per_group * port * share
     return Links(intra_bw=intra, intra_alpha=prof.intra.latency, inter_bw=inter,
                  inter_alpha=inter_path.latency if inter_path else 0.0,
                  nvls_bw=prof.intra.bw * system.nvls_factor if use_nvls else None,
-                 ring_inter_bw=inter_path.bw * share if inter_path else 0.0, ring_net_cap=cap)
+                 ring_inter_bw=inter_path.bw * share if inter_path else 0.0)
 
 
 @dataclass(frozen=True)
@@ -183,7 +169,7 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
     # Hu et al. 2025, "Demystifying NCCL" (arXiv 2507.04786), channels. Derived: docs/formulas.md#comm.collective
     # The ring all-gather / reduce-scatter run on the all-reduce's ring graph at the same per-channel rate (NCCL
     # v2.21.5-1 tuning.cc: busBw = nChannels x bwInter for every ring collective): one network share for all.
-    ring_bw = min(L.intra_bw, ring_net(g, L))
+    ring_bw = min(L.intra_bw, g * L.ring_inter_bw)
     if op == "send-recv":
         return (Coeff("p2p", L.inter_alpha, 1 / L.inter_bw),)
     if op == "all-to-all":
@@ -207,11 +193,10 @@ def allreduce_coeffs(n: int, k: int, L: Links, algorithm: str = "auto") -> tuple
     nNodes > 2, bwIntra at 2; algbw ring busBw nRanks/nsteps, tree busBw x .5; tree latency
     2((nRanks/nNodes-1) intraLat + log2(nNodes) interLat)). Derived: docs/formulas.md#comm.collective"""
     g = max(1, n // k)
-    net = ring_net(g, L)
-    ring = nccl_ring(n, k, min(L.intra_bw, net), L, "all-reduce")
+    ring = nccl_ring(n, k, min(L.intra_bw, g * L.ring_inter_bw), L, "all-reduce")
     tree_alpha = 2 * (g - 1) * L.intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha
-    tree_beta = max(2.0 / L.intra_bw, (1.0 if k == 2 else 2.0) / net, ring.beta)
-    hier_beta = max(2 * (g - 1) / g / L.intra_bw, bus_factor("all-reduce", k) / net)  # comm.hierarchical
+    tree_beta = max(2.0 / L.intra_bw, (1.0 if k == 2 else 2.0) / g / L.ring_inter_bw, ring.beta)
+    hier_beta = max(2 * (g - 1) / g / L.intra_bw, bus_factor("all-reduce", k) / g / L.ring_inter_bw)  # comm.hierarchical
     cands = [ring, Coeff("tree", tree_alpha, tree_beta),
              Coeff("hierarchical", 2 * (g - 1) * L.intra_alpha + 2 * (k - 1) * L.inter_alpha, hier_beta)]
     if algorithm == "auto":
