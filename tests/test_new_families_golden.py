@@ -244,7 +244,8 @@ def test_bloom_single_replica_peak_holds_zero1s_step_copies(published_runs, acc)
 
 def test_bloom_runs_on_jean_zay_omni_path(published_runs, acc):
     # BLOOM paper (arXiv:2211.05100) Section 3.4.1 and bigscience train/tr11-176B-ml/README.md: 8 A100 80GB per
-    # node, 4 Omni-Path 100 Gb/s links per node (a DGX A100 has 8 x 200 Gb/s InfiniBand).
+    # node, 4 Omni-Path 100 Gb/s links per node (a DGX A100 has 8 x 200 Gb/s InfiniBand); BigScience's NCCL log on
+    # that partition lists the 4 ports (experiments/bandwidth/all_reduce_bench-a100-n4.txt: hfi1_0 .. hfi1_3).
     rec = published_runs["bloom-176b-final-run"]
     system = builtin_systems()[acc.record_system(rec)]
     assert (system.name, system.gpus_per_node, system.nics_per_node, system.nic_gbit_per_s) == \

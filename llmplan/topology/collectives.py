@@ -17,6 +17,12 @@ from llmplan.topology.placement import GroupSpan, span_of_ranks
 Op = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "broadcast"]
 Algorithm = Literal["auto", "ring", "tree", "hierarchical"]
 OPS: tuple[str, ...] = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "broadcast")
+# An all-reduce across nodes pays a start-up that grows with the depth of the node tree, beyond its per-step
+# latencies: read off Fernandez et al. 2024 (arXiv 2411.13055), the nccl-tests all-reduce busbw-vs-size curves on
+# DGX H100 over 4 to 512 nodes (reproduced in stas00/ml-engineering 744d01e1 network/images/nccl-all-reduce-scan.png).
+# Derived: docs/formulas.md#comm.net_fill
+NET_FILL_S = 120e-6
+NET_FILL_PER_LEVEL_S = 80e-6
 NVLS_MIN_GPUS = 5  # NCCL uses NVLink SHARP for all-reduce from 5 GPUs (H200) / 6 (B200) up; nccl-tests busbw measurements in ml-engineering network/README.md
 
 
@@ -111,6 +117,16 @@ def _ring(op: str, n: int, bw: float, alpha: float, name: str = "ring") -> Coeff
     return Coeff(name, phases * (n - 1) * alpha, bus_factor(op, n) / bw)
 
 
+def net_fill(k: int) -> float:
+    """Start-up of an all-reduce (ring or tree) across k > 1 NVLink domains, beyond its per-step latencies: the
+    chunked pipeline fills before it streams (NCCL's Simple protocol moves a call in fixed-size chunks per
+    channel, each hop forwarding whole chunks), so the published busbw climbs to its plateau only past 1 GiB.
+    A + B·log2(k), read off Fernandez et al. 2024 (arXiv 2411.13055)'s nccl-tests all-reduce curves (DGX H100,
+    4-512 nodes, 64 MiB-1 GiB: least squares 135 µs + 90 µs·log2(k) of effective latency, less the 14 + 10·log2(k)
+    µs the tree's own steps already price). Derived: docs/formulas.md#comm.net_fill"""
+    return NET_FILL_S + NET_FILL_PER_LEVEL_S * math.log2(k) if k > 1 else 0.0
+
+
 def nccl_ring(n: int, k: int, bw: float, L: Links, op: str = "all-gather") -> Coeff:
     """A ring collective over n ranks in k > 1 NVLink domains. All-gather or reduce-scatter (NCCL runs these as
     a ring only, no tree, no hierarchical variant): n - 1 steps of which k - 1 cross the network and n - k stay
@@ -120,7 +136,8 @@ def nccl_ring(n: int, k: int, bw: float, L: Links, op: str = "all-gather") -> Co
     latency (nsteps - nInterSteps)·intraLat + nInterSteps·interLat with nsteps = nRanks - 1 and nInterSteps =
     nNodes - 1, for all-reduce 2(nRanks - 1) and 2(nNodes - 1)). Derived: docs/formulas.md#comm.collective"""
     phases = 2 if op == "all-reduce" else 1
-    return Coeff("ring", phases * ((n - k) * L.intra_alpha + (k - 1) * L.inter_alpha), bus_factor(op, n) / bw)
+    fill = net_fill(k) if op == "all-reduce" else 0.0  # comm.net_fill: read for the all-reduce only
+    return Coeff("ring", fill + phases * ((n - k) * L.intra_alpha + (k - 1) * L.inter_alpha), bus_factor(op, n) / bw)
 
 
 def a2a_latency(n: int, g: int, L: Links, per_node: bool = False) -> float:
@@ -194,7 +211,7 @@ def allreduce_coeffs(n: int, k: int, L: Links, algorithm: str = "auto") -> tuple
     2((nRanks/nNodes-1) intraLat + log2(nNodes) interLat)). Derived: docs/formulas.md#comm.collective"""
     g = max(1, n // k)
     ring = nccl_ring(n, k, min(L.intra_bw, g * L.ring_inter_bw), L, "all-reduce")
-    tree_alpha = 2 * (g - 1) * L.intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha
+    tree_alpha = net_fill(k) + 2 * (g - 1) * L.intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha
     tree_beta = max(2.0 / L.intra_bw, (1.0 if k == 2 else 2.0) / g / L.ring_inter_bw, ring.beta)
     hier_beta = max(2 * (g - 1) / g / L.intra_bw, bus_factor("all-reduce", k) / g / L.ring_inter_bw)  # comm.hierarchical
     cands = [ring, Coeff("tree", tree_alpha, tree_beta),
