@@ -199,7 +199,10 @@ def test_time_is_monotone_in_size(system, op, nodes, size, factor):
 def test_ring_busbw_is_set_by_the_per_rank_chunk(op, nodes, mult, chunk, shrink):
     """NCCL's ring moves S/N a step and pays a latency a step (tuning.cc), so at 48-1,120 DGX A100 nodes the bus
     bandwidth follows the per-rank chunk, not N, and falls as the chunk shrinks. docs/validation.md#zero3-2021
-    (per-rank chunk size): the ZeRO-3 rows would need a 46 GB/s plateau, which no chunk curve gives."""
+    (per-rank chunk size): the ZeRO-3 rows would need a 46 GB/s plateau, which no chunk curve gives. The premise
+    holds in NCCL's own model (tuning.cc v2.21.5-1: these two ops pay baseLat once a call, 8.4 us, and no
+    multi-node plateau term, which is the all-reduce's alone), so the all-reduce's start-up (comm.net_fill,
+    log2 of the nodes) is not theirs (docs/validation.md#ring-fill)."""
     s = SYS["dgx-a100"]
 
     def busbw(n_nodes: int, c: float) -> float:
@@ -597,6 +600,25 @@ def test_allreduce_across_nodes_by_hand_from_tuning_cc_terms():
     assert ring.alpha == pytest.approx(374e-6 + 440e-6)
     (h,) = collective_coeffs("all-reduce", span("dgx-h100", 32), s, "hierarchical")
     assert h.beta == pytest.approx(max(2 * 7 / 8 / nvlink, 2 * 3 / 4 / net))  # only under --algorithm hierarchical
+
+
+@pytest.mark.parametrize("op", ["all-gather", "reduce-scatter"])
+def test_ring_allgather_reducescatter_latency_by_hand_from_tuning_cc(op):
+    """NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc for the ring all-gather / reduce-scatter: nsteps = nRanks - 1,
+    nInterSteps = nNodes - 1, latency (nsteps - nInterSteps) intraLat + nInterSteps interLat, and no more: its
+    ncclTopoGetAlgoTime raises the multi-node ring latency ("Plateau effect of ring", x1.4 from sm80) only when
+    coll == ncclFuncAllReduce, as on master 5067397c. So the all-reduce's start-up (comm.net_fill) is not theirs:
+    ZeRO-1/2/3's pair of calls pays the per-step latencies only; breaks if a start-up is added to these two ops."""
+    s = SYS["dgx-h100"]
+    for k in (2, 4, 16, 128):
+        n = 8 * k
+        L = group_links(s, span("dgx-h100", n))  # per-hop latencies: NVLink, and the leaf or spine path
+        (c,) = collective_coeffs(op, span("dgx-h100", n), s)
+        assert c.alpha == pytest.approx((n - k) * L.intra_alpha + (k - 1) * L.inter_alpha)
+    # 4 nodes by hand (the profile's 1 us an NVLink step, 5 us a leaf hop): 28 NVLink + 3 network steps = 43 us a
+    # call; the all-reduce's ring pays 2 x 43 + 280 us (net_fill(4) = 120 + 2 x 80)
+    (ag,) = collective_coeffs(op, span("dgx-h100", 32), s)
+    assert ag.alpha == pytest.approx(43e-6)
 
 
 @pytest.mark.parametrize("op", ["all-reduce", "all-gather", "reduce-scatter"])

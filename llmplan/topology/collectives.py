@@ -118,12 +118,16 @@ def _ring(op: str, n: int, bw: float, alpha: float, name: str = "ring") -> Coeff
 
 
 def net_fill(k: int) -> float:
-    """Start-up of an all-reduce (ring or tree) across k > 1 NVLink domains, beyond its per-step latencies: the
-    chunked pipeline fills before it streams (NCCL's Simple protocol moves a call in fixed-size chunks per
-    channel, each hop forwarding whole chunks), so the published busbw climbs to its plateau only past 1 GiB.
-    A + B·log2(k), read off Fernandez et al. 2024 (arXiv 2411.13055)'s nccl-tests all-reduce curves (DGX H100,
-    4-512 nodes, 64 MiB-1 GiB: least squares 135 µs + 90 µs·log2(k) of effective latency, less the 14 + 10·log2(k)
-    µs the tree's own steps already price). Derived: docs/formulas.md#comm.net_fill"""
+    """Start-up of an all-reduce (ring or tree) across k > 1 NVLink domains, beyond its per-step latencies, so the
+    published busbw climbs to its plateau only past 1 GiB. A + B·log2(k), read off Fernandez et al. 2024 (arXiv
+    2411.13055)'s nccl-tests all-reduce curves (DGX H100, 4-512 nodes, 64 MiB-1 GiB: least squares 135 µs +
+    90 µs·log2(k) of effective latency, less the 14 + 10·log2(k) µs the tree's own steps already price).
+    All-reduce only: NCCL's own cost model puts its multi-node size terms on the all-reduce alone (tuning.cc
+    ncclTopoGetAlgoTime, v2.21.5-1 to master 5067397c: "Plateau effect of ring", latency x1.4 from sm80 if
+    nNodes > 1 and coll == AllReduce; treeCorrectionFactor, tree only), its ring all-gather / reduce-scatter pay
+    baseLat once a call plus nRanks - 1 step latencies; log2(k) is the form of the tree's depth term. Chunking
+    is no reason to differ: the three ring collectives share one chunk (collectives.h *_CHUNKSTEPS =
+    NCCL_STEPS/2). Derived: docs/formulas.md#comm.net_fill"""
     return NET_FILL_S + NET_FILL_PER_LEVEL_S * math.log2(k) if k > 1 else 0.0
 
 
@@ -136,7 +140,7 @@ def nccl_ring(n: int, k: int, bw: float, L: Links, op: str = "all-gather") -> Co
     latency (nsteps - nInterSteps)·intraLat + nInterSteps·interLat with nsteps = nRanks - 1 and nInterSteps =
     nNodes - 1, for all-reduce 2(nRanks - 1) and 2(nNodes - 1)). Derived: docs/formulas.md#comm.collective"""
     phases = 2 if op == "all-reduce" else 1
-    fill = net_fill(k) if op == "all-reduce" else 0.0  # comm.net_fill: read for the all-reduce only
+    fill = net_fill(k) if op == "all-reduce" else 0.0  # comm.net_fill: all-reduce only, as NCCL's tuner
     return Coeff("ring", fill + phases * ((n - k) * L.intra_alpha + (k - 1) * L.inter_alpha), bus_factor(op, n) / bw)
 
 
