@@ -18,7 +18,8 @@ from llmplan.cost.comm import comm_seconds
 from llmplan.cost.compute import StageCompute
 from llmplan.cost.exposure import (CommSeconds, cooldown_slack, dp_exposed_per_step, later_stage_reduce_exposed,
                                    later_stage_unbucketed)
-from llmplan.cost.step import stage_times
+from llmplan.cost.schedule import _simulate
+from llmplan.cost.step import layout_chunk_shares, pipeline_sum, stage_times
 from llmplan.estimate import estimate_training
 from llmplan.search.grid import Workload, default_space, enumerate_plans
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -65,9 +66,11 @@ def test_the_cooldown_slack_by_hand():
     """Each stage before stage j runs its own last backward in turn after stage j's (Narayanan et al. 2021 §2.2,
     Fig. 4; Megatron-LM's cool-down loop), so the slack is the sum of the earlier stages' backwards, priced as the
     bubble prices the stages (pipeline_sum). Candidate stages 0, 1, 2 (the heaviest MoE), 3 of pp 4 with backwards
-    0.5, 0.9, 0.8, 0.7 s: the middle stages are the candidate with the larger micro-batch time; micro-batch times
-    1.4, 2.7, 2.4, 2.0 s pick stage 1's 0.9 s: 0, 0.5, 0.5 + 0.9 = 1.4, 0.5 + 2 x 0.9 = 2.3 s at v 1, halved at
-    v 2 (a chunk-backward); micro-batch times 1.4, 2.4, 2.7, 2.0 s pick stage 2's 0.8 s: 0, 0.5, 1.3, 2.1 s.
+    0.5, 0.9, 0.8, 0.7 s: each middle stage's backward is T - F, T the larger micro-batch time of candidates 1
+    and 2, F the larger of their times less their backwards. Micro-batch times 1.4, 2.7, 2.4, 2.0 s: T 2.7, F
+    max(1.8, 1.6) = 1.8, stage 1's 0.9 s: 0, 0.5, 0.5 + 0.9 = 1.4, 0.5 + 2 x 0.9 = 2.3 s at v 1, halved at v 2 (a
+    chunk-backward); micro-batch times 1.4, 2.4, 2.7, 2.0 s: T 2.7, F max(1.5, 1.9) = 1.9, stage 2's 0.8 s: 0,
+    0.5, 1.3, 2.1 s.
     Stages listed (pp_layers 2, 10, 10, 10, every stage a candidate), backwards 0.5, 0.9, 0.8, 0.7 s: the running
     sum 0, 0.5, 1.4, 2.2 s."""
     backs = [0.5, 0.9, 0.8, 0.7]
@@ -81,6 +84,127 @@ def test_the_cooldown_slack_by_hand():
     assert cooldown_slack(listed, [0, 1, 2, 3], backs, first) == pytest.approx([0.0, 0.5, 1.4, 2.2], abs=1e-12)
     # one stage: nothing drains after it
     assert cooldown_slack(_plan(pp=1, dp=16), [0, 0, 0, 0], backs, first) == pytest.approx([0.0] * 4, abs=1e-12)
+
+
+def test_the_middle_backward_between_two_candidates_by_hand():
+    """Candidates 0, 1, 2, 3 of pp 4, backwards 0.5, 1.2, 0.8, 0.7 s, micro-batch times 1.4, 2.7, 2.6, 2.0 s: the
+    bubble prices each middle stage at T = max(2.7, 2.6) = 2.7 s, the rest outside the backward at F = max(2.7 -
+    1.2, 2.6 - 0.8) = 1.8 s, so b_mid = T - F = 0.9 s (between 0.8 and 1.2; stage 1's 1.2 s before, the one of
+    the larger micro-batch time): 0, 0.5, 1.4, 2.3 s. A candidate 2 that is the last stage (pp 3, heaviest MoE
+    stage pp - 1 = 2: candidates 0, 1, 2, 2) is no middle stage: its backward holds the LM head's, and the one
+    middle stage is stage 1 alone: slack 0, 0.5, 0.5 + 1.2 = 1.7 s (0.5 + 0.8 before, the last stage's own)."""
+    backs = [0.5, 1.2, 0.8, 0.7]
+    assert cooldown_slack(_plan(), [0, 1, 2, 3], backs, [1.4, 2.7, 2.6, 2.0]) == pytest.approx(
+        [0.0, 0.5, 1.4, 2.3], abs=1e-12)
+    three = _plan(pp=3, global_batch=24)
+    backs = [0.5, 1.2, 0.8, 0.8]
+    t = [1.4, 2.0, 2.6, 2.6]
+    assert cooldown_slack(three, [0, 1, 2, 2], backs, t) == pytest.approx([0.0, 0.5, 1.7, 1.7], abs=1e-12)
+    # the bubble's sum likewise: 1.4 + 2.0 + 2.6 (stage 1 once, not the last stage twice)
+    assert float(pipeline_sum(three, t, [0, 1, 2, 2])) == pytest.approx(6.0, abs=1e-12)
+
+
+def test_a_stage_never_ends_its_last_backward_earlier_for_more_work():
+    """Seeded property over the candidates' micro-batch times t and backwards b, pp 3-16 and the heaviest MoE
+    candidate's stage (a middle stage or the last): d more backward (t and b by d) or forward (t by d) on any
+    candidate never shortens a later stage's way to its last backward, pipeline_sum - cooldown_slack (v 1),
+    and never jumps: the change is at most d times the stages that candidate stands for. Before, the middle
+    backward switched with the larger micro-batch time: DeepSeek-V3 pp16 (a one-layer first stage, MLP
+    recompute on 32 DGX H100) priced 0.1 ms more backward on stage 1 as a slack 157 ms longer."""
+    rng = np.random.default_rng(11)
+    for _ in range(400):
+        p = int(rng.integers(3, 17))
+        plan = _plan(pp=p, dp=1, global_batch=4 * p)
+        stages = [0, 1, int(rng.choice([2, p - 1])), p - 1]
+        t = list(rng.uniform(0.2, 2.0, 4))
+        b = [x * f for x, f in zip(t, rng.uniform(0.4, 0.8, 4))]
+        if stages[2] == p - 1:
+            t[2], b[2] = t[3], b[3]
+        k, d, back = int(rng.integers(0, 3)), float(rng.uniform(0, 0.05)), bool(rng.integers(0, 2))
+        t2, b2 = list(t), list(b)
+        for i in range(4):
+            if i == k or stages[i] == stages[k]:
+                t2[i] += d
+                b2[i] += d if back else 0.0
+        for j in range(1, 4):
+            way = float(pipeline_sum(plan, t, stages)) - float(cooldown_slack(plan, stages, b, t)[j])
+            more = float(pipeline_sum(plan, t2, stages)) - float(cooldown_slack(plan, stages, b2, t2)[j])
+            assert more >= way - 1e-12, (p, stages, t, b, k, d, back, j)
+            assert more <= way + p * d + 1e-12, (p, stages, t, b, k, d, back, j)
+
+
+def test_a_last_heaviest_moe_stage_prices_as_the_listed_stages():
+    """DeepSeek-V3 pp 3 with a one-layer first stage (pp_first 1) on 6 DGX B200: the heaviest MoE candidate is the
+    last stage (candidates 0, 1, 2, 2). Its slack and the bubble count stage 1 as the middle stage, as the same
+    split listed stage by stage (pp_layers 1, 30, 30) prices it: the split priced the last stage's slack 384.63 ms
+    (its own LM-head backward counted) against 347.38 ms listed, and the bubble 63 ms more (the last stage's time
+    as the middle stage's)."""
+    cluster = ClusterSpec(system=S["dgx-b200"], num_nodes=6)
+    kw = dict(pp=3, dp=16, ep=8, micro_batch=1, global_batch=512)
+    split = estimate_training(M["deepseek-v3"], cluster, ParallelPlan(pp_first=1, pp_last=0, **kw))
+    listed = estimate_training(M["deepseek-v3"], cluster, ParallelPlan(pp_layers=(1, 30, 30), **kw))
+    for key in ("bubble", "total"):
+        assert float(getattr(split.time, key)) == pytest.approx(float(getattr(listed.time, key)), rel=1e-9), key
+    assert float(split.time.exposed["dp"]) == pytest.approx(float(listed.time.exposed["dp"]), rel=1e-9)
+
+
+def _random_layout(rng, p: int, v: int, layers: int = 32) -> tuple[str, ...]:
+    cuts = np.sort(rng.choice(np.arange(0, layers + 1), size=p * v - 1, replace=True))
+    chunks = ["t" * int(c) for c in np.diff(np.concatenate([[0], cuts, [layers]]))]
+    return ("E" + chunks[0], *chunks[1:-1], chunks[-1] + "L")
+
+
+def test_an_interleaved_layout_slack_is_the_simulated_cooldown_at_most():
+    """Interleaved pp_layout plans (Llama 3.1 8B, random layouts, pp 2-4, vpp 2-3, random stage times): each stage
+    before j runs its chunk 0's last backward after stage j's, chunk 0 its share of the stage
+    (layout_chunk_shares), so the priced slack is never more than the schedule simulation's gap from stage j's
+    last backward to the first stage's (cost.schedule; the simulation may wait on a stage's own earlier work
+    too), and equals it on the reviewer's layout (an empty first chunk): 0, 0, 5/9 b, 10/9 b. Before, b_i / v
+    priced more than simulated (stage 1 of the reviewer's layout, which has no slack: 17.7 ms on 2 DGX H100)."""
+    m, gpu = M["llama-3.1-8b"], S["dgx-h100"].gpu
+    rng = np.random.default_rng(5)
+    for case in range(30):
+        p, v = int(rng.integers(2, 5)), int(rng.integers(2, 4))
+        n = p * int(rng.integers(1, 4))
+        layout = (("E", "t" * 5, "t" * 5, "t" * 5, "t" * 5, "t" * 4, "t" * 4, "t" * 4 + "L") if case == 0
+                  else _random_layout(rng, p, v))
+        p, v = (4, 2) if case == 0 else (p, v)
+        plan = _plan(pp=p, vpp=v, dp=1, global_batch=n if case else 8, pp_layout=layout)
+        share = [[float(x) for x in row] for row in layout_chunk_shares(m, plan, gpu)[0]]
+        t = list(rng.uniform(0.5, 2.0, p)) if case else [1.0] * p
+        f = [x * r for x, r in zip(t, rng.uniform(0.25, 0.4, p))] if case else [1 / 3] * p
+        b = [x - y for x, y in zip(t, f)]
+        ends = _simulate(f, b, plan.num_microbatches, v, share, None)
+        priced = cooldown_slack(plan, list(range(p)), b, t, [row[0] for row in share])
+        for j in range(p):
+            assert float(priced[j]) <= ends[0] - ends[j] + 1e-12, (layout, j)
+            if case == 0:
+                assert float(priced[j]) == pytest.approx(ends[0] - ends[j], abs=1e-12)
+                assert float(priced[j]) == pytest.approx([0, 0, 5 / 9, 10 / 9][j] * 2 / 3, rel=1e-2)
+
+
+def test_an_interleaved_layout_reduction_sees_its_chunk_shares(monkeypatch):
+    """The step prices the reviewer's layout (Llama 3.1 8B pp 4 vpp 2, an empty first chunk, 2 DGX H100) as it
+    prices it with the schedule simulation's slack (each stage's last backward to the first stage's, from the
+    step's own stage times and chunk shares); before, b_i / v priced stage 1 a slack of 17.7 ms where it has none
+    (stage 0's chunk 0 holds no layer) and the step 3.7 ms shorter."""
+    import llmplan.cost.step as step
+    m, cluster = M["llama-3.1-8b"], ClusterSpec(system=S["dgx-h100"], num_nodes=2)
+    layout = ("E", "t" * 5, "t" * 5, "t" * 5, "t" * 5, "t" * 4, "t" * 4, "t" * 4 + "L")
+    plan = _plan(pp=4, vpp=2, dp=4, global_batch=32, pp_layout=layout)
+    seen = []
+    tails = step.stage_tails
+    monkeypatch.setattr(step, "stage_tails", lambda *a: seen.append(a[4]) or tails(*a))
+    priced = estimate_training(m, cluster, plan)
+    f = [float(sc.forward) for _, sc, _, _ in seen[-1]]
+    b = [float(sc.total - sc.forward) for _, sc, _, _ in seen[-1]]
+    share = [[float(x) for x in row] for row in layout_chunk_shares(m, plan, cluster.system.gpu)[0]]
+    ends = _simulate(f, b, plan.num_microbatches, 2, share, None)
+    monkeypatch.setattr(step, "cooldown_slack", lambda *a: [ends[0] - e for e in ends])
+    simulated = estimate_training(m, cluster, plan)
+    assert ends[0] - ends[1] == pytest.approx(0.0, abs=1e-12)
+    assert float(priced.time.total) == pytest.approx(float(simulated.time.total), rel=1e-9)
+    assert float(priced.time.exposed["dp"]) == pytest.approx(float(simulated.time.exposed["dp"]), rel=1e-9)
 
 
 def test_never_more_than_the_reduction_nor_the_bucketed_price_once_the_slack_covers_a_backward():
@@ -151,7 +275,7 @@ def test_later_stages_count_one_call_per_chunk():
 def test_vectorised_search_agrees_on_later_stage_reductions(name, system, nodes, gbs):
     """Random valid plans with pipeline stages, ZeRO 0-1 and the gradient-reduce overlap, interleaved and not: the
     search's arrays price the step the scalar estimate prices (kimi-k2: a dense first layer, so the candidate
-    stages' backwards, and the cool-down's fastest, differ)."""
+    stages' backwards, and so the cool-down's slack per stage, differ)."""
     m, cluster = M[name], ClusterSpec(system=S[system], num_nodes=nodes)
     w = Workload(global_batch=gbs, seq_len=4096)
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)

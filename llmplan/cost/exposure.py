@@ -431,14 +431,16 @@ def later_stage_reduce_exposed(plan: ParallelPlan, reduce: Any, slack: Any, back
     return maximum(0.0, maximum(reduce / v - slack, busy)) + kappa * minimum(rest, ahead)
 
 
-def cooldown_slack(plan: ParallelPlan, stages: list[Any], backwards: list[Any], per_mb: list[Any]) -> list[Any]:
+def cooldown_slack(plan: ParallelPlan, stages: list[Any], backwards: list[Any], per_mb: list[Any],
+                   chunk0: list[Any] | None = None) -> list[Any]:
     """Seconds from each stage of `stages`' last backward to the first stage's in the pipeline's cool-down: the
-    stages before stage j run their last (chunk-)backward in turn after it, each its own backward, 1/v of it
-    interleaved: sum_{i<j} b_i / v, `backwards` one micro-batch's backward compute of each candidate stage. The
-    stages between are priced as the bubble prices them (pipeline_sum): every stage where the plan lists its
-    stages, else the first stage's and, for each middle stage, the candidate middle stage whose micro-batch time
-    (`per_mb`) is the larger, so a stage's last backward ends at the bubble's end less its slack and never earlier
-    for more work on any stage. The pipeline sends between them are not counted. Elementwise.
+    stages before stage j run their last (chunk-)backward in turn after it, each its own: sum_{i<j} b_i / v,
+    `backwards` (b) one micro-batch's backward compute of each candidate stage; an interleaved pp_layout plan's
+    chunk 0 is its share of the stage (`chunk0`, layout_chunk_shares), not 1/v: sum_{i<j} b_i·chunk0_i. The
+    stages between are priced as the bubble prices them (middle_stage): every stage where the plan lists its
+    stages; else the first stage's and, for each of stages 1 .. j-1, the middle backward b_mid. The pipeline
+    sends between them are not counted. A lower bound: a stage whose earlier work outlasts the later stage's
+    last backward starts its own later (a middle stage lighter than b_mid gets more). Elementwise.
     Source: Narayanan et al. 2021 (§2.2, Fig. 4: the cool-down's backwards in turn, stage p-1 first);
     NVIDIA/Megatron-LM d98e8a64dd megatron/core/pipeline_parallel/schedules.py
     (forward_backward_pipelining_without_interleaving: the cool-down loop, recv_backward then its own backward).
@@ -446,12 +448,27 @@ def cooldown_slack(plan: ParallelPlan, stages: list[Any], backwards: list[Any], 
     v = plan.vpp
     if explicit_stages(plan) is not None:  # stages = every stage, in order (candidate_stages)
         out, total = [], 0.0 * backwards[0]
-        for b in backwards:  # every stage, in order
-            out.append(total / v)
-            total = total + b
+        for i, b in enumerate(backwards):  # every stage, in order
+            out.append(total if chunk0 is not None else total / v)
+            total = total + (b * chunk0[i] if chunk0 is not None else b)
         return out
-    first, mid = backwards[0], where(per_mb[1] >= per_mb[2], backwards[1], backwards[2])
-    return [where(stage > 0, first + maximum(stage - 1, 0) * mid, 0.0) / v for stage in stages]
+    t_mid = middle_stage(plan, stages, per_mb)
+    b_mid = t_mid - middle_stage(plan, stages, [t - b for t, b in zip(per_mb, backwards, strict=True)])
+    return [where(stage > 0, backwards[0] + maximum(stage - 1, 0) * b_mid, 0.0) / v for stage in stages]
+
+
+def middle_stage(plan: ParallelPlan, stages: list[Any], x: list[Any]) -> Any:
+    """The value each of the pp - 2 middle stages is priced at, from `x` of the candidate stages (first, second,
+    heaviest MoE, last; candidate_stages): max(x_1, x_2) where candidate 2 is a middle stage (0 < stage < pp - 1),
+    else x_1 (a heaviest MoE stage that is the last holds the LM head). The bubble prices the middle micro-batch
+    at T = middle_stage(t) (pipeline_sum), the cool-down its backward at b_mid = T - F, F = middle_stage(t - b):
+    continuous in every t and b, and min(b_1, b_2) <= b_l <= b_mid <= b_k <= max(b_1, b_2), k the candidate of the
+    larger t, l of the larger t - b (T = t_k <= F + b_k, T >= t_l = F + b_l); b_mid = b_1 or b_2 exactly where one
+    candidate is both. Bubble less slack (v 1), stage j >= 1: pipeline_sum - cooldown_slack_j = (t_0 - b_0) +
+    t_last + (p - 1 - j)·T + (j - 1)·F, coefficients >= 0 and T, F never smaller for more work on any stage: a
+    stage's last backward never ends earlier for more work. Elementwise. Derived: docs/formulas.md#step.dp_later_rs"""
+    ok = (stages[2] > 0) & (stages[2] < plan.pp - 1)
+    return where(ok, maximum(x[1], x[2]), x[1])
 
 
 def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float,

@@ -42,6 +42,7 @@ from llmplan.cost.exposure import (  # noqa: F401  (re-exported: their home was 
     gathers_on_warmup_chain,
     later_stage_reduce_exposed,
     later_stage_unbucketed,
+    middle_stage,
     overlap,
     tp_edge_exposed,
     tp_exposed,
@@ -188,14 +189,14 @@ def _pick_stage(cond: Any, a: StageCompute, b: StageCompute) -> StageCompute:
     return StageCompute(*(where(cond, getattr(a, f.name), getattr(b, f.name)) for f in fields(StageCompute)))
 
 
-def pipeline_sum(plan: ParallelPlan, per_mb: list[Any]) -> Any:
+def pipeline_sum(plan: ParallelPlan, per_mb: list[Any], stages: list[Any]) -> Any:
     """Sum over all pipeline stages of one micro-batch's time, from the candidate stages' times (first,
-    second, heaviest MoE, last; every stage for an explicit per-stage list): the middle stages take the
-    slower of the second and the heaviest MoE stage."""
+    second, heaviest MoE, last, `stages` their indices; every stage for an explicit per-stage list): the middle
+    stages at middle_stage's, the slower of the second and a middle heaviest MoE stage."""
     if explicit_stages(plan) is not None:
         return sum(per_mb)
     p = plan.pp
-    return per_mb[0] + where(p > 1, per_mb[3], 0.0) + maximum(p - 2, 0) * maximum(per_mb[1], per_mb[2])
+    return per_mb[0] + where(p > 1, per_mb[3], 0.0) + maximum(p - 2, 0) * middle_stage(plan, stages, per_mb)
 
 
 def layout_chunk_shares(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[list[list[Any]], list[Any]]:
@@ -224,13 +225,15 @@ def chunk_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, d: int, e: int
     return same[(d, e, last, mtp)]
 
 
-def layout_bubble(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, per_mb: list[Any], worst: Any) -> Any:
+def layout_bubble(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, per_mb: list[Any], worst: Any,
+                  shares: tuple[list[list[Any]], list[Any]] | None = None) -> Any:
     """Bubble of an interleaved pp_layout plan, whose chunks differ: the schedule simulation (cost.schedule)
     with each stage's micro-batch time (per_mb, every stage) split over its chunks as layout_chunk_shares,
     minus the n micro-batches of the slowest stage. With equal stages and chunks it is the closed form's
     (p - 1)t/v. The simulation is scalar: where the times are arrays (a GPU whose constants are arrays) it runs
-    once per element. Derived: docs/formulas.md#pipeline.layout"""
-    share, forward = layout_chunk_shares(m, plan, gpu)
+    once per element; `shares` layout_chunk_shares' result where the caller has it. Derived:
+    docs/formulas.md#pipeline.layout"""
+    share, forward = shares if shares is not None else layout_chunk_shares(m, plan, gpu)
     n = plan.num_microbatches
     shape = np.broadcast_shapes(*(np.shape(x) for x in (*per_mb, worst, *forward, *(y for row in share for y in row))))
     out = np.empty(shape)
@@ -302,15 +305,17 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
         k = int(attn_groups) - 1
         offload = offload + n * (moe_act_offload_exposed(comm.host_attn, fwd, k, fwd)
                                  + moe_act_offload_exposed(comm.host_attn, bwd, k, bwd))
-    dp_tail, optimizer, grad_buffer, copy_out, unstage = stage_tails(m, plan, gpu, comm, stages, kappa, per_mb)
+    layout = layout_chunk_shares(m, plan, gpu) if has_layout(plan) and v > 1 else None  # unequal chunks
+    dp_tail, optimizer, grad_buffer, copy_out, unstage = stage_tails(m, plan, gpu, comm, stages, kappa, per_mb,
+                                                                     [row[0] for row in layout[0]] if layout else None)
     exposed = {"tp": n * tp_mb + comm.tp_step_end, "pp": pp_exposed,  # docs/formulas.md#comm.tp_grad_sync
                "dp": n * z3_mb + dp_tail + comm.dp_step_end,
                "cp": n * cp_mb, "ep": n * ep_mb, "offload": offload, "router": n * router_mb}
     model = model_flops_per_step(m, plan)
-    if has_layout(plan) and v > 1:  # unequal chunks: simulate the schedule
-        bubble = layout_bubble(m, plan, gpu, per_mb, worst)
+    if layout is not None:  # unequal chunks: simulate the schedule
+        bubble = layout_bubble(m, plan, gpu, per_mb, worst, layout)
     else:
-        bubble = (pipeline_sum(plan, per_mb) - worst) / v * schedule_bubble_factor(plan, sc)
+        bubble = (pipeline_sum(plan, per_mb, [s[0] for s in stages]) - worst) / v * schedule_bubble_factor(plan, sc)
     # Derived: docs/formulas.md#step.overhead
     r_max = recomputed_share(plan, l_max)
     layer_gpu = (sc.forward + ep_mb / (2 + r_max)) / l_max  # one layer's forward, its dispatch and combine
@@ -473,20 +478,19 @@ def edge_comm(comm: CommSeconds, j: int) -> CommSeconds:
 
 
 def stage_tails(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
-                stages: list[tuple[Any, StageCompute, Any, Any]], kappa: float,
-                per_mb: list[Any]) -> tuple[Any, Any, Any, Any, Any]:
+                stages: list[tuple[Any, StageCompute, Any, Any]], kappa: float, per_mb: list[Any],
+                chunk0: list[Any] | None = None) -> tuple[Any, Any, Any, Any, Any]:
     """(DP exposed per step, optimizer, gradient-buffer passes, ZeRO-3 copy-out, MXFP8 unstaging) of the step's
-    tail, elementwise.
-    Each stage reduces its own gradients behind its own last backward and steps and gathers its own parameters
-    (stepped_rank_params), all stages in parallel; the gradient norm's all-reduce over the model-parallel group
-    (pipeline stages included) sits between: every stage's update waits for the slowest reduction. The tail is
-    the slowest stage's (buffer passes + reduction) plus the slowest stage's (optimizer + gather + copy-out or
-MXFP8 unstaging),
-    not the fullest stage's (memory's) nor the slowest compute's. A later stage of Megatron-Core's DDP reduces
-    unbucketed in the cool-down's slack (later_stage_reduce_exposed; cooldown_slack, the earlier stages'
-    backwards, the middle ones the bubble's, `per_mb` each candidate stage's micro-batch time). On Megatron-Core's 1F1B with the
-    overlapped gather (gathers_on_warmup_chain) a later stage's whole gather sits on the warm-up's chain instead:
-    out of the tail, the later stages' gathers added (later_stage_chain).
+    tail, elementwise. Each stage reduces its own gradients behind its own last backward and steps and gathers
+    its own parameters (stepped_rank_params), all stages in parallel; the gradient norm's all-reduce over the
+    model-parallel group (pipeline stages included) sits between: every stage's update waits for the slowest
+    reduction. The tail is the slowest stage's (buffer passes + reduction) plus the slowest stage's (optimizer +
+    gather + copy-out or unstaging), not the fullest stage's (memory's) nor the slowest compute's.
+    A later stage of Megatron-Core's DDP reduces unbucketed in the cool-down's slack
+    (later_stage_reduce_exposed; cooldown_slack: the earlier stages' backwards, `per_mb` each candidate stage's
+    micro-batch time, `chunk0` an interleaved pp_layout plan's chunk-0 share of each stage). On Megatron-Core's
+    1F1B with the overlapped gather (gathers_on_warmup_chain) a later stage's whole gather sits on the warm-up's
+    chain instead: out of the tail, the later stages' gathers added (later_stage_chain).
     Source: NVIDIA/Megatron-LM megatron/core/optimizer/clip_grads.py at 0293807e53 (get_grad_norm_fp32:
     all_reduce over grad_stats_parallel_group). Derived: docs/formulas.md#step.stage_tail,
     docs/formulas.md#step.dp_later_stages, docs/formulas.md#step.dp_later_rs"""
@@ -496,7 +500,7 @@ MXFP8 unstaging),
     classes = class_key(m, plan)
     chain_on = gathers_on_warmup_chain(plan)
     backwards = [sc.total - sc.forward for _, sc, _, _ in stages]
-    slack = cooldown_slack(plan, [stage for stage, _, _, _ in stages], backwards, per_mb)
+    slack = cooldown_slack(plan, [stage for stage, _, _, _ in stages], backwards, per_mb, chunk0)
     wholes: list[tuple[Any, Any]] = []  # (stage, its rank's whole gather seconds)
     for j, (stage, sc, _, _) in enumerate(stages):
         key = None if classes is None else classes(stage) + (id(sc),) + (comm.dp_stages[j] if comm.dp_stages else ())
