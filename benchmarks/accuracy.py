@@ -830,7 +830,8 @@ MBRIDGE_MTP_DEPTH = {"Nemotron_3_Ultra": 2, "Nemotron_3_5_Lightning": 2, "Nemotr
 """MTP depth the recipes train with where it differs from the checkpoint's num_nextn_predict_layers:
 Megatron-Bridge recipes/nemotronh/h100/nemotron_3_ultra.py and perf_recipes/nemotronh (Lightning) set
 mtp_num_layers 2 with mtp_use_repeated_layer, one module run twice (priced as two modules: its weights are
-counted twice); so does the Super recipe the Super presets start from (recipes/nemotronh/nemotron_3_super.py
+counted twice, but for the per-weight host loop of the MXFP8 master cast: ModelSpec.mtp_repeated_layer);
+so does the Super recipe the Super presets start from (recipes/nemotronh/nemotron_3_super.py
 nemotron_3_super_pretrain_config at v0.4.0 - v0.5.0, recipes/nemotronh/h100/nemotron_3_super.py at v0.6.0)."""
 
 
@@ -898,7 +899,8 @@ def spec_for(rec: dict, fam: str) -> ModelSpec:
         m = builtin_models()[named]
         depth = MBRIDGE_MTP_DEPTH.get(md.get("name", ""), m.num_nextn_predict_layers)
         return m.model_copy(update={"max_position_embeddings": max(m.max_position_embeddings, md.get("seq_len", 0)),
-                                    "num_nextn_predict_layers": depth})
+                                    "num_nextn_predict_layers": depth,
+                                    "mtp_repeated_layer": md.get("name", "") in MBRIDGE_MTP_DEPTH})
     h = md["hidden"]
     # DeepSeek-V3.2 shares DeepSeek-V3's dimensions: a row is V3 (dense MLA) unless named otherwise.
     for m in sorted(builtin_models().values(), key=lambda x: x.is_sparse_attention):

@@ -205,13 +205,16 @@ def test_mxfp8_amax_of_a_tied_model_counts_only_its_linear_weights_by_hand():
     m = ModelSpec(**from_hf_config(LLAMA32_1B, "llama-3.2-1b"))
     layer = 2048 * 2048 + 2 * 2048 * 512 + 2048 * 2048 + 3 * 2048 * 8192
     assert layer == 60_817_408
-    kw = dict(dp=8, zero=3, global_batch=64, dtype="fp8", recipe="mxfp8", fp8_params=True)
-    for pp, stage, layers in ((1, 0, 16), (2, 0, 8), (2, 1, 8)):
-        p = ParallelPlan(pp=pp, **kw)
-        dense, expert = [t for t in mxfp8_amax_transfers(m, p, ("dpcp", "dpcp_in"), ("edp", "edp_in"), stage)
-                         if t.calls]
-        assert dense.group == "dpcp_in" and dense.message == 0.25 * layers * layer
-        assert expert.message == 0.0
+    kw = dict(dp=8, zero=3, global_batch=64, dtype="fp8", recipe="mxfp8", fp8_params=True, megatron_fsdp=True)
+    p = ParallelPlan(**kw)
+    dense, expert = [t for t in mxfp8_amax_transfers(m, p, ("dpcp", "dpcp_in"), ("edp", "edp_in")) if t.calls]
+    assert dense.group == "dpcp_in" and dense.message == 0.25 * 16 * layer
+    assert expert.message == 0.0
+    # only Megatron-FSDP (no pipeline: rule megatron_fsdp_zero) casts its master shards so: not DeepSpeed's /
+    # FSDP2's ZeRO-3
+    for off in (dict(megatron_fsdp=False), dict(pp=2)):
+        p = ParallelPlan(**{**kw, **off})
+        assert not [t for t in mxfp8_amax_transfers(m, p, ("dpcp", "dpcp_in"), ("edp", "edp_in")) if t.calls]
 
 
 def test_the_ultra_rows_all_reduce_their_mxfp8_amaxes_once_a_step_exposed(row_setup):
@@ -245,12 +248,17 @@ def test_vectorised_search_prices_the_amax_all_reduce_as_the_scalar_estimate():
     m, cluster = M["qwen3-30b-a3b"], ClusterSpec(system=builtin_systems()["gb200-nvl72"], num_nodes=8)
     for outer in (False, True):
         w = Workload(global_batch=64, seq_len=4096, dp_replicate=2, dp_outer_optimizer=outer, dtype="fp8",
-                     recipe="mxfp8", fp8_params=True)
+                     recipe="mxfp8", fp8_params=True, megatron_fsdp=True)
         plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
         idx = list(islice((i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster)
                            and plans.plan(i).zero == 3), 20))
         assert idx
         vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
+        casts = []
         for j, i in enumerate(idx):
             scalar = estimate_training(m, cluster, plans.plan(i))
             assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+            assert float(vec.step.overheads["mxfp8_master_cast"][j]) == pytest.approx(
+                float(scalar.time.overheads["mxfp8_master_cast"]), rel=1e-9, abs=1e-12)
+            casts.append(float(scalar.time.overheads["mxfp8_master_cast"]))
+        assert max(casts) > 0  # the host loop is priced on these plans (Megatron-FSDP ZeRO-3, MXFP8 weights)

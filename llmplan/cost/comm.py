@@ -1046,6 +1046,17 @@ def mxfp8_params(plan: ParallelPlan) -> Any:
     return plan.fp8_params & (plan.dtype == "fp8") & (plan.recipe == "mxfp8")
 
 
+def megatron_fsdp_mxfp8_cast(plan: ParallelPlan) -> Any:
+    """Whether Megatron-FSDP casts the updated fp32 master shards into the plan's MXFP8 weights after each
+    optimizer step (mxfp8_params under plan.megatron_fsdp at ZeRO-3 without a pipeline, as exposure's
+    megatron_fsdp_unit_share; check_plan's megatron_fsdp_fp8_params refuses fp8_params at its ZeRO-2):
+    copy_main_weights_to_model_weights -> fp8_quantize -> Transformer Engine's cast_master_weights_to_fp8.
+    ZeRO-3 on DeepSpeed or FSDP2 runs no such cast. Source: NVIDIA/Megatron-LM megatron/core/distributed/fsdp/
+    src/megatron_fsdp/param_and_grad_buffer.py at cd4afffa6 (copy_main_weights_to_model_weights) and
+    src/README.md ("Only FSDP / ZeRO-3 supports FP8 parameters"). Derived: docs/formulas.md#comm.mxfp8_amax"""
+    return mxfp8_params(plan) & plan.megatron_fsdp & (plan.zero >= 3) & (plan.pp == 1)
+
+
 def mxfp8_staged_gather(plan: ParallelPlan) -> Any:
     """Whether the plan's ZeRO-1 weight gather stages MXFP8 weights through bf16 (param_gather_bytes)."""
     return mxfp8_params(plan) & (plan.zero == 1)
@@ -1099,7 +1110,7 @@ v2.17.1): packed_amaxes over every weight's rowwise and columnwise scale_inv, al
 
 def mxfp8_amax_transfers(m: ModelSpec, plan: ParallelPlan, dense_groups: tuple[G, G], expert_groups: tuple[G, G],
                          stage: Any = 0) -> list[Transfer[G]]:
-    """Megatron-FSDP with MXFP8 weights (ZeRO-3, fp8_params, recipe mxfp8): after each optimizer step the fp32
+    """Megatron-FSDP with MXFP8 weights (megatron_fsdp_mxfp8_cast): after each optimizer step the fp32
     master shards are cast into the MXFP8 weights and the block amaxes of every MXFP8 weight the rank holds
     (model_states.low_precision_params: its layers' linear weights, dense and expert) are all-reduced over the group
     the master weights are sharded across: (whole group, partial group) of each pair, the whole one with
@@ -1109,7 +1120,7 @@ def mxfp8_amax_transfers(m: ModelSpec, plan: ParallelPlan, dense_groups: tuple[G
     get_dp_group of the main weight buffer), mixed_precision.py (fp8_quantize: TE cast_master_weights_to_fp8);
     MXFP8_AMAX_BYTES. Derived: docs/formulas.md#comm.mxfp8_amax"""
     low = low_precision_params(m, plan, stage)  # the stepped rank's (both paired stages' under DualPipe)
-    on = mxfp8_params(plan) & (plan.zero >= 3)
+    on = megatron_fsdp_mxfp8_cast(plan)
     whole = where(on & plan.dp_outer_optimizer, 1, 0)
     part = where(on & np.logical_not(plan.dp_outer_optimizer), 1, 0)
     out: list[Transfer[G]] = []

@@ -393,6 +393,22 @@ def mtp_projection_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> An
     return m.num_nextn_predict_layers * 2 * T * 2 * h * h / plan.tp / (gpu.sustained_flops(fmt) * eff) * cublas
 
 
+def optimizer_bytes_per_param(plan: ParallelPlan) -> Any:
+    """HBM bytes per parameter of the optimizer shard that optimizer_step_seconds prices: the gradient norm's read
+    (1 x grad bytes), clipping's read and write (2), Adam's read and write of the master and moments and read of
+    the gradient (2 x optimizer bytes + 1), the stored weight written. Derived: docs/formulas.md#compute.optimizer"""
+    return 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + stored_weight_bytes(plan)
+
+
+def optimizer_queued_share(plan: ParallelPlan) -> Any:
+    """Share of optimizer_step_seconds still queued on the GPU when the host leaves the optimizer step: all but the
+    gradient norm's read (1 x grad bytes of optimizer_bytes_per_param), which runs before get_grad_norm_fp32's
+    total_norm.item() host sync; clipping's scale and the update are issued after it. Source: NVIDIA/Megatron-LM
+    megatron/core/optimizer/clip_grads.py at cd4afffa6 (get_grad_norm_fp32: total_norm_cuda[0].item();
+    clip_grad_by_total_norm_fp32 after it). Derived: docs/formulas.md#step.mxfp8_master_cast"""
+    return 1.0 - plan.grad_bytes / optimizer_bytes_per_param(plan)
+
+
 def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec, expert_on_rank: Any = 0.0,
                            kept: RankParams | None = None, muon: RankParams | None = None) -> Any:
     """Gradient clipping and the Adam update, memory-bound: read the gradients for their norm, read and write
@@ -407,7 +423,7 @@ def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec
     Source: Megatron-LM megatron/core/parallel_state.py (expert data-parallel group).
     Derived: docs/formulas.md#compute.optimizer, docs/formulas.md#mem.fp8_param_bf16_parts,
     docs/formulas.md#optim.muon_memory"""
-    per_param = 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + stored_weight_bytes(plan)
+    per_param = optimizer_bytes_per_param(plan)
 
     def shard(dense_and_expert: Any, expert: Any) -> Any:
         return optimizer_share(plan, RankParams(dense=dense_and_expert - expert, expert=expert))

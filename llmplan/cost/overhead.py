@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmplan.arith import expected_max_normal, maximum, where
-from llmplan.cost.comm import STAGED_GATHER_BYTES, mxfp8_params, mxfp8_staged_gather
-from llmplan.cost.compute import KERNEL_LAUNCH_S
+from llmplan.arith import expected_max_normal, maximum, minimum, where
+from llmplan.cost.comm import STAGED_GATHER_BYTES, megatron_fsdp_mxfp8_cast, mxfp8_staged_gather
+from llmplan.cost.compute import KERNEL_LAUNCH_S, optimizer_queued_share
 from llmplan.cost.elementwise import softmax_launches
 from llmplan.cost.model_states import bf16_parts_extra_bytes
 from llmplan.cost.moe import EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS
@@ -137,47 +137,108 @@ one rank stages and casts alike.
     return where(mxfp8_staged_gather(plan), MXFP8_UNSTAGE_BYTES * weights / gpu.hbm_achieved_bytes_per_s, 0.0)
 
 
-MXFP8_MASTER_CAST_HOST_OPS = 9
-"""Eager host operators per MXFP8 weight when Megatron-FSDP casts the updated fp32 master shards into the MXFP8
-weights after the optimizer step: copy_main_weights_to_model_weights slices the weight's shard out of the model,
-transpose and main weight buffers (3 get_item slices), then Transformer Engine's
-_cast_master_weights_to_fp8_mxfp8_scaling, weight by weight, slices and reshapes its rowwise and columnwise amax
-views out of the packed buffer (4) and calls the partial-amax kernel (1) in its first loop, and the partial cast
-(1) in its second. Source: NVIDIA/Megatron-LM megatron/core/distributed/fsdp/src/megatron_fsdp/
-param_and_grad_buffer.py at cd4afffa6 (copy_main_weights_to_model_weights, DataParallelBuffer.get_item) and
-mixed_precision.py (fp8_quantize -> cast_master_weights_to_fp8); NVIDIA/TransformerEngine
-transformer_engine/pytorch/tensor/utils.py at v2.17.1 (_cast_master_weights_to_fp8_mxfp8_scaling).
+MXFP8_CAST_VIEW_OPS = 3 + 4
+"""Eager view operators per MXFP8 weight of the rank, its shard empty or not, before the amax all-reduce of
+Megatron-FSDP's cast of the updated fp32 master shards into MXFP8 weights (mxfp8_master_cast_seconds):
+copy_main_weights_to_model_weights slices the weight's shard out of the model, transpose and main weight buffers
+(3 get_item), then Transformer Engine's _cast_master_weights_to_fp8_mxfp8_scaling slices and reshapes its rowwise
+and columnwise amax views out of the packed buffer (4) in its first loop. Source: NVIDIA/Megatron-LM
+megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py at cd4afffa6
+(copy_main_weights_to_model_weights, DataParallelBuffer.get_item); NVIDIA/TransformerEngine
+transformer_engine/pytorch/tensor/utils.py at v2.14 - v2.17.1 (_cast_master_weights_to_fp8_mxfp8_scaling).
 Derived: docs/formulas.md#step.mxfp8_master_cast"""
+MXFP8_CAST_SHARD_OPS = 2
+"""Kernel-launching operators per MXFP8 weight overlapping the rank's main-weight shard, before the amax
+all-reduce: quantize_master_weights' master_weight.to(model_weight.dtype) (an fp32 -> bf16 copy) and the first
+loop's mxfp8_scaling_compute_partial_amax; the second loop's mxfp8_scaling_partial_cast is issued after the
+all-reduce, behind it (not counted). Source: as MXFP8_CAST_VIEW_OPS (quantize_master_weights: master_weight is
+None where model_param.numel() == 0). Derived: docs/formulas.md#step.mxfp8_master_cast"""
+BF16_CAST_VIEW_OPS = 2
+"""Eager operators per non-MXFP8 parameter of the rank in copy_main_weights_to_model_weights: get_item of its
+model and main weight buffers; one overlapping the rank's shard adds main_weight.view and model_param.copy_
+(BF16_CAST_SHARD_OPS). Source: as MXFP8_CAST_VIEW_OPS. Derived: docs/formulas.md#step.mxfp8_master_cast"""
+BF16_CAST_SHARD_OPS = 2
+"""main_weight.view and model_param.data.copy_ of a non-MXFP8 parameter overlapping the rank's shard."""
+RECURRENT_SMALL_TENSORS = 7
+"""Non-GEMM parameters of a Mamba-2 (or linear-attention) mixer: the pre-norm weight fused into in_proj
+(layer_norm_weight), conv1d weight and bias, A_log, D, dt_bias, the gated norm's weight. Source: NVIDIA/Megatron-LM
+megatron/core/ssm/mamba_mixer.py at cd4afffa6. Derived: docs/formulas.md#step.mxfp8_master_cast"""
 
 
-def mxfp8_weight_tensors(m: ModelSpec, plan: ParallelPlan) -> Any:
-    """MXFP8 weight tensors (Transformer Engine GEMM weights, one optimizer parameter each) a rank holds, the
-    layers spread evenly over the pp stages: 2 per mixer layer (attention's QKV and output projections, Mamba-2's
-    or a linear-attention mixer's in- and out-projections; MLA's down / up projections 2 or 3 more), 2 per
-    dense MLP (fc1 with its gate, fc2), per MoE layer 2 per local routed expert (TE GroupedLinear registers
-    weight0 .. weight{E-1} unless moe_single_grouped_weight, default off) plus 2 for a shared expert and 2 for
-    a latent MoE's projections, and per MTP module its eh_proj and one attention and MLP / MoE layer's.
+def mxfp8_cast_tensors(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any, Any]:
+    """(dense MXFP8 weights, routed-expert MXFP8 weights, other parameters) whose tensors a rank holds, the layers
+    spread evenly over the pp stages. MXFP8: 2 per mixer layer (attention's QKV and output projections, Mamba-2's
+    or a linear-attention mixer's in- and out-projections; MLA's down / up projections 2 or 3 more), 2 per dense
+    MLP, per MoE layer 2 per local routed expert (TE GroupedLinear registers weight0 .. weight{E-1} unless
+    moe_single_grouped_weight, default off) plus 2 for a shared expert and 2 for a latent MoE's projections; per
+    MTP module (one under mtp_repeated_layer) its eh_proj and one attention and MLP / MoE layer's; the bf16 layers
+    (bf16_layers_start / _end) and bf16_modules hold none. Other: every layer's norms (a Mamba-2 mixer's
+    RECURRENT_SMALL_TENSORS), q/k norms, router weight and expert bias; embedding, final norm, output layer;
+    the bf16 layers' and modules' GEMM weights (biases not counted).
     Source: NVIDIA/TransformerEngine transformer_engine/pytorch/module/grouped_linear.py at v2.17.1
     (register_parameter(f"weight{i}"), single_grouped_weight False); NVIDIA/Megatron-LM
     megatron/core/extensions/transformer_engine.py at cd4afffa6 (moe_single_grouped_weight, default False).
     Derived: docs/formulas.md#step.mxfp8_master_cast"""
     attn = 2 + (0 if m.mla is None else (3 if m.q_lora_rank else 2))
-    mixers = 2 * (m.num_hidden_layers - m.count_layers("none")) + (attn - 2) * m.num_attention_layers
-    moe = 2 * m.num_experts / plan.ep + 2 * (m.shared_ffn > 0) + 2 * (m.moe_latent_size is not None)
-    layers = mixers + 2 * m.num_mlp_layers + moe * m.num_moe_layers
-    mtp = m.num_nextn_predict_layers * (1 + attn + (moe if m.is_moe else 2))
-    return (layers + mtp) / plan.pp
+    attn_mx = 0 if "attention" in plan.bf16_modules else attn
+    latent_mx = 2 * (m.moe_latent_size is not None) * ("latent_proj" not in plan.bf16_modules)
+    latent_bf = 2 * (m.moe_latent_size is not None) - latent_mx
+    n_attn, n_moe = m.num_attention_layers, m.num_moe_layers
+    n_rec = m.num_hidden_layers - m.count_layers("none") - n_attn
+    attn_small = 1 + 2 * m.qk_norm + (0 if m.mla is None else 1 + (m.q_lora_rank is not None))
+    moe_small = 2 + m.expert_bias
+    dense_l = 2 * n_rec + attn_mx * n_attn + 2 * m.num_mlp_layers + (2 * (m.shared_ffn > 0) + latent_mx) * n_moe
+    expert_l = 2 * m.num_experts / plan.ep * n_moe
+    small_l = RECURRENT_SMALL_TENSORS * n_rec + (attn_small + attn - attn_mx) * n_attn + m.num_mlp_layers \
+        + (moe_small + latent_bf) * n_moe
+    mtp = (1 if m.mtp_repeated_layer else m.num_nextn_predict_layers) * (m.num_nextn_predict_layers > 0)
+    mtp_dense = 1 + attn_mx + (2 * (m.shared_ffn > 0) + latent_mx if m.is_moe else 2)
+    mtp_expert = 2 * m.num_experts / plan.ep if m.is_moe else 0.0
+    mtp_small = 3 + attn_small + attn - attn_mx + (moe_small + latent_bf if m.is_moe else 1)
+    frac = plan.low_precision_layer_fraction(m.num_hidden_layers)
+    dense = frac * dense_l + mtp * mtp_dense
+    expert = frac * expert_l + mtp * mtp_expert
+    other = small_l + (1 - frac) * (dense_l + expert_l) + 2 + (not m.tie_word_embeddings) + mtp * mtp_small
+    return dense / plan.pp, expert / plan.pp, other / plan.pp
+
+
+def mxfp8_weight_tensors(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """MXFP8 weight tensors (Transformer Engine GEMM weights, one optimizer parameter each) a rank holds: dense
+    and routed-expert ones of mxfp8_cast_tensors. Derived: docs/formulas.md#step.mxfp8_master_cast"""
+    dense, expert, _ = mxfp8_cast_tensors(m, plan)
+    return dense + expert
+
+
+def shard_overlaps(tensors: Any, buckets: Any, shard: Any) -> Any:
+    """Tensors of `buckets` buckets (one per FSDP unit and kind) overlapping one rank's contiguous 1/`shard` of
+    each bucket: at most tensors / shard + 1 a bucket (each tensor boundary inside a shard adds one), at most all.
+    Source: NVIDIA/Megatron-LM megatron_fsdp/param_and_grad_buffer.py at cd4afffa6 (DataParallelBuffer:
+    _get_item_local_shard_index, an even split of the bucket). Derived: docs/formulas.md#step.mxfp8_master_cast"""
+    return minimum(tensors, tensors / shard + buckets)
 
 
 def mxfp8_master_cast_seconds(m: ModelSpec, plan: ParallelPlan, optimizer_s: Any, host_factor: Any = 1.0) -> Any:
-    """GPU idle time per step of Megatron-FSDP's cast of the updated fp32 master shards into MXFP8 weights (ZeRO-3,
-    fp8_params, recipe mxfp8): a host loop of MXFP8_MASTER_CAST_HOST_OPS eager operators per weight
-    (mxfp8_weight_tensors), each EAGER_OP_HOST_S at the host CPU's `host_factor`, whose kernels (a shard's
-    amax and cast) take microseconds, so the GPU runs at the loop's pace once the optimizer step queued before it
-    (`optimizer_s`) is done; the block-amax all-reduce between its two loops is priced apart
-    (comm.mxfp8_amax_transfers). Once a step, after the last micro-batch. Derived: docs/formulas.md#step.mxfp8_master_cast"""
-    host = mxfp8_weight_tensors(m, plan) * MXFP8_MASTER_CAST_HOST_OPS * EAGER_OP_HOST_S * host_factor
-    return where(mxfp8_params(plan) & (plan.zero >= 3), maximum(host - optimizer_s, 0.0), 0.0)
+    """GPU idle time per step of Megatron-FSDP's cast of the updated fp32 master shards into MXFP8 weights
+    (comm.megatron_fsdp_mxfp8_cast: ZeRO-3, fp8_params, recipe mxfp8): a host loop, before the amax all-reduce,
+    of MXFP8_CAST_VIEW_OPS per MXFP8 weight and MXFP8_CAST_SHARD_OPS per one overlapping the rank's main-weight
+    shard (shard_overlaps: a bucket per decoder layer and MTP module, the routed experts' apart, over
+    optimizer_shard / expert_optimizer_shard), BF16_CAST_VIEW_OPS per other parameter and BF16_CAST_SHARD_OPS per
+    local one (a bucket a layer), each EAGER_OP_HOST_S at the host CPU's `host_factor`, whose kernels take
+    microseconds, so the GPU runs at the loop's pace once the optimizer step's kernels issued after its grad-norm
+    host sync (`optimizer_s` x compute.optimizer_queued_share) are done. The second loop (one partial cast per
+    local weight) runs while the block-amax all-reduce (comm.mxfp8_amax_transfers, exposed whole) does: not
+    counted. Once a step, after the last micro-batch. Derived: docs/formulas.md#step.mxfp8_master_cast"""
+    dense, expert, other = mxfp8_cast_tensors(m, plan)
+    n_mtp = (1 if m.mtp_repeated_layer else m.num_nextn_predict_layers) * (m.num_nextn_predict_layers > 0)
+    units = (m.num_hidden_layers + n_mtp) / plan.pp
+    moe_units = (m.num_moe_layers + n_mtp * m.is_moe) / plan.pp
+    local = shard_overlaps(dense, units, plan.optimizer_shard) + shard_overlaps(expert, moe_units,
+                                                                                  plan.expert_optimizer_shard)
+    ops = MXFP8_CAST_VIEW_OPS * (dense + expert) + MXFP8_CAST_SHARD_OPS * local \
+        + BF16_CAST_VIEW_OPS * other + BF16_CAST_SHARD_OPS * shard_overlaps(other, units, plan.optimizer_shard)
+    host = ops * EAGER_OP_HOST_S * host_factor
+    queued = optimizer_s * optimizer_queued_share(plan)
+    return where(megatron_fsdp_mxfp8_cast(plan), maximum(host - queued, 0.0), 0.0)
 
 
 def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layers: Any = 0,

@@ -139,7 +139,7 @@ class StepTime(Breakdown):
     with MXFP8 fp8_params) and pp_sync
     (the device synchronised after each blocking pipeline exchange; 0 without ParallelPlan.pp_blocking_sends)
     and mxfp8_master_cast (Megatron-FSDP's host-paced cast of the fp32 master shards into MXFP8 weights after
-    the optimizer step; 0 unless ZeRO-3 with MXFP8 fp8_params)."""
+    the optimizer step; 0 unless Megatron-FSDP's ZeRO-3 with MXFP8 fp8_params: comm.megatron_fsdp_mxfp8_cast)."""
 
 
 def stage_times(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec,

@@ -821,6 +821,13 @@ SWITCH_RULES: tuple[Rule, ...] = (
     Rule("megatron_fsdp_unit", lambda m, p, c: (not p.megatron_fsdp) | (p.zero3_unit == "layer"),
          lambda m, p, c: f"megatron_fsdp with zero3_unit tensor: {MEGATRON_FSDP_UNITS}; use --zero3-unit layer, "
                          "or drop --megatron-fsdp"),
+    # Megatron-FSDP keeps fp8 / NVFP4 weights only fully sharded: NVIDIA/Megatron-LM cd4afffa6 megatron/core/
+    # distributed/fsdp/src/README.md ("Only FSDP / ZeRO-3 supports FP8 parameters") and megatron_fsdp/
+    # param_and_grad_buffer.py (copy_main_weights_to_model_weights: TODO, ZeRO-1 / ZeRO-2 not supported)
+    Rule("megatron_fsdp_fp8_params", lambda m, p, c: (not p.megatron_fsdp) | (not p.fp8_params) | (p.zero >= 3),
+         lambda m, p, c: f"megatron_fsdp with fp8_params at zero {p.zero}: Megatron-FSDP keeps fp8 / fp4 weights "
+                         "only with its weights sharded (optim_grads_params, ZeRO-3; its README: \"Only FSDP / "
+                         "ZeRO-3 supports FP8 parameters\"); use --zero 3, or drop --fp8-params"),
     # Muon as Megatron-LM runs it (NVIDIA/Megatron-LM d98e8a6 arguments.py: "Emerging optimizer does not support
     # Torch-FSDP2 / Megatron-FSDP"; its layer-wise distributed optimizer owns whole matrices, ZeRO-1 alone).
     Rule("muon_zero", lambda m, p, c: (p.optimizer != "muon") | (p.zero <= 1),

@@ -240,6 +240,11 @@ class ModelSpec(Spec):
     """Multi-token-prediction modules (HF name; DeepSeek-V3: 1). Each is one more transformer layer (MoE when
     the model is) with a 2h -> h projection and two norms on the last pipeline stage, sharing the output head,
     which computes its logits once more. Not in the published parameter count (DeepSeek-V3's 671B)."""
+    mtp_repeated_layer: bool = False
+    """The num_nextn_predict_layers MTP depths run one module's weights over and over (Megatron-Core
+    mtp_use_repeated_layer, as Megatron-Bridge's Nemotron-3 recipes train depth 2): one module's parameter tensors
+    exist. Read only by the per-weight host loop of Megatron-FSDP's MXFP8 cast
+    (docs/formulas.md#step.mxfp8_master_cast); the parameter and memory counts still count a module per depth."""
 
     q_lora_rank: int | None = Field(default=None, gt=0)
     """MLA: rank of the compressed query (None: queries are not compressed)."""
