@@ -427,7 +427,8 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     (cost.activations.linear_input_split) and adds none.
     In low precision the all-gathers move the quantised inputs (gather_bytes): every one of Megatron's with
     Transformer Engine, and every one of DTensor's with torchao float8 (PrepareFloat8ModuleInput casts before the
-    forward gathers, Float8RowwiseParallel casts the output gradient before the backward ones).
+    forward gathers, Float8RowwiseParallel casts the output gradient before the backward ones); Transformer
+    Engine's backward gathers of output gradients move both layouts' copies (TWO_USAGE_GATHER_RECIPES).
     Without SP, pipeline scatter/gather (pp_scatter_gather) all-gathers each activation and gradient a stage
     receives, 2 per micro-batch and model chunk (pp_gathers).
     A hybrid stack's layer holds one sub-block (a mixer or an MLP / MoE block: Nemotron-H's M, *, E), each a
