@@ -135,11 +135,14 @@ def test_low_precision_defaults_run_the_fp8_configs_forward_reduce_scatters():
 
 def test_gb300_mxfp8_tp2_no_longer_loses():
     # the noted case: a 1T-parameter GPT at TP 2 on GB300 MXFP8 priced the 16-SM pipelined reduce-scatters' margin
-    # (the bf16 configs' method) and lost to no overlap; at the fp8 configs' 1-SM ring exchange it gains
+    # (the bf16 configs' method) and lost to no overlap; at the fp8 configs' 1-SM ring exchange it gains. Since the
+    # output gradients' gathers move MXFP8's two copies (docs/formulas.md#comm.tp) there is more to hide and the
+    # 16-SM margin gains a little too (0.04 s), far less than the ring exchange (1.24 s)
     kw = {"tp": 2, "pp": 4, "dp": 2, "global_batch": 32, "recompute": "full"}
     mx = _plan(dtype="fp8", recipe="mxfp8", **kw)
-    assert _gain("gpt-1t", "gb300-nvl72", mx) > 0
-    assert _gain("gpt-1t", "gb300-nvl72", mx.model_copy(update={"tp_overlap_margin_sms": (0.0, 16.0, 0.0, 0.0)})) < 0
+    ring = _gain("gpt-1t", "gb300-nvl72", mx)
+    margin = _gain("gpt-1t", "gb300-nvl72", mx.model_copy(update={"tp_overlap_margin_sms": (0.0, 16.0, 0.0, 0.0)}))
+    assert ring > 0 and margin < 0.1 * ring
 
 
 def test_search_arrays_agree_on_the_low_precision_defaults():

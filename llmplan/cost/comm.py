@@ -64,13 +64,29 @@ QUANTIZED_GATHER_BYTES = {r: QUANTIZED_COPY_BYTES[r] for r in QUANTIZED_GATHER_R
 included: QUANTIZED_COPY_BYTES), by the recipes that cast before the gather (QUANTIZED_GATHER_RECIPES)."""
 
 
-def gather_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+TWO_USAGE_GATHER_RECIPES = ("blockwise", "mxfp8", "nvfp4")
+"""Recipes whose Transformer Engine all-gather of a tensor wanted in both layouts moves both quantised copies:
+_all_gather_mxfp8, _all_gather_nvfp4 and _start_all_gather_fp8_blockwise gather the rowwise data and scales and
+then the columnwise ones whenever the quantizer asks for both usages (per-tensor fp8 gathers the rowwise copy
+only: Float8Quantizer / Float8CurrentScalingQuantizer.supports_only_rowwise_all_gather). Under sequence
+parallelism a row-parallel Linear's backward asks for both (grad_output_quantizer.set_usage(rowwise=True,
+columnwise=True): the dgrad GEMM reads rows, the wgrad GEMM columns) before grad_output_preprocess gathers the
+output gradient; the forward gathers (set_usage(rowwise=True, columnwise=False)) and the backward re-gather of
+the input (columnwise only) move one copy. Source: NVIDIA/TransformerEngine v2.16.1 (the same at v2.14 and
+v2.17.1) transformer_engine/pytorch/distributed.py, module/linear.py (_Linear.backward), module/base.py
+(grad_output_preprocess), module/layernorm_linear.py (forward). Derived: docs/formulas.md#comm.tp"""
+
+
+def gather_bytes(m: ModelSpec, plan: ParallelPlan, both_usages: bool = False) -> Any:
     """Bytes per element of the TP all-gathers of a low-precision plan's quantised GEMM inputs (its layers
-    kept in bf16 gather bf16). Derived: docs/formulas.md#comm.tp"""
+    kept in bf16 gather bf16); `both_usages`: a gather Transformer Engine asks for in both layouts (the output
+    gradient's under SP), two quantised copies under TWO_USAGE_GATHER_RECIPES with Megatron-Core TP.
+    Derived: docs/formulas.md#comm.tp"""
     if not plan.low_precision or plan.recipe not in QUANTIZED_GATHER_BYTES:
         return ACT_BYTES
     share = plan.low_precision_layer_fraction(m.num_hidden_layers)
-    return share * QUANTIZED_GATHER_BYTES[plan.recipe] + (1 - share) * ACT_BYTES
+    copies = where(both_usages & (plan.recipe in TWO_USAGE_GATHER_RECIPES) & (plan.tp_impl == "megatron"), 2, 1)
+    return share * copies * QUANTIZED_GATHER_BYTES[plan.recipe] + (1 - share) * ACT_BYTES
 
 
 @dataclass(frozen=True)
@@ -411,7 +427,8 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     (cost.activations.linear_input_split) and adds none.
     In low precision the all-gathers move the quantised inputs (gather_bytes): every one of Megatron's with
     Transformer Engine, and every one of DTensor's with torchao float8 (PrepareFloat8ModuleInput casts before the
-    forward gathers, Float8RowwiseParallel casts the output gradient before the backward ones).
+    forward gathers, Float8RowwiseParallel casts the output gradient before the backward ones); Transformer
+    Engine's backward gathers of output gradients move both layouts' copies (TWO_USAGE_GATHER_RECIPES).
     Without SP, pipeline scatter/gather (pp_scatter_gather) all-gathers each activation and gradient a stage
     receives, 2 per micro-batch and model chunk (pp_gathers).
     A hybrid stack's layer holds one sub-block (a mixer or an MLP / MoE block: Nemotron-H's M, *, E), each a
@@ -431,9 +448,11 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     # DTensor's backward gathers of output gradients move float8 too: torchao's Float8RowwiseParallel casts
     # the output gradient to e5m2 before its gather (NoopFwToFloat8BwDynamic after the output's redistribute,
     # torchao/float8/float8_tensor_parallel.py at eab345c)
-    quantised = with_sp + where(plan.sp, regather, 0)
+    grad_out = where(plan.sp, per_layer * 2, 0)  # the backward's output-gradient gathers, 2 a layer
+    quantised = with_sp - grad_out + where(plan.sp, regather, 0)
     hs = [Transfer("all-reduce", without, S, group),
           Transfer("all-gather", quantised, q * s * b * h, group),
+          Transfer("all-gather", grad_out, gather_bytes(m, plan, both_usages=True) * s * b * h, group),
           Transfer("reduce-scatter", with_sp, S, group),
           Transfer("all-gather", pp_gathers(plan), S, group)]
     return hs if m.mla is None or m.parallel_block else mla_latent_transfers(m, plan, group, hs, r)
@@ -640,10 +659,10 @@ def mla_latent_transfers(m: ModelSpec, plan: ParallelPlan, group: G, hs: list[Tr
     att_sp, att_ar = where(plan.sp, att, 0), where(plan.sp, 0, att)
     qw, kv, rope = mla_latent_widths(m)
     q = gather_bytes(m, plan)
-    ar, ag, rs, pp = hs  # the sbh transfers less the MLA pairs' column side
+    ar, ag, ag_grad, rs, pp = hs  # the sbh transfers less the MLA pairs' column side
     gathers = att_sp * (2 + r)  # forward, recompute, the backward re-gather
     out = [replace(ar, calls=ar.calls - att_ar), replace(ag, calls=ag.calls - gathers),
-           replace(rs, calls=rs.calls - att_sp), pp]
+           ag_grad, replace(rs, calls=rs.calls - att_sp), pp]
     for w in (qw, kv):
         out += [Transfer("all-gather", gathers, q * s * b * w, group),
                 Transfer("reduce-scatter", att_sp, ACT_BYTES * s * b * w, group),
@@ -682,18 +701,19 @@ def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
 def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, Any, Any]:
     """Bytes per s·b·h element that a transformer layer's TP collectives move under Megatron-LM with SP
     (tp_transfers), per userbuffer role as RoleSms orders them: 4 + 2r all-gathers feeding a GEMM (forward,
-    recompute, the row-parallel linears' output gradients) at gather_bytes, 2 + 2r forward and recompute
-    reduce-scatters in 16 bits, 2 backward re-gathers at gather_bytes, 2 input-gradient reduce-scatters in
-    16 bits (r the stage's recomputed share). An MLA model's attention pairs (their share f of the layer's
-    pairs) move their latents on the column side instead (mla_latent_transfers). Derived: docs/formulas.md#comm.tp"""
-    q, a = gather_bytes(m, plan), ACT_BYTES
-    roles = (4 + 2 * r) * q, (2 + 2 * r) * a, 2 * q, 2 * a
+    recompute at gather_bytes, the row-parallel linears' output gradients at its both-usage bytes), 2 + 2r
+    forward and recompute reduce-scatters in 16 bits, 2 backward re-gathers at gather_bytes, 2 input-gradient
+    reduce-scatters in 16 bits (r the stage's recomputed share). An MLA model's attention pairs (their share f of
+    the layer's pairs) move their latents on the column side instead (mla_latent_transfers).
+    Derived: docs/formulas.md#comm.tp"""
+    q, a, q2 = gather_bytes(m, plan), ACT_BYTES, gather_bytes(m, plan, both_usages=True)
+    roles = (2 + 2 * r) * q + 2 * q2, (2 + 2 * r) * a, 2 * q, 2 * a
     if m.mla is None or m.parallel_block:
         return roles
     # an MLA attention pair's column side moves its latents (mla_latent_transfers), its row side sbh
     L, (qw, kv, rope), h = m.num_hidden_layers, mla_latent_widths(m), m.hidden_size
     f = where(plan.tp_impl == "megatron", (L - m.count_layers("none")) / L / (2 * tp_blocks_per_layer(m, plan)), 0)
-    mla = ((1 + r) * ((qw + kv) * q + rope * a) / h + q, (1 + r) * a, (qw + kv) * q / h, (qw + kv + rope) * a / h)
+    mla = ((1 + r) * ((qw + kv) * q + rope * a) / h + q2, (1 + r) * a, (qw + kv) * q / h, (qw + kv + rope) * a / h)
     ring, fwd_rs, re_gather, bwd_rs = ((1 - f) * x + 2 * f * y for x, y in zip(roles, mla, strict=True))
     return ring, fwd_rs, re_gather, bwd_rs
 
@@ -887,7 +907,9 @@ def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r:
         kinds = ((attention[0], attention[1] + mlp[1], attention[2] + mlp[2]),)
     ring, pipe = 0.0, 0.0
     for k, c, w in kinds:
-        gather, scatter = k * q * per_pair, k * a * per_pair  # one collective of the stage's pairs of this kind
+        # one collective of the stage's pairs of this kind; the ring moves one copy of the output gradient too
+        # (TE v2.16.1 linear.py gathers MXFP8's columnwise copy apart from the userbuffer ring)
+        gather, scatter = k * q * per_pair, k * a * per_pair
         ring = ring + (1 + r) * maximum(gather - c * pass_s * (1 - 1 / t), 0.0)
         ring = ring + maximum(gather - w * pass_s * (1 - 1 / t), 0.0)
         pipe = pipe + (1 + r) * maximum(scatter - w * pass_s, 0.0) * (1 - 1 / n)
