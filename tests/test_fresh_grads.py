@@ -67,3 +67,26 @@ def test_bloom_tp2_pp6_dp32_first_stage_peak(published_runs, acc):
     assert int(mem.stage) == 0
     assert float(mem.activations + mem.fresh_grad) == moment
     assert not mem.fits and float(mem.total) > 80 * GIB
+
+
+def test_vectorised_search_prices_the_fresh_gradient_as_the_scalar_estimate() -> None:
+    # grad_accumulation is a workload field: the search's plan arrays price fresh_grad_bytes through the same
+    # function; with a 128k vocabulary the first / last stage's embedding gradient sets some peaks
+    from itertools import islice
+
+    from agreement import assert_arrays_agree
+
+    from llmplan.estimate import estimate_training
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    from llmplan.specs.check import check_plan
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_models
+
+    m, cluster = builtin_models()["llama-3.1-8b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=1)
+    w = Workload(global_batch=64, seq_len=2048, grad_accumulation="add")
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    ok = (i for i in range(len(plans)) if plans.plan(i).zero < 2 and not check_plan(m, plans.plan(i), cluster))
+    idx = list(islice(ok, 0, 300, 7))
+    moved = [i for i in idx if float(estimate_training(m, cluster, plans.plan(i)).memory.fresh_grad) > 0]
+    assert len(moved) >= 3
+    assert_arrays_agree(m, cluster, plans, idx)
