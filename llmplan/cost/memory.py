@@ -27,7 +27,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     ADAM_STATE_BYTES, FP8_TRANSPOSE, LOW_PRECISION_WEIGHT_CACHE, ModelStateBytes, low_precision_weight_cache,
     model_state_bytes,
 )
-from llmplan.cost.model_states import (after_backward_peak, bf16_gathered_params, bf16_kept_params,
+from llmplan.cost.model_states import (after_backward_peak, bf16_gathered_params, bf16_kept_params, fresh_grad_bytes,
                                        bf16_parts_extra_bytes, fp32_embedding_grad_bytes, fp32_shards_are_master,
                                        gradient_params,
                                        stored_weight_bytes,
@@ -305,6 +305,10 @@ class TrainingMemory(Breakdown):
     after_backward: Any = 0.0
     """Not a part: bytes inside `other` by which the peak after the backward (the reduction with its bucket,
     or the step with its copies) exceeds the backward's peak (docs/formulas.md#mem.optimizer_copies)."""
+    fresh_grad: Any = 0.0
+    """Not a part: bytes inside `other` by which the backward's peak exceeds the priced activations while a
+    micro-batch's fresh weight gradient waits to be added into the accumulated one (grad_accumulation add;
+    cost.model_states.fresh_grad_bytes, docs/formulas.md#mem.fresh_grads); 0 otherwise."""
     muon_saving: Any = 0.0
     """Not a part: the Adam moment bytes `optimizer` leaves out under Muon (cost.muon.muon_moment_saving;
     docs/formulas.md#optim.muon_memory); 0 under adam."""
@@ -356,7 +360,11 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     saving = muon_moment_saving(plan, muon_params(m, plan, stage))
     optimizer = dense.optimizer + expert.optimizer - saving
     states = dense.weights + dense.gradients + expert.weights + expert.gradients + optimizer + cache
-    tensors = states + act.total
+    # Autograd's add of each micro-batch's fresh weight gradient (grad_accumulation add): the largest one beside
+    # what its moment holds. Derived: docs/formulas.md#mem.fresh_grads
+    fresh = fresh_grad_bytes(m, plan, stage, act.recompute_working,
+                             act.layers / maximum(inflight_microbatches(plan, stage), 1))
+    tensors = states + act.total + fresh
     layers = maximum(stage_layer_count(m, plan, stage), 1)
     # ZeRO-3: the layer in use whole, and the next one prefetched up to stage3_max_live_parameters (the cap
     # gates the prefetch only: a module over it is still gathered whole to run). Derived: docs/formulas.md#mem.other
@@ -401,12 +409,12 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     runtime = runtime_bytes(plan, stage, nccl_channels, plan.cuda_lazy_loading, ub,
                             compute_capability) if stated is None else None
     fixed = stated * GIB if stated is not None else runtime.total if runtime is not None else 0.0
-    other = fixed + allowance.fragmentation * (tensors + gathered) + gathered + after
+    other = fixed + allowance.fragmentation * (tensors + gathered) + gathered + after + fresh
     return TrainingMemory(
         stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights + cache,
         gradients=gradients, optimizer=optimizer,
         activations=act.total, other=other, activation_parts=act, capacity=capacity, runtime=runtime,
-        optimizer_copies=copies, after_backward=after, muon_saving=saving,
+        optimizer_copies=copies, after_backward=after, fresh_grad=fresh, muon_saving=saving,
     )
 
 

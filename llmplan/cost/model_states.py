@@ -213,6 +213,28 @@ def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradien
     return cd.total + ce.total, maximum(reduce_peak, step_peak) + kept_grad_shard_bytes(plan, rp, emb32)
 
 
+def fresh_grad_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any, working: Any, per_microbatch: Any) -> Any:
+    """Bytes by which one rank's backward peak exceeds the priced activations where each micro-batch's weight
+    gradient is a fresh tensor added into the accumulated one (grad_accumulation add: autograd's AccumulateGrad
+    adds the new gradient into an existing param.grad in place and frees it; Megatron-LM 2021's DDP hook adds
+    param.grad into main_grad and frees it): the largest such tensor at its moment, in the compute dtype.
+    `working`: the recompute working set (ActivationBytes.recompute_working); `per_microbatch`: one micro-batch's
+    layer activations on this stage. Moments: a layer's first weight gradient (fc2, f·h/t) beside the whole
+    recomputed layer; the first stage's word embedding (embedding_dense_backward writes a zeroed V/t x h
+    gradient) after the micro-batch's layers and working set are freed; the last stage's output weight before
+    any layer is recomputed. Source: pytorch/pytorch torch/csrc/autograd/functions/accumulate_grad.h at
+    035290b77d (accumulateGrad: `variable_grad += new_grad`), aten/src/ATen/native/cuda/Embedding.cu
+    (embedding_dense_backward_cuda: at::zeros({num_weights, ...})); NVIDIA/Megatron-LM megatron/model/
+    distributed.py at 50a4b5fa02 (param_hook). Derived: docs/formulas.md#mem.fresh_grads"""
+    if plan.grad_accumulation != "add":
+        return 0.0
+    new = 4.0 if plan.dtype == "fp32" else 2.0
+    layer = new * m.intermediate_size * m.hidden_size / plan.tp
+    first = where(stage == 0, new * input_embedding_params(m, plan) - working - per_microbatch, 0.0)
+    last = where(stage == plan.pp - 1, new * vocab_shard_params(m, plan.tp) - working, 0.0)
+    return maximum(maximum(layer, first), maximum(last, 0.0))
+
+
 LOW_PRECISION_WEIGHT_CACHE = {"tensorwise": 2.0, "rowwise": 0.0, "blockwise": 2.0 + 8 / 128**2,
                               "mxfp8": 2.0 + 2 / 32, "nvfp4": 1.0 + 2 / 16}
 """Bytes per linear-layer weight of the low-precision copies a recipe keeps across the micro-batches of a
