@@ -125,7 +125,9 @@ def test_deepseek_v3_search_on_h100_tries_deepep_and_says_it_chose_it(dsv3_h100)
 
 
 def test_the_text_output_names_the_dispatcher(cli):
-    r = cli("search", *DSV3_H100, "--top", "1")
+    # --zero 1, as the dsv3_h100 search: how the table names the dispatcher chosen does not depend on the ZeRO
+    # stages searched, and the pinned search takes about half the CPU of the free one (3.4 against 6.9 s)
+    r = cli("search", *DSV3_H100, "--zero", "1", "--top", "1")
     assert r.code == 0, r.err
     text = " ".join(r.out.split())
     # the flex backend the search chose (deepep up to main 9b6560c8; hybridep since the TP edge collectives,
@@ -135,7 +137,8 @@ def test_the_text_output_names_the_dispatcher(cli):
 
 
 def test_a_pinned_dispatcher_is_not_searched(cli):
-    r = cli("search", *DSV3_H100, "--moe-dispatcher", "alltoall", "--json")
+    # --zero 1 as above: a pinned dispatcher is not searched whatever ZeRO stages are
+    r = cli("search", *DSV3_H100, "--zero", "1", "--moe-dispatcher", "alltoall", "--json")
     assert r.code == 0, r.err
     doc = r.json()
     assert all("moe_dispatcher" not in t for t in doc["switches"]["tried"])

@@ -8,7 +8,12 @@ import math
 import pytest
 
 LLAMA = ["search", "--model", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "8"]
-NEMOTRON = ["search", "--model", "nemotron-3-super", "--hardware", "gb200-nvl72", "--nodes", "8"]
+# Pinned to tp 1, pp 1: what the Nemotron tests check (a targeted search keeps or drops the untargeted #1, a
+# target that writes no plan is refused) holds on any search space. The unpinned untargeted and --target megatron
+# searches both rank a tp 1 pp 1 plan first, and the pinned ones rank the very same entries first (compared whole,
+# plan and predictions, 2026-12-07) at about a sixth of the CPU (1.8-2.7 against 12.6-12.8 s a search).
+NEMOTRON = ["search", "--model", "nemotron-3-super", "--hardware", "gb200-nvl72", "--nodes", "8", "--tp", "1",
+            "--pp", "1"]
 
 
 def saved_then_exported(cli, tmp_path, args, target):
