@@ -829,8 +829,8 @@ with its MTP layer: recipes/deepseek/gb200/deepseek_v4.py at 4ab94dfad)."""
 MBRIDGE_MTP_DEPTH = {"Nemotron_3_Ultra": 2, "Nemotron_3_5_Lightning": 2, "Nemotron_3_Super": 2}
 """MTP depth the recipes train with where it differs from the checkpoint's num_nextn_predict_layers:
 Megatron-Bridge recipes/nemotronh/h100/nemotron_3_ultra.py and perf_recipes/nemotronh (Lightning) set
-mtp_num_layers 2 with mtp_use_repeated_layer, one module run twice (priced as two modules: its weights are
-counted twice, but for the per-weight host loop of the MXFP8 master cast: ModelSpec.mtp_repeated_layer);
+mtp_num_layers 2 with mtp_use_repeated_layer, one module run twice (ModelSpec.mtp_repeated_layer: its weights
+counted once, its compute and activations twice);
 so does the Super recipe the Super presets start from (recipes/nemotronh/nemotron_3_super.py
 nemotron_3_super_pretrain_config at v0.4.0 - v0.5.0, recipes/nemotronh/h100/nemotron_3_super.py at v0.6.0)."""
 

@@ -62,7 +62,7 @@ def test_ultra_tensors_by_hand():
 
 def test_a_repeated_mtp_layer_holds_one_module():
     # Megatron-Bridge's Ultra recipe: mtp_num_layers 2 with mtp_use_repeated_layer -- one module's weights
-    two = ULTRA.model_copy(update={"num_nextn_predict_layers": 2})
+    two = ULTRA.model_copy(update={"num_nextn_predict_layers": 2, "mtp_repeated_layer": False})  # two modules
     assert mxfp8_weight_tensors(two, plan()) == pytest.approx(1103 + 1 + 2 + 4 + 16)
     rep = two.model_copy(update={"mtp_repeated_layer": True})
     assert mxfp8_cast_tensors(rep, plan()) == pytest.approx((DENSE, EXPERT, OTHER))

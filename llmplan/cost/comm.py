@@ -31,7 +31,7 @@ from llmplan.cost.params import (
     attention_params,
     indexer_params,
     norm_params,
-    stage_layers,
+    stage_weight_layers,
     tp_synced_layer_params,
     kv_heads_per_rank,
     max_stage_layers,
@@ -477,7 +477,7 @@ def tp_synced_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any,
     summed, averaged = 0 * plan.tp, 0 * plan.tp
     stages = (stage, plan.pp - 1 - stage) if schedule_of(plan).param_copies == 2 else (stage,)
     for i in stages:
-        n_dense, n_moe = stage_layers(m, plan, i)
+        n_dense, n_moe = stage_weight_layers(m, plan, i)
         last = where(i == plan.pp - 1, norm_params(m), 0)
         summed = summed + where(plan.sp, n_dense * dense + n_moe * moe + last, 0) + (n_dense + n_moe) * qk
         averaged = averaged + (n_dense + n_moe) * attention_share(m) * indexer
@@ -1199,7 +1199,7 @@ def torchao_amax_transfers(m: ModelSpec, plan: ParallelPlan, group: G, stage: An
     all-reduce"); pytorch/torchtitan v0.2.2 components/quantization/float8.py (post_optimizer_hook).
     Derived: docs/formulas.md#comm.torchao_fp8_gather"""
     on = torchao_fp8_gather(plan)
-    dense, moe = stage_layers(m, plan, stage)
+    dense, moe = stage_weight_layers(m, plan, stage)
     mlp = 3 if m.gated_mlp else 2
     linears = dense * (4 + mlp) + moe * (4 + (mlp if m.shared_ffn else 0))
     read = TORCHAO_AMAX_READ_BYTES * low_precision_params(m, plan, stage).dense / plan.zero_shard

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.arith import where
+from llmplan.arith import minimum, where
 from llmplan.cost.activations import shared_layer_activations
 from llmplan.cost.params import layer_params, mtp_block_extra_params, stage_end_params
 from llmplan.cost.schedule import stage_order_arrays
@@ -27,6 +27,7 @@ from llmplan.cost.stages import (
     chunk_kinds,
     chunk_layers,
     layout_grid,
+    mtp_weight_sets,
     layers_before,
     stage_layer_count,
     stage_mtp_modules,
@@ -111,6 +112,16 @@ def _layer_bytes(m: ModelSpec, plan: Any, dense: Any, moe: Any, grad_b: Any) -> 
     return dense * la.dense + moe * la.moe, (dense * dense_p + moe * moe_p) * grad_b
 
 
+def mtp_weight_correction(m: ModelSpec, plan: Any, mtp: Any) -> Any:
+    """Parameters to add to a chunk's layers for its `mtp` MTP modules, which it counts as layers (stage_layers'
+    kind): each weight set's block extra (mtp_block_extra_params) less, under mtp_repeated_layer, the layers of
+    the depths that rerun one module's weights (cost.stages.mtp_weight_sets), whose gradients are the one
+    module's. Elementwise. Derived: docs/formulas.md#mem.grad_lifetime"""
+    sets = minimum(mtp, mtp_weight_sets(m)) if m.mtp_repeated_layer else mtp
+    dense_p, moe_p = layer_params(m, plan)
+    return sets * mtp_block_extra_params(m, plan) - (mtp - sets) * (moe_p if m.is_moe else dense_p)
+
+
 def chunk_bytes(m: ModelSpec, plan: Any, stage: Any, grad_b: Any) -> tuple[np.ndarray, np.ndarray]:
     """(activation bytes of one forward, gradient bytes) of each of stage `stage`'s vpp pp_layout chunks, shape
     (v, ...) (one plan; layouts are not searched as arrays): a chunk's dense and MoE layers (_layer_bytes); the
@@ -122,7 +133,7 @@ def chunk_bytes(m: ModelSpec, plan: Any, stage: Any, grad_b: Any) -> tuple[np.nd
                              moe.reshape((-1,) + (1,) * np.ndim(plan.pp)), grad_b)
     end = stage_end_params(m, plan, stage) * grad_b
     mtp = np.asarray([c.count("m") for c in layout_grid(plan)[int(stage)]], dtype=float)  # MTP blocks' extra
-    grad = grad + (mtp * mtp_block_extra_params(m, plan) * grad_b).reshape((-1,) + (1,) * np.ndim(plan.pp))
+    grad = grad + (mtp_weight_correction(m, plan, mtp) * grad_b).reshape((-1,) + (1,) * np.ndim(plan.pp))
     return act * 1.0, _with_ends(grad, where(stage == 0, end, 0.0), where(stage == plan.pp - 1, end, 0.0))
 
 
@@ -273,7 +284,7 @@ def pipelined_gradient_bytes(m: ModelSpec, plan: Any, stage: Any, whole: Any, gr
     la = shared_layer_activations(m, plan)
     dense_p, moe_p = layer_params(m, plan)
     end = stage_end_params(m, plan, stage) * grad_b
-    mtp = stage_mtp_modules(m, plan, stage) * mtp_block_extra_params(m, plan) * grad_b  # last stage's last chunk
+    mtp = mtp_weight_correction(m, plan, stage_mtp_modules(m, plan, stage)) * grad_b  # last stage's last chunk
     parts = (la.dense, la.moe, dense_p, moe_p, grad_b, where(stage == 0, end, 0.0),
              where(stage == plan.pp - 1, end, 0.0) + mtp)
     rank = (plan.pp, plan.num_microbatches, plan.vpp, stage, stage_layer_count(m, plan, stage),

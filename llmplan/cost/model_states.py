@@ -18,7 +18,7 @@ from llmplan.cost.params import (RankParams, mtp_projection_params, nonmatrix_la
                                  rank_params, router_params, stage_end_params, stepped_rank_params, vocab_shard_params,
                                  input_embedding_params)
 from llmplan.cost.quantize import torchao_float8, torchao_fp8_params
-from llmplan.cost.stages import stage_layers
+from llmplan.cost.stages import mtp_weight_sets, stage_weight_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.schedule import schedule_of
@@ -341,9 +341,9 @@ def _bf16_kept(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
     complement of low_precision_params."""
     rp = rank_params(m, plan, stage)
     frac = plan.low_precision_layer_fraction(m.num_hidden_layers)
-    quantized_mtp = m.num_nextn_predict_layers * (mtp_projection_params(m, plan.tp) - 2 * norm_params(m))
+    quantized_mtp = mtp_weight_sets(m) * (mtp_projection_params(m, plan.tp) - 2 * norm_params(m))
     ends = stage_end_params(m, plan, stage) - where(stage == plan.pp - 1, quantized_mtp, 0.0)
-    n_dense, n_moe = stage_layers(m, plan, stage)
+    n_dense, n_moe = stage_weight_layers(m, plan, stage)
     dense_l, moe_l, expert_l = memoized(plan, ("nonmatrix_layer_params", m), lambda: nonmatrix_layer_params(
         m, plan.tp, plan.ep, plan.etp_resolved))
     return (_kept(ends, rp.dense - ends, n_dense * dense_l + n_moe * moe_l, frac),

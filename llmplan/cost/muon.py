@@ -24,7 +24,7 @@ from llmplan.cost.mixers import mean_recurrent_params
 from llmplan.cost.model_states import held_stages, optimizer_share
 from llmplan.cost.params import RankParams, kv_heads_per_rank
 from llmplan.cost.sparse import indexer_params
-from llmplan.cost.stages import stage_layers
+from llmplan.cost.stages import stage_weight_layers
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -127,7 +127,7 @@ def stage_sum(m: ModelSpec, plan: ParallelPlan, stage: Any, f: Any, paired: bool
     dense, moe, experts = layer_matrices(m, plan.tp, plan.ep, plan.etp_resolved)
     out_d, out_e = 0.0, 0.0
     for s in held_stages(plan, stage, paired):
-        n_dense, n_moe = stage_layers(m, plan, s)
+        n_dense, n_moe = stage_weight_layers(m, plan, s)
         out_d = out_d + n_dense * _total(dense, f) + n_moe * _total(moe, f)
         out_e = out_e + n_moe * _total(experts, f)
     return RankParams(dense=out_d, expert=out_e)

@@ -14,6 +14,7 @@ from llmplan.cost.compute import KERNEL_LAUNCH_S, optimizer_queued_share
 from llmplan.cost.elementwise import softmax_launches
 from llmplan.cost.model_states import bf16_parts_extra_bytes
 from llmplan.cost.moe import EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS
+from llmplan.cost.stages import mtp_weight_sets
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -191,7 +192,7 @@ def mxfp8_cast_tensors(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any, Any]
     expert_l = 2 * m.num_experts / plan.ep * n_moe
     small_l = RECURRENT_SMALL_TENSORS * n_rec + (attn_small + attn - attn_mx) * n_attn + m.num_mlp_layers \
         + (moe_small + latent_bf) * n_moe
-    mtp = (1 if m.mtp_repeated_layer else m.num_nextn_predict_layers) * (m.num_nextn_predict_layers > 0)
+    mtp = mtp_weight_sets(m)
     mtp_dense = 1 + attn_mx + (2 * (m.shared_ffn > 0) + latent_mx if m.is_moe else 2)
     mtp_expert = 2 * m.num_experts / plan.ep if m.is_moe else 0.0
     mtp_small = 3 + attn_small + attn - attn_mx + (moe_small + latent_bf if m.is_moe else 1)
@@ -229,7 +230,7 @@ def mxfp8_master_cast_seconds(m: ModelSpec, plan: ParallelPlan, optimizer_s: Any
     local weight) runs while the block-amax all-reduce (comm.mxfp8_amax_transfers, exposed whole) does: not
     counted. Once a step, after the last micro-batch. Derived: docs/formulas.md#step.mxfp8_master_cast"""
     dense, expert, other = mxfp8_cast_tensors(m, plan)
-    n_mtp = (1 if m.mtp_repeated_layer else m.num_nextn_predict_layers) * (m.num_nextn_predict_layers > 0)
+    n_mtp = mtp_weight_sets(m)
     units = (m.num_hidden_layers + n_mtp) / plan.pp
     moe_units = (m.num_moe_layers + n_mtp * m.is_moe) / plan.pp
     local = shard_overlaps(dense, units, plan.optimizer_shard) + shard_overlaps(expert, moe_units,

@@ -51,12 +51,15 @@ from llmplan.cost.stages import (  # noqa: F401  (re-exported: their home was th
     layout_grid,
     max_stage_layers,
     moe_layers_between,
+    mtp_weight_sets,
     recomputed_share,
     stage_kind_counts,
     stage_layer_count,
     stage_layer_list,
     stage_layers,
     stage_mtp_modules,
+    stage_mtp_weight_sets,
+    stage_weight_layers,
 )
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import PlanLike
@@ -245,6 +248,13 @@ def mtp_module_params(m: ModelSpec) -> int:
     mlp = moe_block_params(m) if m.is_moe else mlp_params(m, m.intermediate_size)
     hc = 2 * hc_params(m) + hc_head_params(m)  # DeepSeek-V4's MTP block keeps its own streams and collapse
     return attention_params(m) + mlp + int(mtp_projection_params(m)) + 3 * norm_params(m) + hc
+
+
+def mtp_params(m: ModelSpec) -> int:
+    """Parameters of the model's MTP modules, which the published counts leave out: mtp_module_params per weight
+    set (cost.stages.mtp_weight_sets: one under mtp_repeated_layer, however many depths run it).
+    Derived: docs/formulas.md#params.rank"""
+    return mtp_weight_sets(m) * mtp_module_params(m)
 
 
 def mtp_block_params_per_rank(m: ModelSpec, t: Any) -> Any:
@@ -465,16 +475,17 @@ def stepped_rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
 def _rank_params(m: ModelSpec, plan: PlanLike, stage: Any) -> RankParams:
     """Parameters held by one rank of pipeline stage `stage`: its layers sharded by TP (norms and router
     replicated), experts split by EP and expert-TP, the embedding on the first stage and the output layer
-    on the last (a tied embedding keeps a copy on the last stage when pp > 1, as Megatron does).
+    on the last (a tied embedding keeps a copy on the last stage when pp > 1, as Megatron does); MTP modules by
+    their weight sets (stage_weight_layers, stage_mtp_weight_sets: one under mtp_repeated_layer).
 
     Derived: docs/formulas.md#params.rank"""
-    n_dense, n_moe = stage_layers(m, plan, stage)
+    n_dense, n_moe = stage_weight_layers(m, plan, stage)
     dense_layer, moe_layer, expert_layer, embedding, head, mtp_extra = memoized(
         plan, ("rank_param_parts", m), lambda: _rank_param_parts(m, plan))
     first = where(stage == 0, embedding, 0)
     last = where(stage == plan.pp - 1, head, 0)
     return RankParams(dense=n_dense * dense_layer + n_moe * moe_layer + first + last
-                      + stage_mtp_modules(m, plan, stage) * mtp_extra, expert=n_moe * expert_layer)
+                      + stage_mtp_weight_sets(m, plan, stage) * mtp_extra, expert=n_moe * expert_layer)
 
 
 def mtp_block_extra_params(m: ModelSpec, plan: PlanLike) -> Any:
@@ -538,7 +549,7 @@ def _rank_param_parts(m: ModelSpec, plan: PlanLike) -> tuple[Any, Any, Any, Any,
     vocab = vocab_shard_params(m, t)
     positions = m.max_position_embeddings * h if m.learned_position_embeddings else 0
     has_output = separate_output_layer(m, plan)
-    mtp_proj = m.num_nextn_predict_layers * mtp_projection_params(m, t)
+    mtp_proj = mtp_weight_sets(m) * mtp_projection_params(m, t)  # one set under mtp_repeated_layer
     head = norm_params(m) + where(has_output, vocab, 0) + mtp_proj + hc_head_params(m)
     mtp_extra = mtp_block_params_per_rank(m, t) - (moe_layer if m.is_moe else dense_layer)
     embedding = input_embedding_params(m, plan) + positions

@@ -188,6 +188,34 @@ def stage_mtp_modules(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
     return where(stage == plan.pp - 1, m.num_nextn_predict_layers, 0)
 
 
+def mtp_weight_sets(m: ModelSpec) -> int:
+    """Distinct MTP modules' weights the model holds: one under mtp_repeated_layer (one module run at every depth),
+    else one per module (num_nextn_predict_layers); 0 without MTP. Weight-proportional counts (parameters, their
+    memory, gradient reduction, gathers) read this; compute and activations run stage_mtp_modules, once per depth.
+    Source: NVIDIA/Megatron-LM@d98e8a64dd megatron/core/transformer/multi_token_prediction.py
+    (MultiTokenPredictionBlock._build_layers: one layer under mtp_use_repeated_layer, layer_idx 0 at every depth)."""
+    n = m.num_nextn_predict_layers
+    return min(n, 1) if m.mtp_repeated_layer else n
+
+
+def stage_mtp_weight_sets(m: ModelSpec, plan: PlanLike, stage: Any) -> Any:
+    """MTP modules' weight sets held by pipeline rank `stage`: its stage_mtp_modules, at most one under
+    mtp_repeated_layer (Megatron-Core keeps all depths on one stage). Elementwise on plan arrays."""
+    mtp = stage_mtp_modules(m, plan, stage)
+    return minimum(mtp, mtp_weight_sets(m)) if m.mtp_repeated_layer else mtp
+
+
+def stage_weight_layers(m: ModelSpec, plan: PlanLike, stage: Any) -> tuple[Any, Any]:
+    """(dense, MoE) layers whose weights rank `stage` holds: stage_layers less the MTP depths that rerun the
+    repeated module's weights (mtp_repeated_layer), counted as stage_layers counts an MTP module (MoE where the
+    model has experts). Elementwise on plan arrays. Derived: docs/formulas.md#params.rank"""
+    dense, moe = stage_layers(m, plan, stage)
+    if not m.mtp_repeated_layer:
+        return dense, moe
+    reruns = stage_mtp_modules(m, plan, stage) - stage_mtp_weight_sets(m, plan, stage)
+    return (dense, moe - reruns) if m.is_moe else (dense - reruns, moe)
+
+
 def moe_layers_between(m: ModelSpec, start: Any, end: Any) -> Any:
     """MoE layers among layers [start, end) of a model whose mlp_layer_types places them (elementwise)."""
     return _flagged_between([x == "moe" for x in (m.mlp_layer_types or ())], start, end)

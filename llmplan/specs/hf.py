@@ -117,6 +117,10 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
         # Qwen3NextMultiTokenPredictor builds num_nextn_predict_layers of them, 1 when the key is absent
         # (vllm-project/vllm vllm/model_executor/models/qwen3_next_mtp.py @ffdc9857).
         out.setdefault("num_nextn_predict_layers", 1)
+    if mt == "nemotron_h" and cfg.get("num_nextn_predict_layers"):
+        # Megatron-Bridge runs a Nemotron-H checkpoint's MTP module repeated (mtp_use_repeated_layer: the config's
+        # key where it has one, else True; NVIDIA-NeMo/Megatron-Bridge@067f987 nemotronh/nemotron_h_bridge.py)
+        out["mtp_repeated_layer"] = bool(cfg.get("mtp_use_repeated_layer", True))
     if mt == "nemotron_h":  # squared-ReLU MLP (up and down projections), no biases, no position embeddings
         out.update(gated_mlp=cfg.get("mlp_hidden_act", "relu2") not in ("relu2", "relu", "gelu"),
                    mamba_chunk_size=cfg.get("chunk_size") or 128)
@@ -385,7 +389,8 @@ HF_ONLY: dict[str, type] = {"sliding_window_pattern": int, "max_window_layers": 
                             "use_sliding_window": bool, "full_attention_interval": int, "chunk_size": int,
                             "moe_shared_expert_intermediate_size": int, "interleave_moe_layer_step": int,
                             "intermediate_size_mlp": int, "hc_mult": int, "o_groups": int, "o_lora_rank": int,
-                            "num_hash_layers": int, "mtp_num_hidden_layers": int}
+                            "num_hash_layers": int, "mtp_num_hidden_layers": int,
+                            "mtp_use_repeated_layer": bool}
 """config.json keys read here that are not ModelSpec fields, with the type they hold."""
 LAYER_LISTS = ("mlp_only_layers", "moe_layers", "no_rope_layers")
 """config.json keys holding a list of whole numbers, one per layer or per layer index (Qwen3-Next's dense

@@ -241,10 +241,14 @@ class ModelSpec(Spec):
     the model is) with a 2h -> h projection and two norms on the last pipeline stage, sharing the output head,
     which computes its logits once more. Not in the published parameter count (DeepSeek-V3's 671B)."""
     mtp_repeated_layer: bool = False
-    """The num_nextn_predict_layers MTP depths run one module's weights over and over (Megatron-Core
-    mtp_use_repeated_layer, as Megatron-Bridge's Nemotron-3 recipes train depth 2): one module's parameter tensors
-    exist. Read only by the per-weight host loop of Megatron-FSDP's MXFP8 cast
-    (docs/formulas.md#step.mxfp8_master_cast); the parameter and memory counts still count a module per depth."""
+    """llmplan key (Megatron-Core TransformerConfig.mtp_use_repeated_layer; no Hugging Face config.json key): the
+    num_nextn_predict_layers MTP depths run one module's weights over and over, as Megatron-Bridge's Nemotron-3
+    recipes train depth 2 from the checkpoint's one module. One module's parameters exist (its eh_proj, norms and
+    layer: NVIDIA/Megatron-LM@d98e8a64dd multi_token_prediction.py MultiTokenPredictionBlock._build_layers builds
+    one MultiTokenPredictionLayer, gpt_layer_specs.py one layer spec), so every weight-proportional count (the
+    parameters, weight, gradient and optimizer memory, the DP gradient reduction, the FSDP gathers, the MXFP8
+    cast) holds one module (cost.stages.mtp_weight_sets); compute and activations still run once per depth.
+    Needs num_nextn_predict_layers > 0; a built-in checkpoint spec of one module leaves it false."""
 
     q_lora_rank: int | None = Field(default=None, gt=0)
     """MLA: rank of the compressed query (None: queries are not compressed)."""
@@ -281,6 +285,10 @@ class ModelSpec(Spec):
             raise ValueError(f"layer_types lists {len(self.layer_types)} layers but num_hidden_layers is "
                              f"{self.num_hidden_layers}; give one attention kind per layer")
         self._hybrid_rules()
+        if self.mtp_repeated_layer and not self.num_nextn_predict_layers:
+            raise ValueError("mtp_repeated_layer is set but num_nextn_predict_layers is 0: a repeated MTP layer "
+                             "runs one multi-token-prediction module at every depth, and there is none; give "
+                             "num_nextn_predict_layers > 0 or leave mtp_repeated_layer out")
         if self.parallel_block and (self.num_experts or self.is_hybrid):
             kind = (f"num_experts {self.num_experts}" if self.num_experts
                     else "a layer without softmax attention or without an MLP")

@@ -800,4 +800,5 @@ def trained_model(m: ModelSpec, plan: Any) -> ModelSpec:
     n = getattr(plan, "mtp_layers", None)
     if n is None or int(n) >= m.num_nextn_predict_layers:
         return m
-    return m.model_copy(update={"num_nextn_predict_layers": int(n)})
+    return m.model_copy(update={"num_nextn_predict_layers": int(n),  # none left to repeat at 0
+                                "mtp_repeated_layer": m.mtp_repeated_layer and int(n) > 0})
