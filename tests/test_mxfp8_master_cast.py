@@ -137,3 +137,32 @@ def test_the_ultra_rows_pay_it_and_the_super_row_does_not(acc, published_runs):
         assert cast == pytest.approx(host_by_hand(DENSE, EXPERT, OTHER, 109, 49, shard, 4) - opt * 31 / 33)
         assert 0.19 < cast < 0.21
     assert got[SUPER][0] == 0.0  # Megatron-Core's distributed optimizer (ZeRO-1)
+
+
+def test_the_fp8_params_rule_leaves_the_plans_megatron_fsdp_does_not_touch():
+    # The rule binds only where Megatron-FSDP acts (zero 2 without a pipeline; SwitchUse megatron_fsdp_zero): at
+    # ZeRO-1 Megatron-Core's distributed optimizer gathers fp8 weights (--fp8-param-gather), and a pipelined plan
+    # runs no Megatron-FSDP. Its fix names exits that export (not "--zero 2 --megatron-fsdp", which it refuses).
+    from llmplan.specs.cluster import ClusterSpec
+    from llmplan.specs.registry import builtin_systems
+    c = ClusterSpec(system=builtin_systems()["gb300-nvl72"], num_nodes=64)
+    for ok in (dict(zero=1), dict(zero=0), dict(zero=2, pp=4, dp=64, ep=16)):
+        assert not [v for v in check_plan(ULTRA, plan(**ok), c) if v.rule == "megatron_fsdp_fp8_params"], ok
+    hit = [v for v in check_plan(ULTRA, plan(zero=2), c) if v.rule == "megatron_fsdp_fp8_params"]
+    assert hit and "use --zero 1 --no-megatron-fsdp" in hit[0].message, hit
+
+
+def test_search_target_megatron_keeps_fp8_weights_at_zero_1():
+    # Regression (review of cast-mend): the rule refused every fp8-weights plan of search --target megatron, which
+    # turns megatron_fsdp on for all plans, so the search found none (rc 2).
+    import json
+
+    from typer.testing import CliRunner
+
+    from llmplan.cli import app
+    r = CliRunner().invoke(app, ["search", "-m", "llama-3.1-8b", "--hardware", "gb200-nvl72", "--nodes", "1",
+                                 "--precision", "mxfp8", "--fp8-params", "--target", "megatron", "--global-batch",
+                                 "64", "--top", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    best = json.loads(r.stdout)["plans"][0]["plan"]
+    assert best["fp8_params"] is True and best["zero"] <= 1, best

@@ -246,7 +246,8 @@ def check(pf: PlanFile) -> None:
         (f"ZeRO stage {p.zero} (this export writes Megatron-Core's distributed optimizer, ZeRO-1, and Megatron-FSDP's "
          "optim_grads, ZeRO-2; not its optim_grads_params, whose gathers llmplan does not price as Megatron-FSDP "
          "runs them: docs/validation.md#mfsdp-zero3)", p.zero >= 3,
-         ("re-plan with --zero 2 --megatron-fsdp, or --zero 1 or 0" if p.megatron_fsdp else
+         ("re-plan with --zero 1 or 0" if p.fp8_params  # check_plan megatron_fsdp_fp8_params: no fp8 at ZeRO-2
+          else "re-plan with --zero 2 --megatron-fsdp, or --zero 1 or 0" if p.megatron_fsdp else
           "re-plan with --zero 1 (or 2 with --megatron-fsdp, or 0)") + without_megatron_fsdp(p)
          + ", or export to torchtitan" + without_megatron_fsdp(p)),
         *fsdp_zero2_rules(pf),

@@ -598,8 +598,9 @@ def check(pf: PlanFile) -> None:
     p = pf.plan
     if p.zero >= 3:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (this export writes the distributed optimizer, ZeRO-1, and "
-                     "Megatron-FSDP's optim_grads, ZeRO-2; not its optim_grads_params)", "re-plan with --zero 2 "
-                     "--megatron-fsdp, or --zero 1 or 0" + without_megatron_fsdp(p) + ("" if pf.model.is_hybrid else ", or export to deepspeed / "
+                     "Megatron-FSDP's optim_grads, ZeRO-2; not its optim_grads_params)",
+                     ("re-plan with --zero 1 or 0" if p.fp8_params  # check_plan megatron_fsdp_fp8_params
+                      else "re-plan with --zero 2 --megatron-fsdp, or --zero 1 or 0") + without_megatron_fsdp(p) + ("" if pf.model.is_hybrid else ", or export to deepspeed / "
                      "torchtitan" + without_megatron_fsdp(p)))  # they refuse hybrids
     for what, bad, fix in fsdp_zero2_refusals(pf).values():
         if bad:

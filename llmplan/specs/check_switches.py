@@ -824,10 +824,15 @@ SWITCH_RULES: tuple[Rule, ...] = (
     # Megatron-FSDP keeps fp8 / NVFP4 weights only fully sharded: NVIDIA/Megatron-LM cd4afffa6 megatron/core/
     # distributed/fsdp/src/README.md ("Only FSDP / ZeRO-3 supports FP8 parameters") and megatron_fsdp/
     # param_and_grad_buffer.py (copy_main_weights_to_model_weights: TODO, ZeRO-1 / ZeRO-2 not supported)
-    Rule("megatron_fsdp_fp8_params", lambda m, p, c: (not p.megatron_fsdp) | (not p.fp8_params) | (p.zero >= 3),
+    # Only where Megatron-FSDP acts (zero 2 without a pipeline, as SwitchUse megatron_fsdp_zero): at zero 0-1 or
+    # pp > 1 the switch is inert and Megatron-Core's distributed optimizer gathers fp8 weights (--fp8-param-gather)
+    Rule("megatron_fsdp_fp8_params",
+         lambda m, p, c: (not p.megatron_fsdp) | (not p.fp8_params) | (p.zero != 2) | (p.pp > 1),
          lambda m, p, c: f"megatron_fsdp with fp8_params at zero {p.zero}: Megatron-FSDP keeps fp8 / fp4 weights "
                          "only with its weights sharded (optim_grads_params, ZeRO-3; its README: \"Only FSDP / "
-                         "ZeRO-3 supports FP8 parameters\"); use --zero 3, or drop --fp8-params"),
+                         "ZeRO-3 supports FP8 parameters\"); use --zero 1 --no-megatron-fsdp (Megatron-Core's "
+                         "distributed optimizer gathers fp8 weights), --zero 3 (not written by the megatron and "
+                         "megatron-bridge exports), or drop --fp8-params"),
     # Muon as Megatron-LM runs it (NVIDIA/Megatron-LM d98e8a6 arguments.py: "Emerging optimizer does not support
     # Torch-FSDP2 / Megatron-FSDP"; its layer-wise distributed optimizer owns whole matrices, ZeRO-1 alone).
     Rule("muon_zero", lambda m, p, c: (p.optimizer != "muon") | (p.zero <= 1),
