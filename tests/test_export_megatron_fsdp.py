@@ -279,3 +279,10 @@ def test_pinned_off_still_prices_without_it(cli):
     doc = cli(*MOE, "--no-megatron-fsdp", "--json").json()
     assert doc["plans"][0]["plan"]["megatron_fsdp"] is False and "megatron" not in doc["best_exports_to"]
     assert "megatron_fsdp" not in doc.get("switches", {})
+
+
+def test_one_setting_still_says_it(cli):
+    """With every other switch pinned (one setting: bf16 gradient reduction, which torchtitan refuses, beside EP,
+    which DeepSpeed refuses), the switches line still says the search priced ZeRO-2 as Megatron-FSDP."""
+    text = " ".join(cli(*MOE, "--grad-dtype", "bf16", "--moe-dispatcher", "alltoall", "--no-ep-comm-overlap").out.split())
+    assert "ZeRO-2 as Megatron-FSDP on (1 setting tried;" in text and "#1 exports to megatron" in text

@@ -492,18 +492,31 @@ class SettingSearch:
 
     def without_tp_overlap(self) -> None:
         """step.ub_loses: an overlap the search turned on itself that prices slower than none on a plan it shows:
-        the winning setting is searched again without it (plans it beats win; tokens/s prunes as above)."""
+        the winning setting is searched again without it, and so is every other setting whose #1 also loses by it
+        and whose fastest plan is within the resolution of the fastest so far (win_floor: one that could lead; a
+        setting as_run prices otherwise, megatron_fsdp, can lose the tie rule to a robust one and still lead
+        without the overlap). Plans it beats win; tokens/s prunes as above (the headroom objective: the winner
+        only)."""
         from llmplan.search.grid import Workload
-        from llmplan.search.run import first_setting, win_floor
-        v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]
-        if "tp_comm_overlap" in self.named or not w.tp_comm_overlap or not tp_overlap_loses(res):
+        from llmplan.search.run import best_score, first_setting, win_floor
+        if "tp_comm_overlap" in self.named:
             return
-        wo = self.as_run(Workload(**{**w.fields(), "tp_comm_overlap": False}))
-        ro = self.run(cluster, wo, full=self.full_of(cluster),
-                      beat=win_floor(*(t[1] for t in self.tried)) if self.goal.objective == "throughput" else None)
-        if ro is not None:
-            self.tried = [({**t[0], "tp_comm_overlap": t[3].tp_comm_overlap}, *t[1:]) for t in self.tried]
-            self.tried.append(({**v, "tp_comm_overlap": False}, ro, cluster, wo, chosen))
+        win = self.tried[first_setting([t[1] for t in self.tried])]
+        throughput = self.goal.objective == "throughput"
+        floor = win_floor(*(t[1] for t in self.tried)) if throughput else None
+        others = sorted((t for t in self.tried if t is not win and throughput and t[1].ranked and not t[1].outrun
+                         and floor is not None and t[1].top_score >= floor), key=lambda t: -best_score(t[1])[0])
+        added: list[Tried] = []
+        for v, res, cluster, w, chosen in [win, *others]:
+            if not w.tp_comm_overlap or not res.ranked or not tp_overlap_loses(res):
+                continue
+            wo = self.as_run(Workload(**{**w.fields(), "tp_comm_overlap": False}))
+            ro = self.run(cluster, wo, full=self.full_of(cluster),
+                          beat=win_floor(*(t[1] for t in [*self.tried, *added])) if throughput else None)
+            if ro is not None:
+                added.append(({**v, "tp_comm_overlap": False}, ro, cluster, wo, chosen))
+        if added:
+            self.tried = [({**t[0], "tp_comm_overlap": t[3].tp_comm_overlap}, *t[1:]) for t in self.tried] + added
 
     def shown(self, tokens: float) -> TrainSearch:
         """The best setting tried (the first of equals: plain wins ties), as `search` shows it."""
@@ -511,14 +524,15 @@ class SettingSearch:
         from llmplan.search.run import SwitchChoice, best_score, complete_sides, first_setting
         if self.target is not None:  # none kept a plan: what refused them, over every setting tried
             refuse_every_setting(self.target, [(t[0], t[1]) for t in self.tried])
-        if self.auto_fsdp and any(t[3].megatron_fsdp for t in self.tried):  # as_run chose it: the line says which
+        chose_fsdp = self.auto_fsdp and any(t[3].megatron_fsdp for t in self.tried)
+        if chose_fsdp:  # as_run turned it on somewhere: the switches line says which way the shown plans run
             self.tried = [({**t[0], "megatron_fsdp": t[3].megatron_fsdp}, *t[1:]) for t in self.tried]
         v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]
         res = complete_sides(res)  # priced for the result shown only (run: sides=False)
         if self.target is not None:  # the side outputs of the result shown only
             res = training_sides(res, self.target, self.doc_of)
             res = dataclasses.replace(res, walks=tuple(self.walks))
-        if len(self.tried) > 1:  # a dispatcher outrun (no plan above the best so far): its best plan's score
+        if len(self.tried) > 1 or chose_fsdp:  # a dispatcher outrun (no plan above the best so far): its best plan's score
             res = dataclasses.replace(res, switches=SwitchChoice(v, tuple(
                 (t[0], t[1].top_score if t[1].outrun else best_score(t[1])[0]) for t in self.tried)))
         return TrainSearch(self.m, res, cluster, w, chosen, self.allowance, self.order, tokens)
