@@ -532,7 +532,7 @@ class SettingSearch:
         if self.target is not None:  # the side outputs of the result shown only
             res = training_sides(res, self.target, self.doc_of)
             res = dataclasses.replace(res, walks=tuple(self.walks))
-        if len(self.tried) > 1 or chose_fsdp:  # a dispatcher outrun (no plan above the best so far): its best plan's score
+        if len(self.tried) > 1:  # a dispatcher outrun (no plan above the best so far): its best plan's score
             res = dataclasses.replace(res, switches=SwitchChoice(v, tuple(
                 (t[0], t[1].top_score if t[1].outrun else best_score(t[1])[0]) for t in self.tried)))
         return TrainSearch(self.m, res, cluster, w, chosen, self.allowance, self.order, tokens)

@@ -525,8 +525,7 @@ def switches_line(s: SwitchChoice) -> str:
         on.append(f"ZeRO-2 as Megatron-FSDP {'on' if s.chosen['megatron_fsdp'] else 'off'}")
         flags.append("--megatron-fsdp")
     pins = f"{' / '.join(flags)} pin them"
-    tried = f"best of {len(s.tried)} settings tried" if len(s.tried) > 1 else "1 setting tried"
-    return f"switches: {', '.join(on)} ({tried}; {pins})"
+    return f"switches: {', '.join(on)} (best of {len(s.tried)} settings tried; {pins})"
 
 
 def dispatcher_text(setting: dict[str, Any]) -> str:
