@@ -240,3 +240,55 @@ def test_untargeted_zero2_first_without_the_switch(cli):
     ds = doc["best_refusals"].get("deepspeed", "")
     assert "deepspeed" in doc["best_exports_to"] or "overlap" in ds, ds
     assert "megatron_fsdp" not in ds, ds
+
+
+# An untargeted search prices the ZeRO-2 of the settings only Megatron runs (export.megatron_only: DeepSpeed refuses
+# EP, torchtitan the EP all-to-all overlap and the flex dispatcher) with megatron_fsdp on (cli.search as_run), so its
+# #1 names a target that runs it as priced (docs/validation.md#search-mfsdp).
+
+MOE = ["search", "--model", "qwen3-30b-a3b", "--hardware", "dgx-b200", "--nodes", "1", "--global-batch", "32",
+       "--seq-len", "4096", "--zero", "2", "--pp", "1", "--tp", "1", "--ep", "2", "--micro-batch", "1",
+       "--recompute", "none", "--top", "1"]
+
+
+def test_plain_moe_search_first_exports_to_megatron(cli, tmp_path):
+    """The plain search's #1 (an EP ZeRO-2 plan under the EP overlap, which only Megatron runs) is priced with
+    megatron_fsdp, the switches line says so, megatron writes the saved plan, and the search's row is the scalar
+    estimate of that plan (estimate --plan)."""
+    saved = tmp_path / "plan.json"
+    r = cli(*MOE, "--save", saved, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    first = doc["plans"][0]
+    p = first["plan"]
+    assert p["zero"] == 2 and p["ep"] == 2 and p["megatron_fsdp"] is True
+    assert "megatron" in doc["best_exports_to"] and doc["switches"]["megatron_fsdp"] is True
+    assert cli("export", saved, "--to", "megatron", "-o", tmp_path / "out").code == 0
+    again = cli("estimate", "--plan", saved, "--json").json()
+    assert again["memory"]["total"] == pytest.approx(first["memory"]["total"], rel=1e-9)
+    assert again["time"]["step_s"] == pytest.approx(first["time"]["step_s"], rel=1e-9)
+
+
+def test_switches_line_names_the_choice():
+    """The switches line says which way the search priced ZeRO-2, and that --megatron-fsdp pins it."""
+    from llmplan.report.search import switches_line
+    from llmplan.search.run import SwitchChoice
+    chosen = {"grad_dtype": "bf16", "fp8_params": False, "megatron_fsdp": True}
+    line = switches_line(SwitchChoice(chosen, ((chosen, 1.0), ({**chosen, "megatron_fsdp": False}, 0.5))))
+    assert "ZeRO-2 as Megatron-FSDP on" in line and "--megatron-fsdp pin" in line
+
+
+def test_pinned_off_still_prices_without_it(cli):
+    """--no-megatron-fsdp pins it: the search's #1 is priced without it (and megatron refuses it, as before)."""
+    doc = cli(*MOE, "--no-megatron-fsdp", "--json").json()
+    assert doc["plans"][0]["plan"]["megatron_fsdp"] is False and "megatron" not in doc["best_exports_to"]
+    assert "megatron_fsdp" not in doc.get("switches", {})
+
+
+
+def test_one_setting_prices_it_too(cli):
+    """With every other switch pinned (one setting: bf16 gradient reduction, which torchtitan refuses, beside EP,
+    which DeepSpeed refuses) the search prices ZeRO-2 as Megatron-FSDP all the same (no switches line: one setting,
+    as test_memory_switches.test_pinned_switches_are_not_tried holds), and megatron writes its #1."""
+    doc = cli(*MOE, "--grad-dtype", "bf16", "--moe-dispatcher", "alltoall", "--no-ep-comm-overlap", "--json").json()
+    assert doc["plans"][0]["plan"]["megatron_fsdp"] is True and "megatron" in doc["best_exports_to"]

@@ -53,7 +53,8 @@ def valid_plan(draw, case, cp_comm_type, dtype):
                  recompute_layers=draw(st.sampled_from([None, None, 2])),  # 2: block recompute of full plans
                  tp_impl=draw(st.sampled_from(["megatron", "dtensor"])), fp32_param_shards=draw(st.booleans()),
                  moe_dispatcher=draw(st.sampled_from(["alltoall", "deepep"])),
-                 moe_routing=draw(st.sampled_from(["random", "contiguous"])), cp_comm_type=cp_comm_type)
+                 moe_routing=draw(st.sampled_from(["random", "contiguous"])), cp_comm_type=cp_comm_type,
+                 megatron_fsdp=draw(st.booleans()))  # the search sets it per setting (cli.search as_run)
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     keep = np.ones(len(plans), dtype=bool)
     for _, ok in rule_cuts(m, plans, cluster):  # the rules the search prunes by, on the arrays (check_plan below)

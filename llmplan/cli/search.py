@@ -273,7 +273,9 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     refs = save_refs(c.model, c.hardware, output.save)
     ss = SettingSearch(m, c, cluster, pins, goal, s, search_pins(m, pins, split), allowance, order,
                        make_checkpoint(checkpoints), named, target,
-                       lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs))
+                       lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs),
+                       auto_fsdp=target is None and "megatron_fsdp" not in named and pins.zero != 3
+                       and base.zero3_unit == "layer")
     with progress_bar(not output.json_mode) as say:
         ss.say = say
         ss.every_setting(base)
@@ -324,6 +326,27 @@ class SettingSearch:
     screens: dict = dataclasses.field(default_factory=dict)
     """Memory screens (with the comm seconds but EP's), shared by the searches that differ only in the MoE
     dispatcher, and each space's enumerated axes (search.run.search's screens)."""
+    auto_fsdp: bool = False
+    """Whether the search settles megatron_fsdp per setting (as_run): no --target, --megatron-fsdp / --zero 3
+    not named, the ZeRO-3 unit per layer."""
+
+    def as_run(self, wv: Workload) -> Workload:
+        """`wv` with megatron_fsdp on where only Megatron-LM / Megatron-Bridge run its ZeRO-2 plans
+        (export.megatron_only, read on one ZeRO-2 plan without a pipeline at an ep > 1 where its plans can take one):
+        their ZeRO-2 is Megatron-FSDP's optim_grads, priced so (docs/formulas.md#mem.megatron_fsdp); off
+        elsewhere (DeepSpeed's or torchtitan's ZeRO-2). With auto_fsdp only."""
+        from llmplan.export import megatron_only
+        from llmplan.search.grid import Workload
+        if not self.auto_fsdp:
+            return wv
+        off = Workload(**{**wv.fields(), "megatron_fsdp": False})
+        wide = next((d for d in range(2, self.m.num_experts + 1) if self.m.num_experts % d == 0), 1)
+        ep = (self.pinned.get("ep") or wide) if self.m.is_moe else 1  # DeepSpeed refuses any ep > 1 alike
+        try:
+            on = megatron_only(self.m, off.plan(ep=ep, dp=ep, zero=2))
+        except ValueError:  # no such plan to read the targets' rules on: as before, off
+            on = False
+        return Workload(**{**off.fields(), "megatron_fsdp": on}) if on != wv.megatron_fsdp else wv
 
     def run(self, cc: ClusterSpec, wv: Workload, full: int | None = None,
             beat: float | None = None) -> SearchResult | None:
@@ -390,7 +413,7 @@ class SettingSearch:
         for v in switch_variants(base, s.grad_dtype is not None, s.fp8_params is not None,
                                  try_scalings=self.target is not None and "fp8_scaling" not in self.named,
                                  cp_comm_types=tuple(cp_types)):
-            wv = Workload(**{**base.fields(), **v})
+            wv = self.as_run(Workload(**{**base.fields(), **v}))
             if s.fp8_params is None and v["fp8_params"] and self.tried and not self.keeps_fp8_params(wv):
                 continue  # fp8_params the search turned on itself, cut from every plan: the plain setting stands
             res = self.run(full_cluster, wv)
@@ -454,7 +477,7 @@ class SettingSearch:
         unless a rule refuses it whatever the axes; returns the score a later setting must beat."""
         from llmplan.search.grid import Workload
         from llmplan.search.run import win_floor
-        wd = Workload(**{**w.fields(), **d})
+        wd = self.as_run(Workload(**{**w.fields(), **d}))
         try:
             rd = self.run(cluster, wd, full=self.full_of(cluster), beat=beat)
         except LlmplanError:  # a rule the setting breaks whatever the axes: not a setting to try
@@ -469,18 +492,31 @@ class SettingSearch:
 
     def without_tp_overlap(self) -> None:
         """step.ub_loses: an overlap the search turned on itself that prices slower than none on a plan it shows:
-        the winning setting is searched again without it (plans it beats win; tokens/s prunes as above)."""
+        the winning setting is searched again without it, and so is every other setting whose #1 also loses by it
+        and whose fastest plan is within the resolution of the fastest so far (win_floor: one that could lead; a
+        setting as_run prices otherwise, megatron_fsdp, can lose the tie rule to a robust one and still lead
+        without the overlap). Plans it beats win; tokens/s prunes as above (the headroom objective: the winner
+        only)."""
         from llmplan.search.grid import Workload
-        from llmplan.search.run import first_setting, win_floor
-        v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]
-        if "tp_comm_overlap" in self.named or not w.tp_comm_overlap or not tp_overlap_loses(res):
+        from llmplan.search.run import best_score, first_setting, win_floor
+        if "tp_comm_overlap" in self.named:
             return
-        wo = Workload(**{**w.fields(), "tp_comm_overlap": False})
-        ro = self.run(cluster, wo, full=self.full_of(cluster),
-                      beat=win_floor(*(t[1] for t in self.tried)) if self.goal.objective == "throughput" else None)
-        if ro is not None:
-            self.tried = [({**t[0], "tp_comm_overlap": t[3].tp_comm_overlap}, *t[1:]) for t in self.tried]
-            self.tried.append(({**v, "tp_comm_overlap": False}, ro, cluster, wo, chosen))
+        win = self.tried[first_setting([t[1] for t in self.tried])]
+        throughput = self.goal.objective == "throughput"
+        floor = win_floor(*(t[1] for t in self.tried)) if throughput else None
+        others = sorted((t for t in self.tried if t is not win and throughput and t[1].ranked and not t[1].outrun
+                         and floor is not None and t[1].top_score >= floor), key=lambda t: -best_score(t[1])[0])
+        added: list[Tried] = []
+        for v, res, cluster, w, chosen in [win, *others]:
+            if not w.tp_comm_overlap or not res.ranked or not tp_overlap_loses(res):
+                continue
+            wo = self.as_run(Workload(**{**w.fields(), "tp_comm_overlap": False}))
+            ro = self.run(cluster, wo, full=self.full_of(cluster),
+                          beat=win_floor(*(t[1] for t in [*self.tried, *added])) if throughput else None)
+            if ro is not None:
+                added.append(({**v, "tp_comm_overlap": False}, ro, cluster, wo, chosen))
+        if added:
+            self.tried = [({**t[0], "tp_comm_overlap": t[3].tp_comm_overlap}, *t[1:]) for t in self.tried] + added
 
     def shown(self, tokens: float) -> TrainSearch:
         """The best setting tried (the first of equals: plain wins ties), as `search` shows it."""
@@ -488,6 +524,9 @@ class SettingSearch:
         from llmplan.search.run import SwitchChoice, best_score, complete_sides, first_setting
         if self.target is not None:  # none kept a plan: what refused them, over every setting tried
             refuse_every_setting(self.target, [(t[0], t[1]) for t in self.tried])
+        chose_fsdp = self.auto_fsdp and any(t[3].megatron_fsdp for t in self.tried)
+        if chose_fsdp:  # as_run turned it on somewhere: the switches line says which way the shown plans run
+            self.tried = [({**t[0], "megatron_fsdp": t[3].megatron_fsdp}, *t[1:]) for t in self.tried]
         v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]
         res = complete_sides(res)  # priced for the result shown only (run: sides=False)
         if self.target is not None:  # the side outputs of the result shown only

@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 
 from llmplan.errors import LlmplanError, not_one_of
 from llmplan.export import bridge, deepspeed, launch, megatron, pools, torchtitan
-from llmplan.export.common import (CannotExpress, delayed_bf16_layers_refusal, fit_comments,
+from llmplan.export.common import (CannotExpress, delayed_bf16_layers_refusal, ep_overlap_refusal, fit_comments,
                                    jit_activation_refusal, refuse, swiglu_fp8_refusal)
 from llmplan.export.launch import WRAPPABLE, render_slurm, render_torchrun
 from llmplan.export.serve import check_sglang, check_vllm, render_sglang, render_vllm
@@ -247,6 +247,30 @@ def every_plan_blocks(plans: Any, target: str, plan: Callable[[int], ParallelPla
             what, _, fix = rule(plan(0))
             out.append((what, fix))
     return out
+
+
+def megatron_only(model: Any, plan: ParallelPlan) -> bool:
+    """Whether only Megatron-LM and Megatron-Bridge (MEGATRON_FSDP_TARGETS, and torchrun / slurm wrapping them)
+    run the ZeRO-2 of a search's plans holding `plan`'s switches, whatever their other axes: DeepSpeed and both
+    torchtitan releases refuse `plan` (the workload on one ZeRO-2 plan without a pipeline, with the ep > 1 its
+    MoE plans can take) by a rule that reads no other axis: an EVERY_PLAN rule, the EP all-to-all overlap and
+    the MoE dispatch (common.ep_overlap_refusal, torchtitan's check), a recipe other than float8's
+    (torchtitan.converter_refusal), or a model / dtype with no torchtitan config. An untargeted search
+    prices those plans' ZeRO-2 as Megatron-FSDP runs it (plan.megatron_fsdp, cli.search.SettingSearch.as_run),
+    so that its plans name a target that runs them as priced."""
+    from types import SimpleNamespace
+    if every_plan_reason(plan, "deepspeed") is None:
+        return False
+    moe_ep = model.is_moe and plan.ep > 1
+    if moe_ep and (ep_overlap_refusal(cast(PlanFile, SimpleNamespace(model=model, plan=plan)))[1]
+                   or plan.moe_dispatcher != "alltoall" or plan.moe_routing != "random"):
+        return True  # torchtitan's check (_check_common) refuses both releases
+    if torchtitan.converter_refusal(plan)[1]:  # both releases
+        return True
+    configs = torchtitan.CONFIGS.get(model.name)
+    no_config = {"torchtitan": configs is None or configs[2 if plan.dtype == "fp8" else 1] is None,
+                 "torchtitan-0.2": model.name not in torchtitan.FLAVORS}
+    return all(no_config[t] or every_plan_reason(plan, t) is not None for t in no_config)
 
 
 def default_wrap(pf: PlanFile) -> str:

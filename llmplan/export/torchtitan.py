@@ -215,10 +215,9 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, "the blockwise recipe (1x128 / 128x128 block scaling runs in torchao's prototype "
                      "Float8BlockwiseLinear, for which torchtitan has no converter)",
                      "export to megatron, or re-plan with --precision fp8-rowwise")
-    if p.dtype == "fp4" or (p.dtype == "fp8" and p.recipe not in ("tensorwise", "rowwise")):
-        raise refuse(target, f"the {p.recipe} recipe (this export writes torchtitan's float8 converter only; "
-                     "MXFP8 and NVFP4 live in config functions / quantize sections it does not write)",
-                     "export to megatron, or re-plan with --precision fp8-rowwise")
+    what, bad, fix = converter_refusal(p)
+    if bad:
+        raise refuse(target, what, fix)
     for what, bad, fix in (optimizer_dtype_refusal(p), param_remainders_refusal(p)):
         if bad:
             raise refuse(target, what, fix)
@@ -260,6 +259,15 @@ def _check_common(pf: PlanFile, target: str) -> None:
                            offload_layers_refusal(p), recompute_layers_refusal(p)):
         if bad:
             raise refuse(target, what, fix)
+
+
+def converter_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for a low-precision recipe other than float8 tensorwise / rowwise
+    (both releases: the export writes torchtitan's float8 converter only); reads the workload's dtype alone."""
+    return (f"the {p.recipe} recipe (this export writes torchtitan's float8 converter only; "
+            "MXFP8 and NVFP4 live in config functions / quantize sections it does not write)",
+            p.dtype == "fp4" or (p.dtype == "fp8" and p.recipe not in ("tensorwise", "rowwise")),
+            "export to megatron, or re-plan with --precision fp8-rowwise")
 
 
 def check(pf: PlanFile) -> None:
