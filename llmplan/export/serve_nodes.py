@@ -359,53 +359,77 @@ def _sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
     nodes: one server per node with that node's --dp-size (each its own DP controller); DP-attention servers
     smaller than a node: one command per server with --base-gpu-id and its own --port."""
     p, per_node = pf.plan, pf.cluster.gpus_per_node_used
-    s, copies = p.gpus_per_copy, p.copies
+    s = p.gpus_per_copy
     if s > per_node:
-        n = _span(s, per_node, "sglang", "a DP-attention server" if p.dp_attention else "a replica (tp x pp)")
-        prefill = p.phase == "prefill"
-        own = ['--dist-init-addr "$HEAD_ADDR:$DIST_PORT"', '--port "$PORT"',
-               *(['--disaggregation-bootstrap-port "$BOOTSTRAP_PORT"'] if prefill else [])]
-        nodes = [[[f"--nnodes {n}", f"--node-rank {k}", *own]] for k in range(n)]
-        note = _head_note(n, per_node, copies) + _groups_note(
-            copies, "DP-attention servers" if p.dp_attention else "replicas", s, n)
-        ports, checks = sglang_server_ports(p.attn_dp if p.dp_attention else 1, p.dp_attention, prefill, True)
-        guard = rust_guard(p.attn_dp, DIST_FIXED + 1, "DIST_PORT") if p.dp_attention else ""
-        return NodeLaunch(nodes, note, head=True, ports=ports, drop=("--dp-size",), checks=checks,
-                          endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")]] * copies, per_server=True,
-                          guard=guard)
-    if p.dp_attention and s < per_node and copies > 1:
-        if per_node % s:
-            raise refuse("sglang", f"DP-attention servers of {s} GPUs on nodes of {per_node} would straddle nodes",
-                         f"re-plan with --ep dividing {per_node}")
-        shares = _shares(copies, per_node // s)
-        stride, prefill = sglang_stride(shares[0], s, per_node), p.phase == "prefill"
-        nodes = [[[f"--base-gpu-id {j * s}", f"--port {port_word('PORT', stride * j)}",
-                   *([f"--disaggregation-bootstrap-port {port_word('BOOTSTRAP_PORT', j)}"] if prefill else [])]
-                  for j in range(m)] for m in shares]
-        ports, checks = sglang_ports(shares[0], stride, s, prefill)
-        boot = ", its KV bootstrap server at BOOTSTRAP_PORT + j (the router needs each one)" if prefill else ""
-        ends = [[(port_word("PORT", stride * j), port_word("BOOTSTRAP_PORT", j) if prefill else "")
-                 for j in range(m)] for m in shares]
-        return NodeLaunch(nodes, (f"# {copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each "
-                                  "command is one server on GPUs --base-gpu-id onward; server j of a node listens on "
-                                  f"--port PORT + {stride} j{boot}, its derived ports between; run this script "
-                                  f"{_on_nodes(len(shares))} and spread requests over the servers {ROUTER_HINT}\n"),
-                          ports=ports, checks=checks, endpoints=ends, guard=rust_guard(p.attn_dp, 0, "--port"))
+        return _sglang_server_over_nodes(pf)
+    if p.dp_attention and s < per_node and p.copies > 1:
+        return _sglang_servers_in_node(pf)
     if not p.dp_attention and p.num_gpus > per_node:
-        if per_node % s:
-            raise refuse("sglang", f"replicas of tp x pp = {s} GPUs on nodes of {per_node} would straddle nodes",
-                         f"re-plan with tp x pp dividing {per_node}")
-        shares, prefill = _shares(copies, per_node // s), p.phase == "prefill"
-        own = ['--port "$PORT"', *(['--disaggregation-bootstrap-port "$BOOTSTRAP_PORT"'] if prefill else [])]
-        nodes = [[[*([f"--dp-size {m}"] if m > 1 else []), *own]] for m in shares]
-        each = ", its replicas under its own --dp-size (one DP controller each)" if shares[0] > 1 else ""
-        ports, checks = sglang_server_ports(1, False, prefill, False)
-        return NodeLaunch(nodes, (f"# {copies} replicas over {len(shares)} nodes: one SGLang server a node{each} "
-                                  "(SGLang runs --dp-size over one node only without DP attention); run this script "
-                                  f"{_on_nodes(len(shares))} and spread requests over the servers "
-                                  f"{ROUTER_HINT}\n"), drop=("--dp-size",), ports=ports, checks=checks,
-                          endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")] for _ in shares])
+        return _sglang_replicas_over_nodes(pf)
     return None
+
+
+def _sglang_server_over_nodes(pf: PlanFile) -> NodeLaunch:
+    """One SGLang server (a replica or a DP-attention server) over n nodes: one command per node with --nnodes,
+    --node-rank and --dist-init-addr, the copies as independent groups of nodes."""
+    p, per_node = pf.plan, pf.cluster.gpus_per_node_used
+    s, copies = p.gpus_per_copy, p.copies
+    n = _span(s, per_node, "sglang", "a DP-attention server" if p.dp_attention else "a replica (tp x pp)")
+    prefill = p.phase == "prefill"
+    own = ['--dist-init-addr "$HEAD_ADDR:$DIST_PORT"', '--port "$PORT"',
+           *(['--disaggregation-bootstrap-port "$BOOTSTRAP_PORT"'] if prefill else [])]
+    nodes = [[[f"--nnodes {n}", f"--node-rank {k}", *own]] for k in range(n)]
+    note = _head_note(n, per_node, copies) + _groups_note(
+        copies, "DP-attention servers" if p.dp_attention else "replicas", s, n)
+    ports, checks = sglang_server_ports(p.attn_dp if p.dp_attention else 1, p.dp_attention, prefill, True)
+    guard = rust_guard(p.attn_dp, DIST_FIXED + 1, "DIST_PORT") if p.dp_attention else ""
+    return NodeLaunch(nodes, note, head=True, ports=ports, drop=("--dp-size",), checks=checks,
+                      endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")]] * copies, per_server=True,
+                      guard=guard)
+
+
+def _sglang_servers_in_node(pf: PlanFile) -> NodeLaunch:
+    """DP-attention servers smaller than a node: one command per server with --base-gpu-id and its own --port
+    (and bootstrap port), the servers of a node at a stride of ports; refuses servers that straddle nodes."""
+    p, per_node = pf.plan, pf.cluster.gpus_per_node_used
+    s, copies = p.gpus_per_copy, p.copies
+    if per_node % s:
+        raise refuse("sglang", f"DP-attention servers of {s} GPUs on nodes of {per_node} would straddle nodes",
+                     f"re-plan with --ep dividing {per_node}")
+    shares = _shares(copies, per_node // s)
+    stride, prefill = sglang_stride(shares[0], s, per_node), p.phase == "prefill"
+    nodes = [[[f"--base-gpu-id {j * s}", f"--port {port_word('PORT', stride * j)}",
+               *([f"--disaggregation-bootstrap-port {port_word('BOOTSTRAP_PORT', j)}"] if prefill else [])]
+              for j in range(m)] for m in shares]
+    ports, checks = sglang_ports(shares[0], stride, s, prefill)
+    boot = ", its KV bootstrap server at BOOTSTRAP_PORT + j (the router needs each one)" if prefill else ""
+    ends = [[(port_word("PORT", stride * j), port_word("BOOTSTRAP_PORT", j) if prefill else "")
+             for j in range(m)] for m in shares]
+    return NodeLaunch(nodes, (f"# {copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each "
+                              "command is one server on GPUs --base-gpu-id onward; server j of a node listens on "
+                              f"--port PORT + {stride} j{boot}, its derived ports between; run this script "
+                              f"{_on_nodes(len(shares))} and spread requests over the servers {ROUTER_HINT}\n"),
+                      ports=ports, checks=checks, endpoints=ends, guard=rust_guard(p.attn_dp, 0, "--port"))
+
+
+def _sglang_replicas_over_nodes(pf: PlanFile) -> NodeLaunch:
+    """TP replicas that fill several nodes: one server per node with that node's --dp-size (SGLang runs
+    --dp-size over one node only without DP attention); refuses replicas that straddle nodes."""
+    p, per_node = pf.plan, pf.cluster.gpus_per_node_used
+    s, copies = p.gpus_per_copy, p.copies
+    if per_node % s:
+        raise refuse("sglang", f"replicas of tp x pp = {s} GPUs on nodes of {per_node} would straddle nodes",
+                     f"re-plan with tp x pp dividing {per_node}")
+    shares, prefill = _shares(copies, per_node // s), p.phase == "prefill"
+    own = ['--port "$PORT"', *(['--disaggregation-bootstrap-port "$BOOTSTRAP_PORT"'] if prefill else [])]
+    nodes = [[[*([f"--dp-size {m}"] if m > 1 else []), *own]] for m in shares]
+    each = ", its replicas under its own --dp-size (one DP controller each)" if shares[0] > 1 else ""
+    ports, checks = sglang_server_ports(1, False, prefill, False)
+    return NodeLaunch(nodes, (f"# {copies} replicas over {len(shares)} nodes: one SGLang server a node{each} "
+                              "(SGLang runs --dp-size over one node only without DP attention); run this script "
+                              f"{_on_nodes(len(shares))} and spread requests over the servers "
+                              f"{ROUTER_HINT}\n"), drop=("--dp-size",), ports=ports, checks=checks,
+                      endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")] for _ in shares])
 
 
 def _vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
