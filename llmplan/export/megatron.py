@@ -8,7 +8,7 @@ import numpy as np
 
 from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import (without_megatron_fsdp, as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
-                                   launcher_schedule, need_mode, refuse, rendezvous_lines,
+                                   launcher_schedule, need_mode, refuse, refuse_first, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
                                    parallel_block_refusal, squared_relu,
@@ -570,9 +570,24 @@ def param_gather_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
 
 
 def check(pf: PlanFile) -> None:
+    """Refuse, with the rule and its fix, a plan the Megatron-LM script cannot run as priced, in the order a user
+    meets them: not a training plan, the hybrid stack, the model (_check_model_builds, check_model_features,
+    check_router, the EP overlap), then _check_parallel, _check_kernels and _check_optimizer."""
     need_mode(pf, "train", TARGET)
     if pf.model.is_hybrid:
         check_hybrid(pf)
+    _check_model_builds(pf)
+    check_model_features(pf)
+    check_router(pf)
+    check_ep_overlap(pf, TARGET)  # check_plan's EP-overlap rules (common.EP_OVERLAP_RULES)
+    _check_parallel(pf)
+    _check_kernels(pf)
+    _check_optimizer(pf)
+
+
+def _check_model_builds(pf: PlanFile) -> None:
+    """Refuse the model parts Megatron-LM's flags do not build (DeepSeek-V4's compressed attention, DeepSeek Sparse
+    Attention, chunked attention, a norm on the embedding output): the script would train another model."""
     if pf.model.compressed_layers or pf.model.hc_mult > 1:
         raise refuse(TARGET, f"DeepSeek-V4's compressed attention and hyper-connections ({pf.model.name}: Megatron-Core "
                      "builds them as DSv4HybridSelfAttention and HyperConnectionModule from its dev branch, configured "
@@ -592,18 +607,18 @@ def check(pf: PlanFile) -> None:
                      "--embed-layernorm; Megatron-LM at d98e8a6 has no flag for it, so the script would train "
                      "the model without it)", "export to deepspeed with a Megatron-DeepSpeed training script, "
                      "or use a spec without embedding_norm")
-    check_model_features(pf)
-    check_router(pf)
-    check_ep_overlap(pf, TARGET)  # check_plan's EP-overlap rules (common.EP_OVERLAP_RULES)
+
+
+def _check_parallel(pf: PlanFile) -> None:
+    """Refuse the ZeRO stage, Megatron-FSDP's ZeRO-2 rules, a second RoPE scaling, the fused loss, the dtype and
+    the pipeline transfers and schedule that the Megatron-LM script does not run as priced."""
     p = pf.plan
     if p.zero >= 3:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (this export writes the distributed optimizer, ZeRO-1, and "
                      "Megatron-FSDP's optim_grads, ZeRO-2; not its optim_grads_params)", "re-plan with --zero 2 "
                      "--megatron-fsdp, or --zero 1 or 0" + without_megatron_fsdp(p) + ("" if pf.model.is_hybrid else ", or export to deepspeed / "
                      "torchtitan" + without_megatron_fsdp(p)))  # they refuse hybrids
-    for what, bad, fix in fsdp_zero2_refusals(pf).values():
-        if bad:
-            raise refuse(TARGET, what, fix)
+    refuse_first(TARGET, fsdp_zero2_refusals(pf).values())
     if context_pairs(pf) and (pf.model.is_mla or pf.model.rope_scaling):
         raise refuse(TARGET, f"seq_len {p.seq_len} past max_position_embeddings {pf.model.max_position_embeddings} "
                      f"of {pf.model.name}, which already scales RoPE "
@@ -622,13 +637,17 @@ def check(pf: PlanFile) -> None:
     if launcher_schedule("megatron", p.pp_schedule) is None:
         raise refuse(TARGET, f"the {p.pp_schedule} pipeline schedule (Megatron-LM runs 1F1B and interleaved 1F1B)",
                      "re-plan with --pp-schedule 1f1b")
+
+
+def _check_kernels(pf: PlanFile) -> None:
+    """Refuse the kernels, recompute, routing and TP / expert / embedding features that Megatron-LM's flags do
+    not set as priced."""
+    p = pf.plan
     if p.swiglu_fp8_input:
         raise refuse(TARGET, "the SwiGLU input kept in fp8 (Megatron-Core's TransformerConfig."
                      "activation_func_fp8_input_store, which Megatron-LM's arguments.py at d98e8a6 excludes from "
                      "its flags)", "export to megatron-bridge, or re-plan with --no-swiglu-fp8-input")
-    for what, bad, fix in (fp8_attention_refusal(p), param_gather_refusal(p)):
-        if bad:
-            raise refuse(TARGET, what, fix)
+    refuse_first(TARGET, (fp8_attention_refusal(p), param_gather_refusal(p)))
     if p.recompute == "op":
         raise refuse(TARGET, "op-level selective checkpointing (torchtitan's per-op policy; Megatron-LM recomputes "
                      "the attention core, whole layers or a block of them)",
@@ -636,12 +655,16 @@ def check(pf: PlanFile) -> None:
     if pf.model.is_moe and p.moe_routing == "contiguous":
         raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
-    for what, bad, fix in [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
-                           *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf), parallel_block_refusal(pf),
-                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), whole_embedding_refusal(pf), connections_refusal(pf),
-                           tp_overlap_queues_refusal(pf)]:
-        if bad:
-            raise refuse(TARGET, what, fix)
+    refuse_first(TARGET, [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
+                          *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf), parallel_block_refusal(pf),
+                          torch_ring_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf),
+                          whole_embedding_refusal(pf), connections_refusal(pf), tp_overlap_queues_refusal(pf)])
+
+
+def _check_optimizer(pf: PlanFile) -> None:
+    """Refuse the gradient reduction, Muon, master and moment dtypes, remainders and fp8 recipe that
+    Megatron-Core's optimizer does not run as priced."""
+    p = pf.plan
     if p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon":  # Muon: muon_pairs' ping-pong path
         raise refuse(TARGET, "ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's "
                      "distributed optimizer reduce-scatters them)", "re-plan with --grad-reduce reduce-scatter")
@@ -652,15 +675,11 @@ def check(pf: PlanFile) -> None:
                      "(Megatron-LM's layer-wise param layout hands the AdamW parameters to a distributed optimizer "
                      "that takes no expert-parallel ones)", "re-plan with --grad-reduce all-reduce (its legacy "
                      "layer-wise path)")
-    what, bad, fix = master_dtype_refusal(p)  # before zero 0's rule: no axis makes a bf16 master export
-    if bad:
-        raise refuse(TARGET, what, fix)
+    refuse_first(TARGET, [master_dtype_refusal(p)])  # before zero 0's rule: no axis makes a bf16 master export
     if precision_aware(p) and p.zero == 0:
         raise refuse(TARGET, "the precision-aware optimizer (Adam states below fp32 or param_remainders) with zero "
                      "0: Megatron-Core runs it only in the distributed optimizer", "re-plan with --zero 1")
-    what, bad, fix = delayed_bf16_layers_refusal(p)
-    if bad:
-        raise refuse(TARGET, what, fix)
+    refuse_first(TARGET, [delayed_bf16_layers_refusal(p)])
     if p.param_remainders and not stores_remainders(pf):
         raise refuse(TARGET, f"the fp32 master kept as 16-bit remainders with fp8 current scaling (--fp8-recipe "
                      f"{fp8_recipe(pf)}: Megatron-Core keeps its own fp32 master unless the fp8 recipe is delayed "
