@@ -25,6 +25,8 @@ TARGET = "megatron"
 
 
 def model_flags(pf: PlanFile) -> list[str]:
+    """The model's architecture as Megatron-LM flags: sizes, attention and position embedding
+    (attention_pairs), norms, biases, dropout, the MoE (moe_model_pairs) and a hybrid stack's pattern."""
     m, p = pf.model, pf.plan
     llama_like = m.model_type != "gpt" and m.model_type != "gpt2"
     hybrid = m.is_hybrid  # Megatron-LM's hybrid stack: one Megatron layer per pattern symbol (export/hybrid.py)
@@ -33,7 +35,28 @@ def model_flags(pf: PlanFile) -> list[str]:
         ("--ffn-hidden-size", m.intermediate_size), ("--num-attention-heads", m.num_attention_heads),
         ("--kv-channels", m.head_dim), ("--seq-length", p.seq_len),
         ("--max-position-embeddings", max(m.max_position_embeddings, p.seq_len)),  # Megatron: >= --seq-length
+        *attention_pairs(pf),
     ]
+    pairs += [*window_pairs(pf), ("--softmax-type", "learnable" if m.attention_sinks else None), *glu_pairs(pf),
+              ("--normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm"),
+              ("--disable-bias-linear", llama_like and not m.attention_bias and not m.mlp_bias),
+              ("--add-qkv-bias", m.qkv_bias), ("--qk-layernorm", m.qk_norm),
+              ("--untie-embeddings-and-output-weights", not m.tie_word_embeddings),
+              # Megatron defaults both to 0.1; state the model's own values (0 for Llama-style models).
+              ("--attention-dropout", f"{m.attention_dropout:g}"), ("--hidden-dropout", f"{m.hidden_dropout:g}")]
+    if m.is_moe:
+        pairs += moe_model_pairs(pf)
+    if hybrid:
+        pairs += hybrid_model_pairs(pf)
+    return as_flags(pairs)
+
+
+def attention_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The attention's (flag, value) pairs: MLA's ranks and head dims or grouped-query attention, then the
+    position embedding (learned, none for Nemotron-H, else RoPE with its base, context extension, YaRN and
+    Llama 3 scaling)."""
+    m = pf.model
+    pairs: list[tuple[str, object]] = []
     if (mla := m.mla) is not None:
         pairs += [("--multi-latent-attention", True), ("--q-lora-rank", mla.q_lora_rank),
                   ("--kv-lora-rank", mla.kv_lora_rank), ("--qk-head-dim", mla.qk_nope_head_dim),
@@ -50,42 +73,39 @@ def model_flags(pf: PlanFile) -> list[str]:
         scaling = m.rope_scaling or {}
         if scaling.get("rope_type") == "llama3":
             pairs += [("--use-rope-scaling", True), ("--rope-scaling-factor", scaling.get("factor", 8.0))]
-    pairs += [*window_pairs(pf), ("--softmax-type", "learnable" if m.attention_sinks else None), *glu_pairs(pf),
-              ("--normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm"),
-              ("--disable-bias-linear", llama_like and not m.attention_bias and not m.mlp_bias),
-              ("--add-qkv-bias", m.qkv_bias), ("--qk-layernorm", m.qk_norm),
-              ("--untie-embeddings-and-output-weights", not m.tie_word_embeddings),
-              # Megatron defaults both to 0.1; state the model's own values (0 for Llama-style models).
-              ("--attention-dropout", f"{m.attention_dropout:g}"), ("--hidden-dropout", f"{m.hidden_dropout:g}")]
-    if m.is_moe:
-        freq = f'"([0]*{m.first_k_dense_replace}+[1]*{m.num_moe_layers})"' if m.first_k_dense_replace and not hybrid \
-            else None  # a hybrid pattern places its E layers itself
-        if m.mlp_layer_types is not None and not hybrid:  # MoE layers anywhere (Llama 4 Maverick: every other)
-            freq = '"[' + ",".join("1" if f == "moe" else "0" for f in m.mlp_layer_types) + ']"'
-        pairs += [("--num-experts", m.num_experts), ("--moe-router-topk", m.num_experts_per_tok),
-                  ("--moe-ffn-hidden-size", m.expert_ffn),
-                  # TransformerConfig.moe_latent_size (a flag through ArgumentGroupFactory; NVIDIA/Megatron-LM
-                  # examples/post_training/modelopt/conf/nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16.sh)
-                  ("--moe-latent-size", m.moe_latent_size),
-                  ("--moe-shared-expert-intermediate-size", m.shared_ffn or None), ("--moe-layer-freq", freq),
-                  # DeepEP runs under the flex dispatcher (TransformerConfig: moe_enable_deepep is deprecated
-                  # for --moe-flex-dispatcher-backend deepep)
-                  ("--moe-token-dispatcher-type", "flex" if p.moe_dispatcher == "deepep" else "alltoall"),
-                  # the plan's own backend: a full-iteration graph needs hybridep (check_plan cuda_graphs_flex_backend)
-                  ("--moe-flex-dispatcher-backend", p.moe_flex_backend if p.moe_dispatcher == "deepep" else None),
-                  # TransformerConfig.moe_flex_dispatcher_num_sms (a flag through ArgumentGroupFactory)
-                  ("--moe-flex-dispatcher-num-sms", p.moe_dispatch_sms if p.moe_dispatcher == "deepep" else None),
-                  # the experts' GEMM path the plan prices (common.op_fuser): one grouped kernel through
-                  # Transformer Engine's op fuser, else TEGroupedMLP's one GEMM per local expert
-                  ("--moe-grouped-gemm", True), ("--use-transformer-engine-op-fuser", op_fuser(pf)),
-                  ("--use-fused-weighted-squared-relu", op_fuser(pf) and squared_relu(m)),
-                  *router_pairs(pf),
-                  ("--overlap-moe-expert-parallel-comm", p.ep_comm_overlap),
-                  # TransformerConfig.delay_wgrad_compute (ModelParallelConfig; a flag through ArgumentGroupFactory)
-                  ("--delay-wgrad-compute", p.delay_wgrad)]
-    if hybrid:
-        pairs += hybrid_model_pairs(pf)
-    return as_flags(pairs)
+    return pairs
+
+
+def moe_model_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """A MoE model's (flag, value) pairs: experts, top-k, expert and shared sizes, the MoE layers' places, the
+    token dispatcher, the experts' GEMM path, the router (router_pairs), the EP overlap and delayed wgrad."""
+    m, p = pf.model, pf.plan
+    hybrid = m.is_hybrid
+    freq = f'"([0]*{m.first_k_dense_replace}+[1]*{m.num_moe_layers})"' if m.first_k_dense_replace and not hybrid \
+        else None  # a hybrid pattern places its E layers itself
+    if m.mlp_layer_types is not None and not hybrid:  # MoE layers anywhere (Llama 4 Maverick: every other)
+        freq = '"[' + ",".join("1" if f == "moe" else "0" for f in m.mlp_layer_types) + ']"'
+    return [("--num-experts", m.num_experts), ("--moe-router-topk", m.num_experts_per_tok),
+            ("--moe-ffn-hidden-size", m.expert_ffn),
+            # TransformerConfig.moe_latent_size (a flag through ArgumentGroupFactory; NVIDIA/Megatron-LM
+            # examples/post_training/modelopt/conf/nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16.sh)
+            ("--moe-latent-size", m.moe_latent_size),
+            ("--moe-shared-expert-intermediate-size", m.shared_ffn or None), ("--moe-layer-freq", freq),
+            # DeepEP runs under the flex dispatcher (TransformerConfig: moe_enable_deepep is deprecated
+            # for --moe-flex-dispatcher-backend deepep)
+            ("--moe-token-dispatcher-type", "flex" if p.moe_dispatcher == "deepep" else "alltoall"),
+            # the plan's own backend: a full-iteration graph needs hybridep (check_plan cuda_graphs_flex_backend)
+            ("--moe-flex-dispatcher-backend", p.moe_flex_backend if p.moe_dispatcher == "deepep" else None),
+            # TransformerConfig.moe_flex_dispatcher_num_sms (a flag through ArgumentGroupFactory)
+            ("--moe-flex-dispatcher-num-sms", p.moe_dispatch_sms if p.moe_dispatcher == "deepep" else None),
+            # the experts' GEMM path the plan prices (common.op_fuser): one grouped kernel through
+            # Transformer Engine's op fuser, else TEGroupedMLP's one GEMM per local expert
+            ("--moe-grouped-gemm", True), ("--use-transformer-engine-op-fuser", op_fuser(pf)),
+            ("--use-fused-weighted-squared-relu", op_fuser(pf) and squared_relu(m)),
+            *router_pairs(pf),
+            ("--overlap-moe-expert-parallel-comm", p.ep_comm_overlap),
+            # TransformerConfig.delay_wgrad_compute (ModelParallelConfig; a flag through ArgumentGroupFactory)
+            ("--delay-wgrad-compute", p.delay_wgrad)]
 
 
 def rope_type(m: object) -> str | None:
@@ -261,6 +281,8 @@ def check_router(pf: PlanFile) -> None:
 
 
 def parallel_flags(pf: PlanFile) -> list[str]:
+    """The plan as Megatron-LM flags: the parallel sizes, then ddp_pairs, kernel_pairs, the MoE capacity,
+    recompute_pairs, offload_pairs, precision_pairs and the CUDA graphs (cuda_graph_pairs)."""
     p, m = pf.plan, pf.model
     pairs: list[tuple[str, object]] = [
         ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp), *pipeline_pairs(pf),
@@ -277,45 +299,68 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     ]
     if m.is_moe:
         pairs += [("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp_resolved)]
-    pairs += [("--use-distributed-optimizer", p.zero in (1, 2)), ("--overlap-grad-reduce", p.overlap_grad_reduce),
-              *fsdp_pairs(pf),
-              # megatron/training/arguments.py (2a75ac12c): the distributed optimizer sharded within each of N
-              # partial data-parallel groups, the gradients all-reduced across them (docs/formulas.md#mem.hsdp)
-              ("--num-distributed-optimizer-instances", p.dp_replicate if p.dp_replicate > 1 else None),
-              ("--overlap-param-gather", p.overlap_param_gather and p.zero in (1, 2) and p.overlap_grad_reduce),
-              # core_v0.14.0 arguments.py: needs the distributed optimizer, --overlap-param-gather and
-              # --num-layers-per-virtual-pipeline-stage (check_plan: param_gather_optstep_interleaved); and since
-              # --overlap-param-gather asserts --overlap-grad-reduce there, written only beside both (a plan with
-              # the gather overlap and without the reduction's is refused: param_gather_refusal)
-              ("--overlap-param-gather-with-optimizer-step", p.overlap_param_gather_with_optimizer_step
-               and p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
-              ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
-              # Megatron-LM's defaults are the NaN check's bucket norms and the 1/dp pre-scaling before the
-              # reduction (docs/formulas.md#step.grad_buffer). The pre-scaling is off where the plan priced it
-              # off; the NaN check, a safety check, stays on (grad_nan_notes says what that costs; a
-              # full-iteration graph writes the NaN flag itself: cuda_graph_pairs)
-              ("--ddp-average-in-collective", not p.grad_prescale),
-              # the DDP bucket the plan priced (exposure.bucket_params); unset: Megatron-Core's max(40M, 1M x dp)
-              ("--ddp-bucket-size", p.dp_bucket_params),
-              # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM
-              # copy: Megatron-FSDP's optim_grads without the fusion, each gradient copied into its bucket
-              ("--no-gradient-accumulation-fusion", p.grad_accumulation in ("add", "copy")),
-              ("--no-rope-fusion", not p.rope_fusion),  # Megatron-Core's eager rotary (apply_rope_fusion off)
-              # batch_p2p_comm: the interleaved exchanges waited for and synchronised (step.pp_blocking)
-              ("--no-overlap-p2p-communication", p.pp_blocking_sends and p.pp > 1 and p.vpp > 1),
-              # the fused loss llmplan priced (Megatron-LM's default is the unfused vocab-parallel cross
-              # entropy, docs/formulas.md#compute.loss); its default --cross-entropy-fusion-impl native
-              ("--cross-entropy-loss-fusion", p.fused_loss),
-              # which fused loss (fused_loss_impl; te is refused below: d98e8a6 rejects it with the fusion)
-              ("--cross-entropy-fusion-impl", "native" if p.fused_loss else None),
-              # Megatron-Core's backends: flash = the flash-attn package (FlashAttention-2), fused = cuDNN /
-              # Transformer Engine (the native kernel, and the default it picks), unfused = scores in memory.
-              ("--attention-backend", None if p.flash_attention and p.attention_kernel == "native"
-               else ("flash" if p.flash_attention else "unfused")),
-              ("--micro-batch-size", p.micro_batch), ("--global-batch-size", p.global_batch)]
+    pairs += ddp_pairs(pf) + kernel_pairs(pf)
     if m.is_moe and p.moe_capacity_factor is not None:
         pairs += [("--moe-expert-capacity-factor", f"{p.moe_capacity_factor:g}"),
                   ("--moe-pad-expert-input-to-capacity", True)]
+    pairs += recompute_pairs(pf) + offload_pairs(pf) + precision_pairs(pf)
+    return as_flags(pairs + cuda_graph_pairs(pf))
+
+
+def ddp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The data-parallel side as priced: the distributed optimizer or Megatron-FSDP (fsdp_pairs), optimizer
+    instances, the reduction and gather overlaps, TP overlap, the in-collective average, the bucket and the
+    gradient accumulation fusion."""
+    p = pf.plan
+    return [("--use-distributed-optimizer", p.zero in (1, 2)), ("--overlap-grad-reduce", p.overlap_grad_reduce),
+            *fsdp_pairs(pf),
+            # megatron/training/arguments.py (2a75ac12c): the distributed optimizer sharded within each of N
+            # partial data-parallel groups, the gradients all-reduced across them (docs/formulas.md#mem.hsdp)
+            ("--num-distributed-optimizer-instances", p.dp_replicate if p.dp_replicate > 1 else None),
+            ("--overlap-param-gather", p.overlap_param_gather and p.zero in (1, 2) and p.overlap_grad_reduce),
+            # core_v0.14.0 arguments.py: needs the distributed optimizer, --overlap-param-gather and
+            # --num-layers-per-virtual-pipeline-stage (check_plan: param_gather_optstep_interleaved); and since
+            # --overlap-param-gather asserts --overlap-grad-reduce there, written only beside both (a plan with
+            # the gather overlap and without the reduction's is refused: param_gather_refusal)
+            ("--overlap-param-gather-with-optimizer-step", p.overlap_param_gather_with_optimizer_step
+             and p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
+            ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
+            # Megatron-LM's defaults are the NaN check's bucket norms and the 1/dp pre-scaling before the
+            # reduction (docs/formulas.md#step.grad_buffer). The pre-scaling is off where the plan priced it
+            # off; the NaN check, a safety check, stays on (grad_nan_notes says what that costs; a
+            # full-iteration graph writes the NaN flag itself: cuda_graph_pairs)
+            ("--ddp-average-in-collective", not p.grad_prescale),
+            # the DDP bucket the plan priced (exposure.bucket_params); unset: Megatron-Core's max(40M, 1M x dp)
+            ("--ddp-bucket-size", p.dp_bucket_params),
+            # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM
+            # copy: Megatron-FSDP's optim_grads without the fusion, each gradient copied into its bucket
+            ("--no-gradient-accumulation-fusion", p.grad_accumulation in ("add", "copy"))]
+
+
+def kernel_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """RoPE fusion, the interleaved pipeline's exchanges, the fused loss, the attention backend and the batch
+    sizes."""
+    p = pf.plan
+    return [("--no-rope-fusion", not p.rope_fusion),  # Megatron-Core's eager rotary (apply_rope_fusion off)
+            # batch_p2p_comm: the interleaved exchanges waited for and synchronised (step.pp_blocking)
+            ("--no-overlap-p2p-communication", p.pp_blocking_sends and p.pp > 1 and p.vpp > 1),
+            # the fused loss llmplan priced (Megatron-LM's default is the unfused vocab-parallel cross
+            # entropy, docs/formulas.md#compute.loss); its default --cross-entropy-fusion-impl native
+            ("--cross-entropy-loss-fusion", p.fused_loss),
+            # which fused loss (fused_loss_impl; te is refused below: d98e8a6 rejects it with the fusion)
+            ("--cross-entropy-fusion-impl", "native" if p.fused_loss else None),
+            # Megatron-Core's backends: flash = the flash-attn package (FlashAttention-2), fused = cuDNN /
+            # Transformer Engine (the native kernel, and the default it picks), unfused = scores in memory.
+            ("--attention-backend", None if p.flash_attention and p.attention_kernel == "native"
+             else ("flash" if p.flash_attention else "unfused")),
+            ("--micro-batch-size", p.micro_batch), ("--global-batch-size", p.global_batch)]
+
+
+def recompute_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The recompute as priced: selective modules (recompute_module_pairs), the first N layers of each chunk in a
+    block, or every layer; none without recompute."""
+    p = pf.plan
+    pairs: list[tuple[str, object]] = []
     if p.recompute == "selective":
         pairs += [("--recompute-granularity", "selective"), *recompute_module_pairs(pf)]
     elif p.recompute == "full" and p.recompute_layers is not None:  # the first N layers of each virtual chunk
@@ -323,8 +368,15 @@ def parallel_flags(pf: PlanFile) -> list[str]:
                   ("--recompute-num-layers", p.recompute_layers)]
     elif p.recompute == "full":
         pairs += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
+    return pairs
+
+
+def offload_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """Activation offloading as priced: whole layers (--cpu-offloading-num-layers) and the fine-grained modules
+    with their in-flight cap under full-iteration graphs."""
+    p = pf.plan
     # Megatron-LM arguments.py (d98e8a6): --cpu-offloading-num-layers N > 0 sets cpu_offloading (activations only)
-    pairs += [("--cpu-offloading-num-layers", p.offload_layers or None)]
+    pairs: list[tuple[str, object]] = [("--cpu-offloading-num-layers", p.offload_layers or None)]
     # Megatron-LM fine-grained activation offloading (docs/user-guide/features/fine_grained_activation_offloading.md
     # at 2a75ac12c): the experts' fc1 output is the moe_act module's input; offload_modules as Megatron names
     # them (space-separated after the flag, as --recompute-modules: arguments.py nargs '*', d98e8a64dd)
@@ -339,16 +391,22 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               # waits, it holds no extra HBM (docs/formulas.md#mem.offload_modules)
               ("--fine-grained-offloading-max-inflight-offloads",
                1 if off and p.cuda_graphs == "full-iteration" else None)]
+    return pairs
+
+
+def precision_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The training precision: bf16 / fp16, the fp8 or fp4 format and recipe, the low-precision weight gathers,
+    bf16 gradient reduction, optimizer states (optimizer_state_pairs), bf16 layers and Muon (muon_pairs)."""
+    p = pf.plan
     recipe = fp8_recipe(pf)
-    pairs += [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
-              ("--fp8-format", ("e4m3" if recipe in ("blockwise", "mxfp8") else "hybrid") if p.dtype == "fp8" else None),
-              ("--fp8-recipe", recipe),
-              ("--fp4-format", "e2m1" if p.dtype == "fp4" else None), ("--fp4-recipe", "nvfp4" if p.dtype == "fp4" else None),
-              ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
-              ("--fp4-param-gather", p.dtype == "fp4" and p.fp8_params),
-              ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32"), *optimizer_state_pairs(pf),
-              *bf16_layer_pairs(pf), *muon_pairs(pf)]
-    return as_flags(pairs + cuda_graph_pairs(pf))
+    return [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
+            ("--fp8-format", ("e4m3" if recipe in ("blockwise", "mxfp8") else "hybrid") if p.dtype == "fp8" else None),
+            ("--fp8-recipe", recipe),
+            ("--fp4-format", "e2m1" if p.dtype == "fp4" else None), ("--fp4-recipe", "nvfp4" if p.dtype == "fp4" else None),
+            ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
+            ("--fp4-param-gather", p.dtype == "fp4" and p.fp8_params),
+            ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32"), *optimizer_state_pairs(pf),
+            *bf16_layer_pairs(pf), *muon_pairs(pf)]
 
 
 def muon_pairs(pf: PlanFile) -> list[tuple[str, object]]:
