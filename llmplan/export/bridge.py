@@ -208,18 +208,23 @@ def cuda_graphs_refusal(p: Any) -> tuple[str, bool, str]:
             "recipe, which this export does not write)", p.cuda_graphs != "none", "export to megatron")
 
 
+def _quant_recipe_refusal(what: str, modules: Any, flag: str) -> tuple[str, bool, str]:
+    """Modules the plan runs at another precision (`what`), which Megatron-Bridge sets only through
+    model.quant_recipe: (what, whether the plan lists any, fix: the Megatron-LM export, or re-plan without
+    `flag`)."""
+    return (f"{what} ({', '.join(modules)}: Megatron-Bridge sets them with model.quant_recipe, a RecipeConfig "
+            "object that a KEY=VALUE override cannot hold)", bool(modules),
+            f"export to megatron (--te-precision-config-file), or re-plan without {flag}")
+
+
 def bf16_modules_refusal(p: Any) -> tuple[str, bool, str]:
     """Modules kept in bf16, refused whatever else the plan sets (export.EVERY_PLAN)."""
-    return (f"modules kept in bf16 ({', '.join(p.bf16_modules)}: Megatron-Bridge sets them with model.quant_recipe, "
-            "a RecipeConfig object that a KEY=VALUE override cannot hold)", bool(p.bf16_modules),
-            "export to megatron (--te-precision-config-file), or re-plan without --bf16-modules")
+    return _quant_recipe_refusal("modules kept in bf16", p.bf16_modules, "--bf16-modules")
 
 
 def mxfp8_modules_refusal(p: Any) -> tuple[str, bool, str]:
     """Modules run in MXFP8 under NVFP4, refused whatever else the plan sets (export.EVERY_PLAN)."""
-    return (f"modules run in MXFP8 under NVFP4 ({', '.join(p.mxfp8_modules)}: Megatron-Bridge sets them with "
-            "model.quant_recipe, a RecipeConfig object that a KEY=VALUE override cannot hold)", bool(p.mxfp8_modules),
-            "export to megatron (--te-precision-config-file), or re-plan without --mxfp8-modules")
+    return _quant_recipe_refusal("modules run in MXFP8 under NVFP4", p.mxfp8_modules, "--mxfp8-modules")
 
 
 def check(pf: PlanFile) -> None:
