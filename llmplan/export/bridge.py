@@ -15,7 +15,7 @@ from llmplan.cost.params import stage_layer_list
 from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import (without_megatron_fsdp, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
-                                   megatron_layout, pp_sync_notes, need_mode, op_fuser, refuse, rendezvous_lines, sh_header,
+                                   megatron_layout, pp_sync_notes, need_mode, op_fuser, refuse, refuse_first, rendezvous_lines, sh_header,
                                    squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
                                    parallel_block_refusal,
                                    torch_ring_refusal)
@@ -108,13 +108,9 @@ def preset_refusal(p: Any) -> tuple[str, bool, str]:
 
 def preset(pf: PlanFile) -> str:
     p = pf.plan
-    what, bad, fix = preset_refusal(p)
-    if bad:
-        raise refuse(TARGET, what, fix)
+    refuse_first(TARGET, [preset_refusal(p)])
     counts = bf16_layer_counts(p, pf.model.num_hidden_layers)
-    for what, bad, fix in (delayed_bf16_layers_refusal(p), preset_layers_refusal(p, counts)):
-        if bad:
-            raise refuse(TARGET, what, fix)
+    refuse_first(TARGET, (delayed_bf16_layers_refusal(p), preset_layers_refusal(p, counts)))
     return preset_layers(p, counts)[0]
 
 
@@ -212,23 +208,30 @@ def cuda_graphs_refusal(p: Any) -> tuple[str, bool, str]:
             "recipe, which this export does not write)", p.cuda_graphs != "none", "export to megatron")
 
 
+def _quant_recipe_refusal(what: str, modules: Any, flag: str) -> tuple[str, bool, str]:
+    """Modules the plan runs at another precision (`what`), which Megatron-Bridge sets only through
+    model.quant_recipe: (what, whether the plan lists any, fix: the Megatron-LM export, or re-plan without
+    `flag`)."""
+    return (f"{what} ({', '.join(modules)}: Megatron-Bridge sets them with model.quant_recipe, a RecipeConfig "
+            "object that a KEY=VALUE override cannot hold)", bool(modules),
+            f"export to megatron (--te-precision-config-file), or re-plan without {flag}")
+
+
 def bf16_modules_refusal(p: Any) -> tuple[str, bool, str]:
     """Modules kept in bf16, refused whatever else the plan sets (export.EVERY_PLAN)."""
-    return (f"modules kept in bf16 ({', '.join(p.bf16_modules)}: Megatron-Bridge sets them with model.quant_recipe, "
-            "a RecipeConfig object that a KEY=VALUE override cannot hold)", bool(p.bf16_modules),
-            "export to megatron (--te-precision-config-file), or re-plan without --bf16-modules")
+    return _quant_recipe_refusal("modules kept in bf16", p.bf16_modules, "--bf16-modules")
 
 
 def mxfp8_modules_refusal(p: Any) -> tuple[str, bool, str]:
     """Modules run in MXFP8 under NVFP4, refused whatever else the plan sets (export.EVERY_PLAN)."""
-    return (f"modules run in MXFP8 under NVFP4 ({', '.join(p.mxfp8_modules)}: Megatron-Bridge sets them with "
-            "model.quant_recipe, a RecipeConfig object that a KEY=VALUE override cannot hold)", bool(p.mxfp8_modules),
-            "export to megatron (--te-precision-config-file), or re-plan without --mxfp8-modules")
+    return _quant_recipe_refusal("modules run in MXFP8 under NVFP4", p.mxfp8_modules, "--mxfp8-modules")
 
 
 def check(pf: PlanFile) -> None:
+    """Refuse, with the rule and its fix, a plan Megatron-Bridge cannot run as priced: not a training plan, a
+    hybrid stack, a model without a recipe, then the first of _layout_rules and _feature_rules the plan has."""
     need_mode(pf, "train", TARGET)
-    p, m = pf.plan, pf.model
+    m = pf.model
     if m.is_hybrid:
         # Megatron-Bridge r0.6.0 (6124fbe) has recipes for the Nemotron-3 models (recipes/nemotronh), built by
         # models/hybrid/hybrid_provider.py, whose hybrid_layer_pattern carries the pipeline split ('|') and the
@@ -239,7 +242,17 @@ def check(pf: PlanFile) -> None:
     if m.name not in RECIPES:
         raise refuse(TARGET, f"Megatron-Bridge {VERSION} has no pretrain recipe for {m.name} (recipes for "
                      f"{', '.join(sorted(RECIPES))})", "export to megatron")
-    rules = [
+    refuse_first(TARGET, _layout_rules(pf) + _feature_rules(pf))
+    check_ep_overlap(pf, TARGET)  # check_plan's EP-overlap rules (common.EP_OVERLAP_RULES)
+    preset(pf)
+
+
+def _layout_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
+    """(what, whether the plan has it, fix) for the parallel layout, schedule, kernels, recompute and routing
+    that Megatron-Bridge does not run as priced; check refuses the first the plan has, these before
+    _feature_rules."""
+    p, m = pf.plan, pf.model
+    return [
         ("1F1B pipeline transfers one at a time (pp_unbatched_sends: DeepSpeed's pipeline engine; Megatron-Core "
          "pairs each send with a receive in one exchange)", p.pp_unbatched_sends and p.pp > 1,
          "re-plan with --no-pp-unbatched-sends, or export to deepspeed"),
@@ -265,6 +278,14 @@ def check(pf: PlanFile) -> None:
          "re-plan with --recompute selective or full, or export to torchtitan"),
         ("contiguous MoE routing (NeMo AutoModel's benchmark gate)", m.is_moe and p.moe_routing == "contiguous",
          "re-plan with --moe-routing random"),
+    ]
+
+
+def _feature_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
+    """(what, whether the plan has it, fix) for the attention kernel, TP overlap, optimizer precision, DeepSeek-V4
+    attention, CUDA graphs and context length that Megatron-Bridge's overrides cannot set as priced."""
+    p, m = pf.plan, pf.model
+    return [
         attention_kernel_refusal(p),
         # the EP overlap and delay_wgrad need no CommOverlapConfig: they are TransformerConfig fields (ep_overlap)
         ("TP communication overlap (Megatron-Bridge turns it on with a CommOverlapConfig object holding a "
@@ -289,11 +310,6 @@ def check(pf: PlanFile) -> None:
          "the context extension's RoPE scaling, which this export does not write", p.seq_len > m.max_position_embeddings,
          "export to megatron (it writes YaRN), or re-plan with --seq-len at most max_position_embeddings"),
     ]
-    for what, bad, fix in rules:
-        if bad:
-            raise refuse(TARGET, what, fix)
-    check_ep_overlap(pf, TARGET)  # check_plan's EP-overlap rules (common.EP_OVERLAP_RULES)
-    preset(pf)
 
 
 def ep_overlap(pf: PlanFile) -> list[tuple[str, object]]:
@@ -385,8 +401,19 @@ def router_overrides(pf: PlanFile) -> list[tuple[str, object]]:
 def overrides(pf: PlanFile) -> list[tuple[str, object]]:
     """(ConfigContainer key, value) for the plan: parallelism, stages, batch, length, recompute, MoE dispatch,
     DDP / optimizer and precision. The recipe's own settings for these are overwritten, not inherited."""
-    p, m = pf.plan, pf.model
-    low_states = precision_aware(p)
+    p = pf.plan
+    out = (parallel_overrides(pf) + (moe_overrides(pf) if pf.model.is_moe else []) + model_overrides(pf)
+           + train_overrides(pf) + ddp_optimizer_overrides(pf))
+    out += muon_overrides(pf)  # after the preset, whose low-precision weight gather it turns off
+    if p.fp8_attention:  # MixedPrecisionConfig.fp8_dot_product_attention, after the preset that it amends
+        out.append(("mixed_precision.fp8_dot_product_attention", True))
+    return out
+
+
+def parallel_overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """The parallel sizes, the stage layout (stage_overrides) and the context-parallel communication the plan
+    priced, as model fields of the ConfigContainer."""
+    p = pf.plan
     out: list[tuple[str, object]] = [
         ("model.tensor_model_parallel_size", p.tp), ("model.pipeline_model_parallel_size", p.pp),
         ("model.virtual_pipeline_model_parallel_size", p.vpp if p.vpp > 1 else None),
@@ -399,23 +426,38 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
         # docs/fern/versions/0.4.2/pages/skills/perf-techniques/hybrid-context-parallel/SKILL.mdx:
         # cfg.model.hierarchical_context_parallel_sizes = [2, 2])
         out.append(("model.hierarchical_context_parallel_sizes", f"[{p.cp_a2a_size},{p.cp // p.cp_a2a_size}]"))
-    if m.is_moe:
-        flex = p.moe_dispatcher == "deepep"
-        out += [("model.expert_model_parallel_size", p.ep), ("model.expert_tensor_parallel_size", p.etp_resolved),
-                ("model.moe_token_dispatcher_type", "flex" if flex else "alltoall"),
-                ("model.moe_flex_dispatcher_backend", p.moe_flex_backend if flex else None),
-                ("model.moe_expert_capacity_factor", p.moe_capacity_factor),
-                ("model.moe_pad_expert_input_to_capacity", p.moe_capacity_factor is not None),
-                # the experts' GEMM path the plan prices (common.op_fuser; its environment in the script)
-                ("model.use_transformer_engine_op_fuser", op_fuser(pf)),
-                *router_overrides(pf)]
-        if op_fuser(pf) and squared_relu(m):  # the fused grouped MLP's squared-ReLU kernel (common.op_fuser)
-            out.append(("model.use_fused_weighted_squared_relu", True))
-        if flex:
-            out.append(("model.moe_shared_expert_overlap", False))  # as apply_flex_dispatcher_backend sets it
-        out += ep_overlap(pf)
-        if flex and p.moe_dispatch_sms is not None:  # else the recipe's own (Megatron-Core: 20 for DeepEP)
-            out.append(("model.moe_flex_dispatcher_num_sms", p.moe_dispatch_sms))
+    return out
+
+
+def moe_overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """A MoE model's expert parallelism, token dispatcher, capacity, expert GEMM path, router (router_overrides)
+    and EP overlap (ep_overlap), as model fields of the ConfigContainer."""
+    p, m = pf.plan, pf.model
+    flex = p.moe_dispatcher == "deepep"
+    out: list[tuple[str, object]] = [
+        ("model.expert_model_parallel_size", p.ep), ("model.expert_tensor_parallel_size", p.etp_resolved),
+        ("model.moe_token_dispatcher_type", "flex" if flex else "alltoall"),
+        ("model.moe_flex_dispatcher_backend", p.moe_flex_backend if flex else None),
+        ("model.moe_expert_capacity_factor", p.moe_capacity_factor),
+        ("model.moe_pad_expert_input_to_capacity", p.moe_capacity_factor is not None),
+        # the experts' GEMM path the plan prices (common.op_fuser; its environment in the script)
+        ("model.use_transformer_engine_op_fuser", op_fuser(pf)),
+        *router_overrides(pf)]
+    if op_fuser(pf) and squared_relu(m):  # the fused grouped MLP's squared-ReLU kernel (common.op_fuser)
+        out.append(("model.use_fused_weighted_squared_relu", True))
+    if flex:
+        out.append(("model.moe_shared_expert_overlap", False))  # as apply_flex_dispatcher_backend sets it
+    out += ep_overlap(pf)
+    if flex and p.moe_dispatch_sms is not None:  # else the recipe's own (Megatron-Core: 20 for DeepEP)
+        out.append(("model.moe_flex_dispatcher_num_sms", p.moe_dispatch_sms))
+    return out
+
+
+def model_overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """The model features the plan priced over the recipe's: MTP layers, the SwiGLU fp8 input, activation
+    offloading, optimizer instances, gradient accumulation fusion, interleaved pipeline sends, RoPE fusion."""
+    p, m = pf.plan, pf.model
+    out: list[tuple[str, object]] = []
     if m.num_nextn_predict_layers:
         out.append(("model.mtp_num_layers", m.num_nextn_predict_layers))
     elif p.mtp_layers == 0:  # --mtp-layers 0 turns off a recipe's own MTP (deepseek_v3_pretrain_config sets 1:
@@ -443,7 +485,14 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
         out += [("model.overlap_p2p_comm", not p.pp_blocking_sends), ("model.batch_p2p_comm", p.pp_blocking_sends)]
     if not p.rope_fusion:  # TransformerConfig.apply_rope_fusion: Megatron-Core's eager rotary
         out.append(("model.apply_rope_fusion", False))
-    out += [*recompute_overrides(pf), ("model.cross_entropy_loss_fusion", p.fused_loss),
+    return out
+
+
+def train_overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """Recompute (recompute_overrides), the loss fusion, the sequence length and batch sizes, the manual garbage
+    collection and the dataset's attention mask."""
+    p = pf.plan
+    return [*recompute_overrides(pf), ("model.cross_entropy_loss_fusion", p.fused_loss),
             # ModelParallelConfig.cross_entropy_fusion_impl (ParallelPlan.fused_loss_impl)
             ("model.cross_entropy_fusion_impl", p.fused_loss_impl),
             ("model.seq_length", p.seq_len), ("dataset.seq_length", p.seq_len),
@@ -454,39 +503,45 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
             # attention this export writes (native flash only: attention_kernel_refusal) ignores it, so the loader
             # need not build, stack and pin an s x s mask per sample (perf_recipes/gpt_oss/common.py at 6124fbe)
             ("train.manual_gc", True), ("train.manual_gc_interval", MANUAL_GC_INTERVAL),
-            ("dataset.create_attention_mask", False),
-            # Muon's layer-wise optimizer runs beside an all-reducing DDP (muon_overrides)
-            # ZeRO-2 too: Megatron-FSDP's v1 sets both (fsdp_overrides), written so that it does not print
-            ("ddp.use_distributed_optimizer", p.zero in (1, 2) and p.optimizer != "muon"),
-            ("optimizer.use_distributed_optimizer", p.zero in (1, 2) and p.optimizer != "muon"),
-            ("ddp.use_megatron_fsdp", p.zero == 2), *fsdp_overrides(pf),
-            ("ddp.overlap_grad_reduce", p.overlap_grad_reduce),
-            # DistributedDataParallelConfig: the NaN check's bucket norms and the 1/dp pre-scaling the plan prices
-            ("ddp.check_for_nan_in_grad", p.grad_nan_check), ("ddp.average_in_collective", not p.grad_prescale),
-            # the DDP bucket the plan priced (exposure.bucket_params): comm_overlap is null, so nothing sets
-            # CommOverlapConfig's 128 x 2^20; None leaves Megatron-Core's max(40M, 1M x dp)
-            *([("ddp.bucket_size", p.dp_bucket_params)] if p.dp_bucket_params is not None else []),
-            # without overlap_grad_reduce too: Megatron-Bridge calls no validate_args, and Megatron-Core runs the
-            # gather overlap with one bucket a chunk (the DeepSeek-V3 H100 card, perf_recipes/deepseek/h100/
-            # deepseek_v3.py at 79308d0d9; docs/formulas.md#step.dp_one_bucket)
-            # ZeRO-2 (Megatron-FSDP): the updated weights gathered per bucket ahead of the next forward
-            ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero in (1, 2)),
-            # the plan's master weights and Adam moments (DeepSeek-V3's recipe keeps bf16 moments), through
-            # Transformer Engine's precision-aware FusedAdam when either is below fp32
-            ("optimizer.use_precision_aware_optimizer", low_states),
-            ("optimizer.main_params_dtype", TORCH_DTYPES[p.optimizer_master_dtype]),
-            ("optimizer.main_grads_dtype", "float32"),
-            *((f"optimizer.{k}", TORCH_DTYPES[p.optimizer_moment_dtype]) for k in ("exp_avg_dtype",
-                                                                                   "exp_avg_sq_dtype")),
-            ("comm_overlap", None), ("mixed_precision", preset(pf))]
+            ("dataset.create_attention_mask", False)]
+
+
+def ddp_optimizer_overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """The DDP and optimizer settings the plan priced (distributed optimizer or Megatron-FSDP, gradient reduction
+    and gather overlap, bucket, master and moment dtypes), then comm_overlap null and the precision preset, which
+    stay the last two entries."""
+    p = pf.plan
+    low_states = precision_aware(p)
+    out: list[tuple[str, object]] = [
+        # Muon's layer-wise optimizer runs beside an all-reducing DDP (muon_overrides)
+        # ZeRO-2 too: Megatron-FSDP's v1 sets both (fsdp_overrides), written so that it does not print
+        ("ddp.use_distributed_optimizer", p.zero in (1, 2) and p.optimizer != "muon"),
+        ("optimizer.use_distributed_optimizer", p.zero in (1, 2) and p.optimizer != "muon"),
+        ("ddp.use_megatron_fsdp", p.zero == 2), *fsdp_overrides(pf),
+        ("ddp.overlap_grad_reduce", p.overlap_grad_reduce),
+        # DistributedDataParallelConfig: the NaN check's bucket norms and the 1/dp pre-scaling the plan prices
+        ("ddp.check_for_nan_in_grad", p.grad_nan_check), ("ddp.average_in_collective", not p.grad_prescale),
+        # the DDP bucket the plan priced (exposure.bucket_params): comm_overlap is null, so nothing sets
+        # CommOverlapConfig's 128 x 2^20; None leaves Megatron-Core's max(40M, 1M x dp)
+        *([("ddp.bucket_size", p.dp_bucket_params)] if p.dp_bucket_params is not None else []),
+        # without overlap_grad_reduce too: Megatron-Bridge calls no validate_args, and Megatron-Core runs the
+        # gather overlap with one bucket a chunk (the DeepSeek-V3 H100 card, perf_recipes/deepseek/h100/
+        # deepseek_v3.py at 79308d0d9; docs/formulas.md#step.dp_one_bucket)
+        # ZeRO-2 (Megatron-FSDP): the updated weights gathered per bucket ahead of the next forward
+        ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero in (1, 2)),
+        # the plan's master weights and Adam moments (DeepSeek-V3's recipe keeps bf16 moments), through
+        # Transformer Engine's precision-aware FusedAdam when either is below fp32
+        ("optimizer.use_precision_aware_optimizer", low_states),
+        ("optimizer.main_params_dtype", TORCH_DTYPES[p.optimizer_master_dtype]),
+        ("optimizer.main_grads_dtype", "float32"),
+        *((f"optimizer.{k}", TORCH_DTYPES[p.optimizer_moment_dtype]) for k in ("exp_avg_dtype",
+                                                                               "exp_avg_sq_dtype")),
+        ("comm_overlap", None), ("mixed_precision", preset(pf))]
     if p.overlap_param_gather_with_optimizer_step:  # OptimizerConfig's flag, which get_model's disable_bucketing
         # reads too (Megatron-Bridge v0.2.0 src/megatron/bridge/training/setup.py line 212)
         out.insert(len(out) - 2, ("optimizer.overlap_param_gather_with_optimizer_step", True))
     if low_states:  # OptimizerConfig.store_param_remainders (default True): written out, as the plan prices it
         out.insert(len(out) - 2, ("optimizer.store_param_remainders", p.param_remainders))
-    out += muon_overrides(pf)  # after the preset, whose low-precision weight gather it turns off
-    if p.fp8_attention:  # MixedPrecisionConfig.fp8_dot_product_attention, after the preset that it amends
-        out.append(("mixed_precision.fp8_dot_product_attention", True))
     return out
 
 

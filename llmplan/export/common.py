@@ -25,6 +25,14 @@ def refuse(target: str, what: str, fix: str) -> CannotExpress:
     return CannotExpress(f"{target} cannot express this plan: {what}; {fix}")
 
 
+def refuse_first(target: str, rules: Iterable[tuple[str, Any, str]]) -> None:
+    """Raise refuse(target, what, fix) for the first rule (what, whether the plan has it, fix) the plan has; the
+    order of the rules is the order of the refusals a user meets."""
+    for what, bad, fix in rules:
+        if bad:
+            raise refuse(target, what, fix)
+
+
 LAUNCHER_SCHEDULES: dict[str, dict[str, tuple[str, str | None] | None]] = {
     # Megatron-LM / Megatron-Core: 1F1B by default, interleaved with virtual stages (no schedule flag);
     # pipeline_parallel/schedules.py has neither zero-bubble nor DualPipe.

@@ -6,7 +6,7 @@ import json
 
 from llmplan.export.common import (WIDTH, accumulation_notes, check_accumulation, comment_strings, header_lines,
                                    is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
-                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, delay_wgrad_refusal, refuse, router_fusion_refusal, router_padding_refusal, sh_header, swiglu_fp8_refusal, megatron_fsdp_refusal,
+                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, delay_wgrad_refusal, refuse, refuse_first, router_fusion_refusal, router_padding_refusal, sh_header, swiglu_fp8_refusal, megatron_fsdp_refusal,
                                    jit_activation_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
@@ -191,22 +191,30 @@ def pipelined_autotp_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
 
 
 def check(pf: PlanFile) -> None:
+    """Refuse, with the rule and its fix, a plan DeepSpeed cannot run as priced: not a training plan, the
+    optimizer and the EVERY_PLAN rules, AutoTP or the pipeline engine under a ZeRO stage they refuse, then the
+    first of _feature_rules and _layout_rules the plan has; last the gradient settings (check_grads)."""
     need_mode(pf, "train", TARGET)
     p = pf.plan
     # the optimizer first: no other change to the plan makes DeepSpeed run it, so a search's walk names it
-    for what, bad, fix in (
+    refuse_first(TARGET, (
         muon_refusal(p),
         kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), delay_wgrad_refusal(pf), router_fusion_refusal(pf), router_padding_refusal(pf),
-    ):
-        if bad:
-            raise refuse(TARGET, what, fix)
+    ))
     if p.tp > 1 and p.zero >= 3:
         raise refuse(TARGET, f"tensor parallelism (AutoTP, tp {p.tp}) with ZeRO stage 3 (DeepSpeed's AutoTP training "
                      "supports ZeRO stages 0-2)", "re-plan with --zero 2 or --tp 1, or export to torchtitan")
     if p.pp > 1 and p.zero >= 2:
         raise refuse(TARGET, f"pipeline parallelism (pp {p.pp}) with ZeRO stage {p.zero} (DeepSpeed's pipeline engine "
                      "refuses ZeRO-2 and ZeRO-3)", "re-plan with --zero 1 or --pp 1, or export to megatron")
-    for what, bad, fix in (
+    refuse_first(TARGET, _feature_rules(p) + _layout_rules(pf))
+    check_grads(pf)
+
+
+def _feature_rules(p: ParallelPlan) -> list[tuple[str, bool, str]]:
+    """(what, whether the plan has it, fix) for the parallel axes, precision, optimizer dtypes, kernels and
+    offloading that DeepSpeed does not run; check refuses these before _layout_rules."""
+    return [
         context_parallel_refusal(p),
         grad_checks_refusal(p),
         expert_parallel_refusal(p),
@@ -227,6 +235,15 @@ def check(pf: PlanFile) -> None:
         offload_modules_refusal(p),
         fp8_attention_refusal(p),
         pipelined_autotp_refusal(p),  # after the EVERY_PLAN rules, which a plan with it may also meet
+    ]
+
+
+def _layout_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
+    """(what, whether the plan has it, fix) for the recompute, stage layout and pipeline exchanges DeepSpeed does
+    not run, then the switches of the plan's pricing (tp_synced, fused loss, split embedding, overlapped gather),
+    last."""
+    p = pf.plan
+    return [
         ("op-level selective checkpointing (torchtitan's per-op policy; DeepSpeed checkpoints whole layers)",
          p.recompute == "op", "re-plan with --recompute full or export to torchtitan"),
         (f"Megatron's per-module recompute ({', '.join(p.recompute_modules)}; DeepSpeed checkpoints whole layers)",
@@ -245,10 +262,7 @@ def check(pf: PlanFile) -> None:
         fused_loss_refusal(p),
         split_embedding_refusal(pf),
         overlapped_gather_refusal(p),
-    ):
-        if bad:
-            raise refuse(TARGET, what, fix)
-    check_grads(pf)
+    ]
 
 
 # DeepSpeed 0.19.8 picks the optimizer wrapper from (model dtype, data_types.grad_accum_dtype, ZeRO stage,

@@ -8,7 +8,7 @@ import numpy as np
 
 from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import (without_megatron_fsdp, as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
-                                   launcher_schedule, need_mode, refuse, rendezvous_lines,
+                                   launcher_schedule, need_mode, refuse, refuse_first, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
                                    parallel_block_refusal, squared_relu,
@@ -25,6 +25,8 @@ TARGET = "megatron"
 
 
 def model_flags(pf: PlanFile) -> list[str]:
+    """The model's architecture as Megatron-LM flags: sizes, attention and position embedding
+    (attention_pairs), norms, biases, dropout, the MoE (moe_model_pairs) and a hybrid stack's pattern."""
     m, p = pf.model, pf.plan
     llama_like = m.model_type != "gpt" and m.model_type != "gpt2"
     hybrid = m.is_hybrid  # Megatron-LM's hybrid stack: one Megatron layer per pattern symbol (export/hybrid.py)
@@ -33,7 +35,28 @@ def model_flags(pf: PlanFile) -> list[str]:
         ("--ffn-hidden-size", m.intermediate_size), ("--num-attention-heads", m.num_attention_heads),
         ("--kv-channels", m.head_dim), ("--seq-length", p.seq_len),
         ("--max-position-embeddings", max(m.max_position_embeddings, p.seq_len)),  # Megatron: >= --seq-length
+        *attention_pairs(pf),
     ]
+    pairs += [*window_pairs(pf), ("--softmax-type", "learnable" if m.attention_sinks else None), *glu_pairs(pf),
+              ("--normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm"),
+              ("--disable-bias-linear", llama_like and not m.attention_bias and not m.mlp_bias),
+              ("--add-qkv-bias", m.qkv_bias), ("--qk-layernorm", m.qk_norm),
+              ("--untie-embeddings-and-output-weights", not m.tie_word_embeddings),
+              # Megatron defaults both to 0.1; state the model's own values (0 for Llama-style models).
+              ("--attention-dropout", f"{m.attention_dropout:g}"), ("--hidden-dropout", f"{m.hidden_dropout:g}")]
+    if m.is_moe:
+        pairs += moe_model_pairs(pf)
+    if hybrid:
+        pairs += hybrid_model_pairs(pf)
+    return as_flags(pairs)
+
+
+def attention_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The attention's (flag, value) pairs: MLA's ranks and head dims or grouped-query attention, then the
+    position embedding (learned, none for Nemotron-H, else RoPE with its base, context extension, YaRN and
+    Llama 3 scaling)."""
+    m = pf.model
+    pairs: list[tuple[str, object]] = []
     if (mla := m.mla) is not None:
         pairs += [("--multi-latent-attention", True), ("--q-lora-rank", mla.q_lora_rank),
                   ("--kv-lora-rank", mla.kv_lora_rank), ("--qk-head-dim", mla.qk_nope_head_dim),
@@ -50,42 +73,39 @@ def model_flags(pf: PlanFile) -> list[str]:
         scaling = m.rope_scaling or {}
         if scaling.get("rope_type") == "llama3":
             pairs += [("--use-rope-scaling", True), ("--rope-scaling-factor", scaling.get("factor", 8.0))]
-    pairs += [*window_pairs(pf), ("--softmax-type", "learnable" if m.attention_sinks else None), *glu_pairs(pf),
-              ("--normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm"),
-              ("--disable-bias-linear", llama_like and not m.attention_bias and not m.mlp_bias),
-              ("--add-qkv-bias", m.qkv_bias), ("--qk-layernorm", m.qk_norm),
-              ("--untie-embeddings-and-output-weights", not m.tie_word_embeddings),
-              # Megatron defaults both to 0.1; state the model's own values (0 for Llama-style models).
-              ("--attention-dropout", f"{m.attention_dropout:g}"), ("--hidden-dropout", f"{m.hidden_dropout:g}")]
-    if m.is_moe:
-        freq = f'"([0]*{m.first_k_dense_replace}+[1]*{m.num_moe_layers})"' if m.first_k_dense_replace and not hybrid \
-            else None  # a hybrid pattern places its E layers itself
-        if m.mlp_layer_types is not None and not hybrid:  # MoE layers anywhere (Llama 4 Maverick: every other)
-            freq = '"[' + ",".join("1" if f == "moe" else "0" for f in m.mlp_layer_types) + ']"'
-        pairs += [("--num-experts", m.num_experts), ("--moe-router-topk", m.num_experts_per_tok),
-                  ("--moe-ffn-hidden-size", m.expert_ffn),
-                  # TransformerConfig.moe_latent_size (a flag through ArgumentGroupFactory; NVIDIA/Megatron-LM
-                  # examples/post_training/modelopt/conf/nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16.sh)
-                  ("--moe-latent-size", m.moe_latent_size),
-                  ("--moe-shared-expert-intermediate-size", m.shared_ffn or None), ("--moe-layer-freq", freq),
-                  # DeepEP runs under the flex dispatcher (TransformerConfig: moe_enable_deepep is deprecated
-                  # for --moe-flex-dispatcher-backend deepep)
-                  ("--moe-token-dispatcher-type", "flex" if p.moe_dispatcher == "deepep" else "alltoall"),
-                  # the plan's own backend: a full-iteration graph needs hybridep (check_plan cuda_graphs_flex_backend)
-                  ("--moe-flex-dispatcher-backend", p.moe_flex_backend if p.moe_dispatcher == "deepep" else None),
-                  # TransformerConfig.moe_flex_dispatcher_num_sms (a flag through ArgumentGroupFactory)
-                  ("--moe-flex-dispatcher-num-sms", p.moe_dispatch_sms if p.moe_dispatcher == "deepep" else None),
-                  # the experts' GEMM path the plan prices (common.op_fuser): one grouped kernel through
-                  # Transformer Engine's op fuser, else TEGroupedMLP's one GEMM per local expert
-                  ("--moe-grouped-gemm", True), ("--use-transformer-engine-op-fuser", op_fuser(pf)),
-                  ("--use-fused-weighted-squared-relu", op_fuser(pf) and squared_relu(m)),
-                  *router_pairs(pf),
-                  ("--overlap-moe-expert-parallel-comm", p.ep_comm_overlap),
-                  # TransformerConfig.delay_wgrad_compute (ModelParallelConfig; a flag through ArgumentGroupFactory)
-                  ("--delay-wgrad-compute", p.delay_wgrad)]
-    if hybrid:
-        pairs += hybrid_model_pairs(pf)
-    return as_flags(pairs)
+    return pairs
+
+
+def moe_model_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """A MoE model's (flag, value) pairs: experts, top-k, expert and shared sizes, the MoE layers' places, the
+    token dispatcher, the experts' GEMM path, the router (router_pairs), the EP overlap and delayed wgrad."""
+    m, p = pf.model, pf.plan
+    hybrid = m.is_hybrid
+    freq = f'"([0]*{m.first_k_dense_replace}+[1]*{m.num_moe_layers})"' if m.first_k_dense_replace and not hybrid \
+        else None  # a hybrid pattern places its E layers itself
+    if m.mlp_layer_types is not None and not hybrid:  # MoE layers anywhere (Llama 4 Maverick: every other)
+        freq = '"[' + ",".join("1" if f == "moe" else "0" for f in m.mlp_layer_types) + ']"'
+    return [("--num-experts", m.num_experts), ("--moe-router-topk", m.num_experts_per_tok),
+            ("--moe-ffn-hidden-size", m.expert_ffn),
+            # TransformerConfig.moe_latent_size (a flag through ArgumentGroupFactory; NVIDIA/Megatron-LM
+            # examples/post_training/modelopt/conf/nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16.sh)
+            ("--moe-latent-size", m.moe_latent_size),
+            ("--moe-shared-expert-intermediate-size", m.shared_ffn or None), ("--moe-layer-freq", freq),
+            # DeepEP runs under the flex dispatcher (TransformerConfig: moe_enable_deepep is deprecated
+            # for --moe-flex-dispatcher-backend deepep)
+            ("--moe-token-dispatcher-type", "flex" if p.moe_dispatcher == "deepep" else "alltoall"),
+            # the plan's own backend: a full-iteration graph needs hybridep (check_plan cuda_graphs_flex_backend)
+            ("--moe-flex-dispatcher-backend", p.moe_flex_backend if p.moe_dispatcher == "deepep" else None),
+            # TransformerConfig.moe_flex_dispatcher_num_sms (a flag through ArgumentGroupFactory)
+            ("--moe-flex-dispatcher-num-sms", p.moe_dispatch_sms if p.moe_dispatcher == "deepep" else None),
+            # the experts' GEMM path the plan prices (common.op_fuser): one grouped kernel through
+            # Transformer Engine's op fuser, else TEGroupedMLP's one GEMM per local expert
+            ("--moe-grouped-gemm", True), ("--use-transformer-engine-op-fuser", op_fuser(pf)),
+            ("--use-fused-weighted-squared-relu", op_fuser(pf) and squared_relu(m)),
+            *router_pairs(pf),
+            ("--overlap-moe-expert-parallel-comm", p.ep_comm_overlap),
+            # TransformerConfig.delay_wgrad_compute (ModelParallelConfig; a flag through ArgumentGroupFactory)
+            ("--delay-wgrad-compute", p.delay_wgrad)]
 
 
 def rope_type(m: object) -> str | None:
@@ -261,6 +281,8 @@ def check_router(pf: PlanFile) -> None:
 
 
 def parallel_flags(pf: PlanFile) -> list[str]:
+    """The plan as Megatron-LM flags: the parallel sizes, then ddp_pairs, kernel_pairs, the MoE capacity,
+    recompute_pairs, offload_pairs, precision_pairs and the CUDA graphs (cuda_graph_pairs)."""
     p, m = pf.plan, pf.model
     pairs: list[tuple[str, object]] = [
         ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp), *pipeline_pairs(pf),
@@ -277,45 +299,68 @@ def parallel_flags(pf: PlanFile) -> list[str]:
     ]
     if m.is_moe:
         pairs += [("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp_resolved)]
-    pairs += [("--use-distributed-optimizer", p.zero in (1, 2)), ("--overlap-grad-reduce", p.overlap_grad_reduce),
-              *fsdp_pairs(pf),
-              # megatron/training/arguments.py (2a75ac12c): the distributed optimizer sharded within each of N
-              # partial data-parallel groups, the gradients all-reduced across them (docs/formulas.md#mem.hsdp)
-              ("--num-distributed-optimizer-instances", p.dp_replicate if p.dp_replicate > 1 else None),
-              ("--overlap-param-gather", p.overlap_param_gather and p.zero in (1, 2) and p.overlap_grad_reduce),
-              # core_v0.14.0 arguments.py: needs the distributed optimizer, --overlap-param-gather and
-              # --num-layers-per-virtual-pipeline-stage (check_plan: param_gather_optstep_interleaved); and since
-              # --overlap-param-gather asserts --overlap-grad-reduce there, written only beside both (a plan with
-              # the gather overlap and without the reduction's is refused: param_gather_refusal)
-              ("--overlap-param-gather-with-optimizer-step", p.overlap_param_gather_with_optimizer_step
-               and p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
-              ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
-              # Megatron-LM's defaults are the NaN check's bucket norms and the 1/dp pre-scaling before the
-              # reduction (docs/formulas.md#step.grad_buffer). The pre-scaling is off where the plan priced it
-              # off; the NaN check, a safety check, stays on (grad_nan_notes says what that costs; a
-              # full-iteration graph writes the NaN flag itself: cuda_graph_pairs)
-              ("--ddp-average-in-collective", not p.grad_prescale),
-              # the DDP bucket the plan priced (exposure.bucket_params); unset: Megatron-Core's max(40M, 1M x dp)
-              ("--ddp-bucket-size", p.dp_bucket_params),
-              # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM
-              # copy: Megatron-FSDP's optim_grads without the fusion, each gradient copied into its bucket
-              ("--no-gradient-accumulation-fusion", p.grad_accumulation in ("add", "copy")),
-              ("--no-rope-fusion", not p.rope_fusion),  # Megatron-Core's eager rotary (apply_rope_fusion off)
-              # batch_p2p_comm: the interleaved exchanges waited for and synchronised (step.pp_blocking)
-              ("--no-overlap-p2p-communication", p.pp_blocking_sends and p.pp > 1 and p.vpp > 1),
-              # the fused loss llmplan priced (Megatron-LM's default is the unfused vocab-parallel cross
-              # entropy, docs/formulas.md#compute.loss); its default --cross-entropy-fusion-impl native
-              ("--cross-entropy-loss-fusion", p.fused_loss),
-              # which fused loss (fused_loss_impl; te is refused below: d98e8a6 rejects it with the fusion)
-              ("--cross-entropy-fusion-impl", "native" if p.fused_loss else None),
-              # Megatron-Core's backends: flash = the flash-attn package (FlashAttention-2), fused = cuDNN /
-              # Transformer Engine (the native kernel, and the default it picks), unfused = scores in memory.
-              ("--attention-backend", None if p.flash_attention and p.attention_kernel == "native"
-               else ("flash" if p.flash_attention else "unfused")),
-              ("--micro-batch-size", p.micro_batch), ("--global-batch-size", p.global_batch)]
+    pairs += ddp_pairs(pf) + kernel_pairs(pf)
     if m.is_moe and p.moe_capacity_factor is not None:
         pairs += [("--moe-expert-capacity-factor", f"{p.moe_capacity_factor:g}"),
                   ("--moe-pad-expert-input-to-capacity", True)]
+    pairs += recompute_pairs(pf) + offload_pairs(pf) + precision_pairs(pf)
+    return as_flags(pairs + cuda_graph_pairs(pf))
+
+
+def ddp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The data-parallel side as priced: the distributed optimizer or Megatron-FSDP (fsdp_pairs), optimizer
+    instances, the reduction and gather overlaps, TP overlap, the in-collective average, the bucket and the
+    gradient accumulation fusion."""
+    p = pf.plan
+    return [("--use-distributed-optimizer", p.zero in (1, 2)), ("--overlap-grad-reduce", p.overlap_grad_reduce),
+            *fsdp_pairs(pf),
+            # megatron/training/arguments.py (2a75ac12c): the distributed optimizer sharded within each of N
+            # partial data-parallel groups, the gradients all-reduced across them (docs/formulas.md#mem.hsdp)
+            ("--num-distributed-optimizer-instances", p.dp_replicate if p.dp_replicate > 1 else None),
+            ("--overlap-param-gather", p.overlap_param_gather and p.zero in (1, 2) and p.overlap_grad_reduce),
+            # core_v0.14.0 arguments.py: needs the distributed optimizer, --overlap-param-gather and
+            # --num-layers-per-virtual-pipeline-stage (check_plan: param_gather_optstep_interleaved); and since
+            # --overlap-param-gather asserts --overlap-grad-reduce there, written only beside both (a plan with
+            # the gather overlap and without the reduction's is refused: param_gather_refusal)
+            ("--overlap-param-gather-with-optimizer-step", p.overlap_param_gather_with_optimizer_step
+             and p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
+            ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
+            # Megatron-LM's defaults are the NaN check's bucket norms and the 1/dp pre-scaling before the
+            # reduction (docs/formulas.md#step.grad_buffer). The pre-scaling is off where the plan priced it
+            # off; the NaN check, a safety check, stays on (grad_nan_notes says what that costs; a
+            # full-iteration graph writes the NaN flag itself: cuda_graph_pairs)
+            ("--ddp-average-in-collective", not p.grad_prescale),
+            # the DDP bucket the plan priced (exposure.bucket_params); unset: Megatron-Core's max(40M, 1M x dp)
+            ("--ddp-bucket-size", p.dp_bucket_params),
+            # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM
+            # copy: Megatron-FSDP's optim_grads without the fusion, each gradient copied into its bucket
+            ("--no-gradient-accumulation-fusion", p.grad_accumulation in ("add", "copy"))]
+
+
+def kernel_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """RoPE fusion, the interleaved pipeline's exchanges, the fused loss, the attention backend and the batch
+    sizes."""
+    p = pf.plan
+    return [("--no-rope-fusion", not p.rope_fusion),  # Megatron-Core's eager rotary (apply_rope_fusion off)
+            # batch_p2p_comm: the interleaved exchanges waited for and synchronised (step.pp_blocking)
+            ("--no-overlap-p2p-communication", p.pp_blocking_sends and p.pp > 1 and p.vpp > 1),
+            # the fused loss llmplan priced (Megatron-LM's default is the unfused vocab-parallel cross
+            # entropy, docs/formulas.md#compute.loss); its default --cross-entropy-fusion-impl native
+            ("--cross-entropy-loss-fusion", p.fused_loss),
+            # which fused loss (fused_loss_impl; te is refused below: d98e8a6 rejects it with the fusion)
+            ("--cross-entropy-fusion-impl", "native" if p.fused_loss else None),
+            # Megatron-Core's backends: flash = the flash-attn package (FlashAttention-2), fused = cuDNN /
+            # Transformer Engine (the native kernel, and the default it picks), unfused = scores in memory.
+            ("--attention-backend", None if p.flash_attention and p.attention_kernel == "native"
+             else ("flash" if p.flash_attention else "unfused")),
+            ("--micro-batch-size", p.micro_batch), ("--global-batch-size", p.global_batch)]
+
+
+def recompute_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The recompute as priced: selective modules (recompute_module_pairs), the first N layers of each chunk in a
+    block, or every layer; none without recompute."""
+    p = pf.plan
+    pairs: list[tuple[str, object]] = []
     if p.recompute == "selective":
         pairs += [("--recompute-granularity", "selective"), *recompute_module_pairs(pf)]
     elif p.recompute == "full" and p.recompute_layers is not None:  # the first N layers of each virtual chunk
@@ -323,8 +368,15 @@ def parallel_flags(pf: PlanFile) -> list[str]:
                   ("--recompute-num-layers", p.recompute_layers)]
     elif p.recompute == "full":
         pairs += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
+    return pairs
+
+
+def offload_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """Activation offloading as priced: whole layers (--cpu-offloading-num-layers) and the fine-grained modules
+    with their in-flight cap under full-iteration graphs."""
+    p = pf.plan
     # Megatron-LM arguments.py (d98e8a6): --cpu-offloading-num-layers N > 0 sets cpu_offloading (activations only)
-    pairs += [("--cpu-offloading-num-layers", p.offload_layers or None)]
+    pairs: list[tuple[str, object]] = [("--cpu-offloading-num-layers", p.offload_layers or None)]
     # Megatron-LM fine-grained activation offloading (docs/user-guide/features/fine_grained_activation_offloading.md
     # at 2a75ac12c): the experts' fc1 output is the moe_act module's input; offload_modules as Megatron names
     # them (space-separated after the flag, as --recompute-modules: arguments.py nargs '*', d98e8a64dd)
@@ -339,16 +391,22 @@ def parallel_flags(pf: PlanFile) -> list[str]:
               # waits, it holds no extra HBM (docs/formulas.md#mem.offload_modules)
               ("--fine-grained-offloading-max-inflight-offloads",
                1 if off and p.cuda_graphs == "full-iteration" else None)]
+    return pairs
+
+
+def precision_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The training precision: bf16 / fp16, the fp8 or fp4 format and recipe, the low-precision weight gathers,
+    bf16 gradient reduction, optimizer states (optimizer_state_pairs), bf16 layers and Muon (muon_pairs)."""
+    p = pf.plan
     recipe = fp8_recipe(pf)
-    pairs += [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
-              ("--fp8-format", ("e4m3" if recipe in ("blockwise", "mxfp8") else "hybrid") if p.dtype == "fp8" else None),
-              ("--fp8-recipe", recipe),
-              ("--fp4-format", "e2m1" if p.dtype == "fp4" else None), ("--fp4-recipe", "nvfp4" if p.dtype == "fp4" else None),
-              ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
-              ("--fp4-param-gather", p.dtype == "fp4" and p.fp8_params),
-              ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32"), *optimizer_state_pairs(pf),
-              *bf16_layer_pairs(pf), *muon_pairs(pf)]
-    return as_flags(pairs + cuda_graph_pairs(pf))
+    return [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
+            ("--fp8-format", ("e4m3" if recipe in ("blockwise", "mxfp8") else "hybrid") if p.dtype == "fp8" else None),
+            ("--fp8-recipe", recipe),
+            ("--fp4-format", "e2m1" if p.dtype == "fp4" else None), ("--fp4-recipe", "nvfp4" if p.dtype == "fp4" else None),
+            ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
+            ("--fp4-param-gather", p.dtype == "fp4" and p.fp8_params),
+            ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32"), *optimizer_state_pairs(pf),
+            *bf16_layer_pairs(pf), *muon_pairs(pf)]
 
 
 def muon_pairs(pf: PlanFile) -> list[tuple[str, object]]:
@@ -570,9 +628,24 @@ def param_gather_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
 
 
 def check(pf: PlanFile) -> None:
+    """Refuse, with the rule and its fix, a plan the Megatron-LM script cannot run as priced, in the order a user
+    meets them: not a training plan, the hybrid stack, the model (_check_model_builds, check_model_features,
+    check_router, the EP overlap), then _check_parallel, _check_kernels and _check_optimizer."""
     need_mode(pf, "train", TARGET)
     if pf.model.is_hybrid:
         check_hybrid(pf)
+    _check_model_builds(pf)
+    check_model_features(pf)
+    check_router(pf)
+    check_ep_overlap(pf, TARGET)  # check_plan's EP-overlap rules (common.EP_OVERLAP_RULES)
+    _check_parallel(pf)
+    _check_kernels(pf)
+    _check_optimizer(pf)
+
+
+def _check_model_builds(pf: PlanFile) -> None:
+    """Refuse the model parts Megatron-LM's flags do not build (DeepSeek-V4's compressed attention, DeepSeek Sparse
+    Attention, chunked attention, a norm on the embedding output): the script would train another model."""
     if pf.model.compressed_layers or pf.model.hc_mult > 1:
         raise refuse(TARGET, f"DeepSeek-V4's compressed attention and hyper-connections ({pf.model.name}: Megatron-Core "
                      "builds them as DSv4HybridSelfAttention and HyperConnectionModule from its dev branch, configured "
@@ -592,9 +665,11 @@ def check(pf: PlanFile) -> None:
                      "--embed-layernorm; Megatron-LM at d98e8a6 has no flag for it, so the script would train "
                      "the model without it)", "export to deepspeed with a Megatron-DeepSpeed training script, "
                      "or use a spec without embedding_norm")
-    check_model_features(pf)
-    check_router(pf)
-    check_ep_overlap(pf, TARGET)  # check_plan's EP-overlap rules (common.EP_OVERLAP_RULES)
+
+
+def _check_parallel(pf: PlanFile) -> None:
+    """Refuse the ZeRO stage, Megatron-FSDP's ZeRO-2 rules, a second RoPE scaling, the fused loss, the dtype and
+    the pipeline transfers and schedule that the Megatron-LM script does not run as priced."""
     p = pf.plan
     if p.zero >= 3:
         raise refuse(TARGET, f"ZeRO stage {p.zero} (this export writes the distributed optimizer, ZeRO-1, and "
@@ -602,9 +677,7 @@ def check(pf: PlanFile) -> None:
                      ("re-plan with --zero 1 or 0" if p.fp8_params  # check_plan megatron_fsdp_fp8_params
                       else "re-plan with --zero 2 --megatron-fsdp, or --zero 1 or 0") + without_megatron_fsdp(p) + ("" if pf.model.is_hybrid else ", or export to deepspeed / "
                      "torchtitan" + without_megatron_fsdp(p)))  # they refuse hybrids
-    for what, bad, fix in fsdp_zero2_refusals(pf).values():
-        if bad:
-            raise refuse(TARGET, what, fix)
+    refuse_first(TARGET, fsdp_zero2_refusals(pf).values())
     if context_pairs(pf) and (pf.model.is_mla or pf.model.rope_scaling):
         raise refuse(TARGET, f"seq_len {p.seq_len} past max_position_embeddings {pf.model.max_position_embeddings} "
                      f"of {pf.model.name}, which already scales RoPE "
@@ -623,13 +696,17 @@ def check(pf: PlanFile) -> None:
     if launcher_schedule("megatron", p.pp_schedule) is None:
         raise refuse(TARGET, f"the {p.pp_schedule} pipeline schedule (Megatron-LM runs 1F1B and interleaved 1F1B)",
                      "re-plan with --pp-schedule 1f1b")
+
+
+def _check_kernels(pf: PlanFile) -> None:
+    """Refuse the kernels, recompute, routing and TP / expert / embedding features that Megatron-LM's flags do
+    not set as priced."""
+    p = pf.plan
     if p.swiglu_fp8_input:
         raise refuse(TARGET, "the SwiGLU input kept in fp8 (Megatron-Core's TransformerConfig."
                      "activation_func_fp8_input_store, which Megatron-LM's arguments.py at d98e8a6 excludes from "
                      "its flags)", "export to megatron-bridge, or re-plan with --no-swiglu-fp8-input")
-    for what, bad, fix in (fp8_attention_refusal(p), param_gather_refusal(p)):
-        if bad:
-            raise refuse(TARGET, what, fix)
+    refuse_first(TARGET, (fp8_attention_refusal(p), param_gather_refusal(p)))
     if p.recompute == "op":
         raise refuse(TARGET, "op-level selective checkpointing (torchtitan's per-op policy; Megatron-LM recomputes "
                      "the attention core, whole layers or a block of them)",
@@ -637,12 +714,16 @@ def check(pf: PlanFile) -> None:
     if pf.model.is_moe and p.moe_routing == "contiguous":
         raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
-    for what, bad, fix in [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
-                           *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf), parallel_block_refusal(pf),
-                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), whole_embedding_refusal(pf), connections_refusal(pf),
-                           tp_overlap_queues_refusal(pf)]:
-        if bad:
-            raise refuse(TARGET, what, fix)
+    refuse_first(TARGET, [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
+                          *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf), parallel_block_refusal(pf),
+                          torch_ring_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf),
+                          whole_embedding_refusal(pf), connections_refusal(pf), tp_overlap_queues_refusal(pf)])
+
+
+def _check_optimizer(pf: PlanFile) -> None:
+    """Refuse the gradient reduction, Muon, master and moment dtypes, remainders and fp8 recipe that
+    Megatron-Core's optimizer does not run as priced."""
+    p = pf.plan
     if p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon":  # Muon: muon_pairs' ping-pong path
         raise refuse(TARGET, "ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's "
                      "distributed optimizer reduce-scatters them)", "re-plan with --grad-reduce reduce-scatter")
@@ -653,15 +734,11 @@ def check(pf: PlanFile) -> None:
                      "(Megatron-LM's layer-wise param layout hands the AdamW parameters to a distributed optimizer "
                      "that takes no expert-parallel ones)", "re-plan with --grad-reduce all-reduce (its legacy "
                      "layer-wise path)")
-    what, bad, fix = master_dtype_refusal(p)  # before zero 0's rule: no axis makes a bf16 master export
-    if bad:
-        raise refuse(TARGET, what, fix)
+    refuse_first(TARGET, [master_dtype_refusal(p)])  # before zero 0's rule: no axis makes a bf16 master export
     if precision_aware(p) and p.zero == 0:
         raise refuse(TARGET, "the precision-aware optimizer (Adam states below fp32 or param_remainders) with zero "
                      "0: Megatron-Core runs it only in the distributed optimizer", "re-plan with --zero 1")
-    what, bad, fix = delayed_bf16_layers_refusal(p)
-    if bad:
-        raise refuse(TARGET, what, fix)
+    refuse_first(TARGET, [delayed_bf16_layers_refusal(p)])
     if p.param_remainders and not stores_remainders(pf):
         raise refuse(TARGET, f"the fp32 master kept as 16-bit remainders with fp8 current scaling (--fp8-recipe "
                      f"{fp8_recipe(pf)}: Megatron-Core keeps its own fp32 master unless the fp8 recipe is delayed "

@@ -161,6 +161,7 @@ def check_sglang(pf: PlanFile) -> None:
 
 
 def render_vllm(pf: PlanFile) -> dict[str, str]:
+    """The vLLM serve script of an inference plan (and its router script where requests need one)."""
     check_vllm(pf)
     p, j = pf.plan, pf.serve_job
     cap, cap_note, run = admission(pf, "vllm", "--max-num-seqs")
@@ -198,29 +199,18 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     note += moe_notes(pf, laid_out=nodes is not None)
     text = (sh_header(pf, "vLLM (vllm serve; flags checked against vLLM 0.33.0)") + "set -euo pipefail\n" + note
             + cap_note + fraction_note + spec_note + sizes_note + context_note(pf, "--max-model-len"))
-    if nodes is None:
-        text += (_model_var(pf) + "\n" + clear_port_env("vllm") + 'vllm serve "$MODEL" \\\n'
-                 + " \\\n".join(f"    {f}" for f in flags) + "\n")
-    else:
-        text += nodes.note + _model_var(pf) + "\n"
-        text += node_script(nodes, 'vllm serve "$MODEL"', flags)
-    return _with_router(pf, nodes, "vllm", text)
+    return _launch_script(pf, nodes, "vllm", 'vllm serve "$MODEL"', flags, text)
 
 
 def render_sglang(pf: PlanFile) -> dict[str, str]:
+    """The SGLang serve script of an inference plan (and its router script where requests need one)."""
     check_sglang(pf)
     p, j = pf.plan, pf.serve_job
     cap, cap_note, run = admission(pf, "sglang", "--max-running-requests")
     fraction, fraction_note = memory_fraction(pf, "sglang", run)
     spec_flags, spec_note = sglang_speculative(pf)
     chunk, chunk_note = sglang_chunk(pf, run)
-    sizes, sizes_note = graph_sizes(pf, "sglang", cap)
-    no_list = sglang_default_list_empty(run.job)  # SGLang would refuse to start: decode eager, as priced
-    if no_list:
-        sizes_note += (f"# --disable-decode-cuda-graph: SGLang's default decode capture list keeps no size for "
-                       f"{cap:,} running requests per attention rank at this server's alignment, and SGLang "
-                       "refuses to start with none (base_cuda_graph_runner.py get_batch_sizes_to_capture); decode "
-                       "runs eager, as priced\n")
+    sizes, no_list, sizes_note = _sglang_graph_sizes(pf, cap, run)
     note = cap_note + fraction_note + chunk_note + sizes_note
     if p.weight_dtype in ("int4", "int8", "mxfp8", "nvfp4"):
         note += f"# {p.weight_dtype} weights: point MODEL at a pre-quantised checkpoint\n"
@@ -250,14 +240,33 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
     note += spec_note
     text = (sh_header(pf, "SGLang (python -m sglang.launch_server; flags checked against SGLang 0.5.23)") + "set -euo pipefail\n" + note
             + context_note(pf, "--context-length"))
-    command = 'python -m sglang.launch_server --model-path "$MODEL"'
+    return _launch_script(pf, nodes, "sglang", 'python -m sglang.launch_server --model-path "$MODEL"', flags, text)
+
+
+def _sglang_graph_sizes(pf: PlanFile, cap: int, run: ServeEstimate) -> tuple[str | None, bool, str]:
+    """SGLang's capture list (graph_sizes), whether its default decode list is empty at `cap` running requests
+    (SGLang would refuse to start: decode runs eager, as priced) and the comment lines that say so."""
+    sizes, sizes_note = graph_sizes(pf, "sglang", cap)
+    no_list = sglang_default_list_empty(run.job)  # SGLang would refuse to start: decode eager, as priced
+    if no_list:
+        sizes_note += (f"# --disable-decode-cuda-graph: SGLang's default decode capture list keeps no size for "
+                       f"{cap:,} running requests per attention rank at this server's alignment, and SGLang "
+                       "refuses to start with none (base_cuda_graph_runner.py get_batch_sizes_to_capture); decode "
+                       "runs eager, as priced\n")
+    return sizes, no_list, sizes_note
+
+
+def _launch_script(pf: PlanFile, nodes: NodeLaunch | None, engine: str, command: str, flags: list[str],
+                   text: str) -> dict[str, str]:
+    """`text` (header and notes) followed by the launch: the model variable and `command` with its flags on one
+    node, else the node layout's note and per-node commands (node_script); then the router (_with_router)."""
     if nodes is None:
-        text += (_model_var(pf) + "\n" + clear_port_env("sglang") + command + " \\\n"
+        text += (_model_var(pf) + "\n" + clear_port_env(engine) + command + " \\\n"
                  + " \\\n".join(f"    {f}" for f in flags) + "\n")
     else:
         text += nodes.note + _model_var(pf) + "\n"
         text += node_script(nodes, command, flags)
-    return _with_router(pf, nodes, "sglang", text)
+    return _with_router(pf, nodes, engine, text)
 
 
 def _with_router(pf: PlanFile, nodes: NodeLaunch | None, engine: str, text: str) -> dict[str, str]:

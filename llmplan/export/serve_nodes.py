@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from llmplan.export.common import refuse
-from llmplan.export.serve_shell import count_check, port_advice, port_check, port_word, stop, visible_lines, visible_slice
+from llmplan.export.serve_shell import (count_check, joined, port_advice, port_var, port_word, stop,
+                                         visible_lines, visible_slice)
 from llmplan.planfile import PlanFile
 
 HEAD_LINE = ("# FILL IN HEAD_ADDR: the IP address of node 0 of the server, reachable from its other nodes, the "
@@ -147,22 +148,20 @@ def sglang_ports(servers: int, stride: int, ranks: int, prefill: bool) -> tuple[
     (SGLANG_PORT)."""
     last = stride * (servers - 1)
     top, reach = 65535 - GRPC_DELTA - last, last + GRPC_DELTA
-    ports = f"PORT=${{PORT:-{SGLANG_PORT}}}\n"
-    checks = port_check("PORT") + stop(
-        f"(( PORT >= 1024 && PORT <= {top} ))",
+    parts = [port_var("PORT", SGLANG_PORT,
+        f"PORT >= 1024 && PORT <= {top}",
         f"PORT=$PORT: the {servers} SGLang servers of a node take --port PORT to PORT+{last}, each deriving ports up "
         f"to --port+{sglang_span(ranks) - 1} and its gRPC port at --port+{GRPC_DELTA}, which must stay within "
-        f"65535; set PORT from 1024 to {top}")
+        f"65535; set PORT from 1024 to {top}")]
     if prefill:
-        ports += f"BOOTSTRAP_PORT=${{BOOTSTRAP_PORT:-{BOOTSTRAP_PORT}}}\n"
-        checks += port_check("BOOTSTRAP_PORT") + stop(
-            f"(( BOOTSTRAP_PORT >= 1024 && BOOTSTRAP_PORT + {servers - 1} <= 65535 && (BOOTSTRAP_PORT + {servers} "
-            f"<= PORT || BOOTSTRAP_PORT > PORT + {reach}) ))",
+        parts.append(port_var("BOOTSTRAP_PORT", BOOTSTRAP_PORT,
+            f"BOOTSTRAP_PORT >= 1024 && BOOTSTRAP_PORT + {servers - 1} <= 65535 && (BOOTSTRAP_PORT + {servers} "
+            f"<= PORT || BOOTSTRAP_PORT > PORT + {reach})",
             f"BOOTSTRAP_PORT=$BOOTSTRAP_PORT: the {servers} prefill servers' bootstrap ports BOOTSTRAP_PORT to "
             f"BOOTSTRAP_PORT+{servers - 1} must lie outside PORT to PORT+{reach} (PORT=$PORT), the whole span from "
             f"the first server's --port to the last one's gRPC port (conservative: the span holds unused ports); "
-            f"set BOOTSTRAP_PORT $FIX", port_advice(servers, "PORT", f"PORT + {reach}"))
-    return ports, checks
+            f"set BOOTSTRAP_PORT $FIX", port_advice(servers, "PORT", f"PORT + {reach}")))
+    return joined(parts)
 
 
 VLLM_PORT, NIXL_PORT = 8000, 5600
@@ -188,28 +187,25 @@ def vllm_ports(servers: int, slots: int, ranks: int, nixl: bool, rpc: bool = Fal
     of it runs there, so the width over-allows for a part (VLLM_PORT); (`rpc`: servers that straddle nodes) server
     j's --data-parallel-rpc-port RPC_PORT + j (MASTER_PORT); the ranges must not meet."""
     width = slots * ranks
-    ports = f"PORT=${{PORT:-{VLLM_PORT}}}\n"
-    checks = port_check("PORT") + stop(
-        f"(( PORT >= 1024 && PORT + {servers - 1} <= 65535 ))",
+    parts = [port_var("PORT", VLLM_PORT,
+        f"PORT >= 1024 && PORT + {servers - 1} <= 65535",
         f"PORT=$PORT: the {servers} vLLM servers of a node listen on PORT to PORT+{servers - 1}; set PORT from "
-        f"1024 to {65535 - servers + 1}")
+        f"1024 to {65535 - servers + 1}")]
     taken, which = [("PORT", f"PORT + {servers - 1}")], f"PORT to PORT+{servers - 1} (PORT=$PORT)"
     if nixl:
-        ports += f"NIXL_PORT=${{NIXL_PORT:-{NIXL_PORT}}}\n"
-        checks += port_check("NIXL_PORT") + stop(
-            f"(( NIXL_PORT >= 1024 && NIXL_PORT + {width - 1} <= 65535 && {_outside('NIXL_PORT', width, taken)} ))",
+        parts.append(port_var("NIXL_PORT", NIXL_PORT,
+            f"NIXL_PORT >= 1024 && NIXL_PORT + {width - 1} <= 65535 && {_outside('NIXL_PORT', width, taken)}",
             f"NIXL_PORT=$NIXL_PORT: the NIXL side-channel ports of a node ({slots} vLLM commands x {ranks} DP "
             f"ranks of a server each), NIXL_PORT to NIXL_PORT+{width - 1}, must lie outside the servers' ports PORT to PORT+{servers - 1} (PORT=$PORT); "
-            "set NIXL_PORT $FIX", port_advice(width, "PORT", f"PORT + {servers - 1}"))
+            "set NIXL_PORT $FIX", port_advice(width, "PORT", f"PORT + {servers - 1}")))
         taken.append(("NIXL_PORT", f"NIXL_PORT + {width - 1}"))
         which += f", NIXL_PORT to NIXL_PORT+{width - 1} (NIXL_PORT=$NIXL_PORT)"
     if rpc:
-        ports += f"RPC_PORT=${{RPC_PORT:-{RPC_PORT}}}\n"
-        checks += port_check("RPC_PORT") + stop(
-            f"(( RPC_PORT >= 1024 && RPC_PORT + {servers - 1} <= 65535 && {_outside('RPC_PORT', servers, taken)} ))",
+        parts.append(port_var("RPC_PORT", RPC_PORT,
+            f"RPC_PORT >= 1024 && RPC_PORT + {servers - 1} <= 65535 && {_outside('RPC_PORT', servers, taken)}",
             f"RPC_PORT=$RPC_PORT: the DP handshakes of the servers whose head is on a node, RPC_PORT to "
-            f"RPC_PORT+{servers - 1}, must lie outside {which}; set RPC_PORT from 1024 to 65535 outside those")
-    return ports, checks
+            f"RPC_PORT+{servers - 1}, must lie outside {which}; set RPC_PORT from 1024 to 65535 outside those"))
+    return joined(parts)
 
 
 DIST_PORT, DIST_HANDSHAKE, DIST_FIXED = 20000, 13, 6
@@ -236,30 +232,27 @@ def sglang_server_ports(ranks: int, dpa: bool, prefill: bool, dist: bool) -> tup
     ports SGLang derives from it (DIST_PORT) outside PORT's; a prefill server's BOOTSTRAP_PORT outside all."""
     top = max(DIST_HANDSHAKE, DIST_FIXED + ranks) if dpa else 0
     http = [("PORT", f"PORT + {ranks - 1}" if ranks > 1 else "PORT"), (f"PORT + {GRPC_DELTA}", f"PORT + {GRPC_DELTA}")]
-    ports = f"PORT=${{PORT:-{SGLANG_PORT}}}\n"
-    checks = port_check("PORT") + stop(
-        f"(( PORT >= 1024 && PORT <= {65535 - GRPC_DELTA} ))",
+    parts = [port_var("PORT", SGLANG_PORT,
+        f"PORT >= 1024 && PORT <= {65535 - GRPC_DELTA}",
         f"PORT=$PORT: the SGLang server's gRPC port --port+{GRPC_DELTA} must stay within 65535; set PORT from 1024 "
-        f"to {65535 - GRPC_DELTA}")
+        f"to {65535 - GRPC_DELTA}")]
     taken, which = list(http), f"PORT to PORT+{ranks - 1}, PORT+{GRPC_DELTA}" if ranks > 1 else \
         f"PORT, PORT+{GRPC_DELTA}"
     if dist:
         binds = (f"DIST_PORT to DIST_PORT+{top} (the dist-init port, the ports SGLang derives from it and its DP "
                  f"handshake at +{DIST_HANDSHAKE})" if dpa else "DIST_PORT (the dist-init port)")
-        ports += f"DIST_PORT=${{DIST_PORT:-{DIST_PORT}}}\n"
-        checks += port_check("DIST_PORT") + stop(
-            f"(( DIST_PORT >= 1024 && DIST_PORT + {top} <= 65535 && {_outside('DIST_PORT', top + 1, http)} ))",
+        parts.append(port_var("DIST_PORT", DIST_PORT,
+            f"DIST_PORT >= 1024 && DIST_PORT + {top} <= 65535 && {_outside('DIST_PORT', top + 1, http)}",
             f"DIST_PORT=$DIST_PORT: node 0 binds {binds}, which must lie outside the server's ports {which} "
-            f"(PORT=$PORT); set DIST_PORT $FIX", port_advice(top + 1, "PORT", f"PORT + {GRPC_DELTA}"))
+            f"(PORT=$PORT); set DIST_PORT $FIX", port_advice(top + 1, "PORT", f"PORT + {GRPC_DELTA}")))
         taken.append(("DIST_PORT", f"DIST_PORT + {top}" if top else "DIST_PORT"))
         which += f", DIST_PORT to DIST_PORT+{top}" if top else ", DIST_PORT"
     if prefill:
-        ports += f"BOOTSTRAP_PORT=${{BOOTSTRAP_PORT:-{BOOTSTRAP_PORT}}}\n"
-        checks += port_check("BOOTSTRAP_PORT") + stop(
-            f"(( BOOTSTRAP_PORT >= 1024 && BOOTSTRAP_PORT <= 65535 && {_outside('BOOTSTRAP_PORT', 1, taken)} ))",
+        parts.append(port_var("BOOTSTRAP_PORT", BOOTSTRAP_PORT,
+            f"BOOTSTRAP_PORT >= 1024 && BOOTSTRAP_PORT <= 65535 && {_outside('BOOTSTRAP_PORT', 1, taken)}",
             f"BOOTSTRAP_PORT=$BOOTSTRAP_PORT: the prefill server's bootstrap port must lie outside its ports {which} "
-            f"(PORT=$PORT); set BOOTSTRAP_PORT from 1024, outside those")
-    return ports, checks
+            f"(PORT=$PORT); set BOOTSTRAP_PORT from 1024, outside those"))
+    return joined(parts)
 
 
 MASTER_PORT, RPC_PORT = 29501, 13345
@@ -275,15 +268,12 @@ def vllm_head_ports(var: str, default: int, what: str) -> tuple[str, str]:
     """The port variables of a vLLM deployment over nodes, PORT and `var` (--master-port or
     --data-parallel-rpc-port, both bound on the head), and the checks on the user's values: numbers in range, and
     `var` not PORT."""
-    ports = f"PORT=${{PORT:-{VLLM_PORT}}}\n{var}=${{{var}:-{default}}}\n"
-    checks = port_check("PORT") + stop(
-        "(( PORT >= 1024 && PORT <= 65535 ))",
-        "PORT=$PORT: the head's API server port is out of range; set PORT from 1024 to 65535")
-    checks += port_check(var) + stop(
-        f"(( {var} >= 1024 && {var} <= 65535 && {var} != PORT ))",
-        f"{var}=${var}: the head binds {what} at {var} and the API server at PORT (PORT=$PORT); set {var} from "
-        "1024 to 65535, not PORT")
-    return ports, checks
+    return joined([
+        port_var("PORT", VLLM_PORT, "PORT >= 1024 && PORT <= 65535",
+                 "PORT=$PORT: the head's API server port is out of range; set PORT from 1024 to 65535"),
+        port_var(var, default, f"{var} >= 1024 && {var} <= 65535 && {var} != PORT",
+                 f"{var}=${var}: the head binds {what} at {var} and the API server at PORT (PORT=$PORT); set {var} "
+                 "from 1024 to 65535, not PORT")])
 
 
 PORT_ENV = {
@@ -359,53 +349,77 @@ def _sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
     nodes: one server per node with that node's --dp-size (each its own DP controller); DP-attention servers
     smaller than a node: one command per server with --base-gpu-id and its own --port."""
     p, per_node = pf.plan, pf.cluster.gpus_per_node_used
-    s, copies = p.gpus_per_copy, p.copies
+    s = p.gpus_per_copy
     if s > per_node:
-        n = _span(s, per_node, "sglang", "a DP-attention server" if p.dp_attention else "a replica (tp x pp)")
-        prefill = p.phase == "prefill"
-        own = ['--dist-init-addr "$HEAD_ADDR:$DIST_PORT"', '--port "$PORT"',
-               *(['--disaggregation-bootstrap-port "$BOOTSTRAP_PORT"'] if prefill else [])]
-        nodes = [[[f"--nnodes {n}", f"--node-rank {k}", *own]] for k in range(n)]
-        note = _head_note(n, per_node, copies) + _groups_note(
-            copies, "DP-attention servers" if p.dp_attention else "replicas", s, n)
-        ports, checks = sglang_server_ports(p.attn_dp if p.dp_attention else 1, p.dp_attention, prefill, True)
-        guard = rust_guard(p.attn_dp, DIST_FIXED + 1, "DIST_PORT") if p.dp_attention else ""
-        return NodeLaunch(nodes, note, head=True, ports=ports, drop=("--dp-size",), checks=checks,
-                          endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")]] * copies, per_server=True,
-                          guard=guard)
-    if p.dp_attention and s < per_node and copies > 1:
-        if per_node % s:
-            raise refuse("sglang", f"DP-attention servers of {s} GPUs on nodes of {per_node} would straddle nodes",
-                         f"re-plan with --ep dividing {per_node}")
-        shares = _shares(copies, per_node // s)
-        stride, prefill = sglang_stride(shares[0], s, per_node), p.phase == "prefill"
-        nodes = [[[f"--base-gpu-id {j * s}", f"--port {port_word('PORT', stride * j)}",
-                   *([f"--disaggregation-bootstrap-port {port_word('BOOTSTRAP_PORT', j)}"] if prefill else [])]
-                  for j in range(m)] for m in shares]
-        ports, checks = sglang_ports(shares[0], stride, s, prefill)
-        boot = ", its KV bootstrap server at BOOTSTRAP_PORT + j (the router needs each one)" if prefill else ""
-        ends = [[(port_word("PORT", stride * j), port_word("BOOTSTRAP_PORT", j) if prefill else "")
-                 for j in range(m)] for m in shares]
-        return NodeLaunch(nodes, (f"# {copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each "
-                                  "command is one server on GPUs --base-gpu-id onward; server j of a node listens on "
-                                  f"--port PORT + {stride} j{boot}, its derived ports between; run this script "
-                                  f"{_on_nodes(len(shares))} and spread requests over the servers {ROUTER_HINT}\n"),
-                          ports=ports, checks=checks, endpoints=ends, guard=rust_guard(p.attn_dp, 0, "--port"))
+        return _sglang_server_over_nodes(pf)
+    if p.dp_attention and s < per_node and p.copies > 1:
+        return _sglang_servers_in_node(pf)
     if not p.dp_attention and p.num_gpus > per_node:
-        if per_node % s:
-            raise refuse("sglang", f"replicas of tp x pp = {s} GPUs on nodes of {per_node} would straddle nodes",
-                         f"re-plan with tp x pp dividing {per_node}")
-        shares, prefill = _shares(copies, per_node // s), p.phase == "prefill"
-        own = ['--port "$PORT"', *(['--disaggregation-bootstrap-port "$BOOTSTRAP_PORT"'] if prefill else [])]
-        nodes = [[[*([f"--dp-size {m}"] if m > 1 else []), *own]] for m in shares]
-        each = ", its replicas under its own --dp-size (one DP controller each)" if shares[0] > 1 else ""
-        ports, checks = sglang_server_ports(1, False, prefill, False)
-        return NodeLaunch(nodes, (f"# {copies} replicas over {len(shares)} nodes: one SGLang server a node{each} "
-                                  "(SGLang runs --dp-size over one node only without DP attention); run this script "
-                                  f"{_on_nodes(len(shares))} and spread requests over the servers "
-                                  f"{ROUTER_HINT}\n"), drop=("--dp-size",), ports=ports, checks=checks,
-                          endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")] for _ in shares])
+        return _sglang_replicas_over_nodes(pf)
     return None
+
+
+def _sglang_server_over_nodes(pf: PlanFile) -> NodeLaunch:
+    """One SGLang server (a replica or a DP-attention server) over n nodes: one command per node with --nnodes,
+    --node-rank and --dist-init-addr, the copies as independent groups of nodes."""
+    p, per_node = pf.plan, pf.cluster.gpus_per_node_used
+    s, copies = p.gpus_per_copy, p.copies
+    n = _span(s, per_node, "sglang", "a DP-attention server" if p.dp_attention else "a replica (tp x pp)")
+    prefill = p.phase == "prefill"
+    own = ['--dist-init-addr "$HEAD_ADDR:$DIST_PORT"', '--port "$PORT"',
+           *(['--disaggregation-bootstrap-port "$BOOTSTRAP_PORT"'] if prefill else [])]
+    nodes = [[[f"--nnodes {n}", f"--node-rank {k}", *own]] for k in range(n)]
+    note = _head_note(n, per_node, copies) + _groups_note(
+        copies, "DP-attention servers" if p.dp_attention else "replicas", s, n)
+    ports, checks = sglang_server_ports(p.attn_dp if p.dp_attention else 1, p.dp_attention, prefill, True)
+    guard = rust_guard(p.attn_dp, DIST_FIXED + 1, "DIST_PORT") if p.dp_attention else ""
+    return NodeLaunch(nodes, note, head=True, ports=ports, drop=("--dp-size",), checks=checks,
+                      endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")]] * copies, per_server=True,
+                      guard=guard)
+
+
+def _sglang_servers_in_node(pf: PlanFile) -> NodeLaunch:
+    """DP-attention servers smaller than a node: one command per server with --base-gpu-id and its own --port
+    (and bootstrap port), the servers of a node at a stride of ports; refuses servers that straddle nodes."""
+    p, per_node = pf.plan, pf.cluster.gpus_per_node_used
+    s, copies = p.gpus_per_copy, p.copies
+    if per_node % s:
+        raise refuse("sglang", f"DP-attention servers of {s} GPUs on nodes of {per_node} would straddle nodes",
+                     f"re-plan with --ep dividing {per_node}")
+    shares = _shares(copies, per_node // s)
+    stride, prefill = sglang_stride(shares[0], s, per_node), p.phase == "prefill"
+    nodes = [[[f"--base-gpu-id {j * s}", f"--port {port_word('PORT', stride * j)}",
+               *([f"--disaggregation-bootstrap-port {port_word('BOOTSTRAP_PORT', j)}"] if prefill else [])]
+              for j in range(m)] for m in shares]
+    ports, checks = sglang_ports(shares[0], stride, s, prefill)
+    boot = ", its KV bootstrap server at BOOTSTRAP_PORT + j (the router needs each one)" if prefill else ""
+    ends = [[(port_word("PORT", stride * j), port_word("BOOTSTRAP_PORT", j) if prefill else "")
+             for j in range(m)] for m in shares]
+    return NodeLaunch(nodes, (f"# {copies} DP-attention servers of {s} GPUs, {per_node // s} on a node: each "
+                              "command is one server on GPUs --base-gpu-id onward; server j of a node listens on "
+                              f"--port PORT + {stride} j{boot}, its derived ports between; run this script "
+                              f"{_on_nodes(len(shares))} and spread requests over the servers {ROUTER_HINT}\n"),
+                      ports=ports, checks=checks, endpoints=ends, guard=rust_guard(p.attn_dp, 0, "--port"))
+
+
+def _sglang_replicas_over_nodes(pf: PlanFile) -> NodeLaunch:
+    """TP replicas that fill several nodes: one server per node with that node's --dp-size (SGLang runs
+    --dp-size over one node only without DP attention); refuses replicas that straddle nodes."""
+    p, per_node = pf.plan, pf.cluster.gpus_per_node_used
+    s, copies = p.gpus_per_copy, p.copies
+    if per_node % s:
+        raise refuse("sglang", f"replicas of tp x pp = {s} GPUs on nodes of {per_node} would straddle nodes",
+                     f"re-plan with tp x pp dividing {per_node}")
+    shares, prefill = _shares(copies, per_node // s), p.phase == "prefill"
+    own = ['--port "$PORT"', *(['--disaggregation-bootstrap-port "$BOOTSTRAP_PORT"'] if prefill else [])]
+    nodes = [[[*([f"--dp-size {m}"] if m > 1 else []), *own]] for m in shares]
+    each = ", its replicas under its own --dp-size (one DP controller each)" if shares[0] > 1 else ""
+    ports, checks = sglang_server_ports(1, False, prefill, False)
+    return NodeLaunch(nodes, (f"# {copies} replicas over {len(shares)} nodes: one SGLang server a node{each} "
+                              "(SGLang runs --dp-size over one node only without DP attention); run this script "
+                              f"{_on_nodes(len(shares))} and spread requests over the servers "
+                              f"{ROUTER_HINT}\n"), drop=("--dp-size",), ports=ports, checks=checks,
+                      endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")] for _ in shares])
 
 
 def _vllm_nodes(pf: PlanFile) -> NodeLaunch | None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from llmplan.export.common import sh_header
 from llmplan.export.serve_nodes import BOOTSTRAP_PORT, PORT_ENV, SGLANG_PORT, VLLM_PORT, NodeLaunch
-from llmplan.export.serve_shell import count_check, port_check, stop
+from llmplan.export.serve_shell import count_check, port_var
 from llmplan.planfile import PlanFile
 
 ROUTER_PORT = 8080
@@ -94,21 +94,21 @@ def _addresses(n: int, what: str, phase: str, engine: str) -> str:
 
 def _router_port(first: str, last: str, span: str) -> str:
     """ROUTER_PORT and its checks: a port number, outside a node's servers' --port span (first .. last)."""
-    return f"ROUTER_PORT=${{ROUTER_PORT:-{ROUTER_PORT}}}\n" + port_check("ROUTER_PORT") + stop(
-        f"(( ROUTER_PORT >= 1024 && ROUTER_PORT <= 65535 && (ROUTER_PORT < {_arith(first)} || "
-        f"ROUTER_PORT > {_arith(last)}) ))",
+    return "".join(port_var(
+        "ROUTER_PORT", ROUTER_PORT, f"ROUTER_PORT >= 1024 && ROUTER_PORT <= 65535 && (ROUTER_PORT < {_arith(first)} || "
+        f"ROUTER_PORT > {_arith(last)})",
         f"ROUTER_PORT=$ROUTER_PORT: the router must not take a server's port ({span} on a node); set "
-        "ROUTER_PORT from 1024 to 65535 outside those")
+        "ROUTER_PORT from 1024 to 65535 outside those"))
 
 
 def _prometheus_port(first: str, last: str, span: str) -> str:
     """PROMETHEUS_PORT and its checks: a port number, not ROUTER_PORT, outside a node's servers' --port span (the
     router may run on a server's node): SGLang's router binds both (PROMETHEUS_PORT)."""
-    return f"PROMETHEUS_PORT=${{PROMETHEUS_PORT:-{PROMETHEUS_PORT}}}\n" + port_check("PROMETHEUS_PORT") + stop(
-        f"(( PROMETHEUS_PORT >= 1024 && PROMETHEUS_PORT <= 65535 && PROMETHEUS_PORT != ROUTER_PORT && "
-        f"(PROMETHEUS_PORT < {_arith(first)} || PROMETHEUS_PORT > {_arith(last)}) ))",
+    return "".join(port_var(
+        "PROMETHEUS_PORT", PROMETHEUS_PORT, "PROMETHEUS_PORT >= 1024 && PROMETHEUS_PORT <= 65535 && "
+        f"PROMETHEUS_PORT != ROUTER_PORT && (PROMETHEUS_PORT < {_arith(first)} || PROMETHEUS_PORT > {_arith(last)})",
         f"PROMETHEUS_PORT=$PROMETHEUS_PORT: the router's metrics port must differ from ROUTER_PORT=$ROUTER_PORT and "
-        f"from a server's port ({span} on a node); set PROMETHEUS_PORT from 1024 to 65535 outside those")
+        f"from a server's port ({span} on a node); set PROMETHEUS_PORT from 1024 to 65535 outside those"))
 
 
 def _launch(engine: str, phase: str) -> str:

@@ -33,6 +33,18 @@ def port_check(var: str) -> str:
                 f"{var}=${var} is not a port number (1 to 5 digits, no leading 0)")
 
 
+def port_var(var: str, default: int, test: str, message: str, prelude: str = "") -> tuple[str, str]:
+    """The line that sets the port variable `var` (the user's value, else `default`) and the lines that check
+    it: a port number (port_check), then the shell arithmetic `test`, else stop with `message` (stop, after
+    `prelude`)."""
+    return f"{var}=${{{var}:-{default}}}\n", port_check(var) + stop(f"(( {test} ))", message, prelude)
+
+
+def joined(parts: list[tuple[str, str]]) -> tuple[str, str]:
+    """The port_var parts as one block of variable lines and one of checks, each in the parts' order."""
+    return "".join(line for line, _ in parts), "".join(check for _, check in parts)
+
+
 def port_word(var: str, offset: int) -> str:
     """A shell word for the port `offset` above the port variable `var`."""
     return f'"${var}"' if offset == 0 else f'"$(({var}+{offset}))"'

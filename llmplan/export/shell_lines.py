@@ -46,48 +46,59 @@ def _lex(text: str) -> list[Line] | None:
     continued = False
     for raw in text.split("\n"):
         start_array = stack[-1:] == ["array"]
-        words: list[Word] = []
-        word, word_array, i, comment, continues = "", False, 0, "", False
-        while i < len(raw):
-            c = raw[i]
-            if c in " \t" and stack[-1:] != ["brace"]:
-                if word:
-                    words.append(Word(word, word_array))
-                word, i = "", i + 1
-                continue
-            if not word:
-                word_array = stack[-1:] == ["array"]
-                if c == "#":
-                    comment = raw[i:]
-                    break
-            if c == "\\":
-                if i + 1 == len(raw):
-                    continues = True
-                    break
-                word, i = word + raw[i:i + 2], i + 2
-                continue
-            if c in "'\"":
-                end = _quote_end(raw, i)
-                if end < 0:
-                    return None
-                word, i = word + raw[i:end + 1], end + 1
-                continue
-            if c == "`" or c == "<" and raw.startswith("<<", i):
-                return None
-            if c == "(":
-                stack.append("array" if word.endswith("=") else "cmd")
-            elif c == "{" and word.endswith("$"):
-                stack.append("brace")
-            elif c == ")" and stack[-1:] in (["cmd"], ["array"]) or c == "}" and stack[-1:] == ["brace"]:
-                stack.pop()
-            elif c == ")" and stack:  # a `case` pattern's ')' closes nothing; any other stray one: give up
-                return None
-            word, i = word + c, i + 1
-        if word:
-            words.append(Word(word, word_array))
-        lines.append(Line(tuple(words), comment, continues, start_array, continued))
+        lexed = _lex_line(raw, stack)
+        if lexed is None:
+            return None
+        words, comment, continues = lexed
+        lines.append(Line(words, comment, continues, start_array, continued))
         continued = continues
     return None if stack or continued else lines
+
+
+def _lex_line(raw: str, stack: list[str]) -> tuple[tuple[Word, ...], str, bool] | None:
+    """One physical line's unquoted words, its trailing comment and whether it ends with a backslash-newline;
+    `stack`, the open '(' kinds carried from line to line, is updated in place. None where the line leaves the
+    lexer's reach (an unclosed quote, a backquote, a here-document, a stray ')')."""
+    words: list[Word] = []
+    word, word_array, i, comment, continues = "", False, 0, "", False
+    while i < len(raw):
+        c = raw[i]
+        if c in " \t" and stack[-1:] != ["brace"]:
+            if word:
+                words.append(Word(word, word_array))
+            word, i = "", i + 1
+            continue
+        if not word:
+            word_array = stack[-1:] == ["array"]
+            if c == "#":
+                comment = raw[i:]
+                break
+        if c == "\\":
+            if i + 1 == len(raw):
+                continues = True
+                break
+            word, i = word + raw[i:i + 2], i + 2
+            continue
+        if c in "'\"":
+            end = _quote_end(raw, i)
+            if end < 0:
+                return None
+            word, i = word + raw[i:end + 1], end + 1
+            continue
+        if c == "`" or c == "<" and raw.startswith("<<", i):
+            return None
+        if c == "(":
+            stack.append("array" if word.endswith("=") else "cmd")
+        elif c == "{" and word.endswith("$"):
+            stack.append("brace")
+        elif c == ")" and stack[-1:] in (["cmd"], ["array"]) or c == "}" and stack[-1:] == ["brace"]:
+            stack.pop()
+        elif c == ")" and stack:  # a `case` pattern's ')' closes nothing; any other stray one: give up
+            return None
+        word, i = word + c, i + 1
+    if word:
+        words.append(Word(word, word_array))
+    return tuple(words), comment, continues
 
 
 def _quote_end(raw: str, i: int) -> int:

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from llmplan.export.common import (accumulation_notes, check_accumulation, expert_bias, header_lines, hf_repo,
-                                   launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse,
+                                   launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse, refuse_first,
                                    sh_header, tp_refusals, virtual_stage_layers, norm_kernel_refusals,
                                    softmax_kernel_refusals, swiglu_fp8_refusal, jit_activation_refusal, megatron_fsdp_refusal,
                                    parallel_block_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal, delay_wgrad_refusal,
@@ -171,6 +171,9 @@ def recompute_layers_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
 
 
 def _check_common(pf: PlanFile, target: str) -> None:
+    """Refuse, with the rule and its fix, what neither torchtitan version runs as priced: not a training plan, a
+    hybrid or latent-MoE model, then the optimizer, ZeRO-1, dtype, kernels and pipeline sends, then
+    _check_precision and _check_recompute_moe."""
     need_mode(pf, "train", target)
     if pf.model.is_hybrid:
         raise refuse(target, f"the hybrid layer stack of {pf.model.name} (Mamba-2 / Gated DeltaNet / mixer-only "
@@ -179,24 +182,16 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, f"the latent MoE of {pf.model.name} (moe_latent_size {pf.model.moe_latent_size}: "
                      "torchtitan's MoE has no latent projections around its experts)", "export to megatron")
     p = pf.plan
-    what, bad, fix = muon_refusal(p)
-    if bad:
-        raise refuse(target, what, fix)
+    refuse_first(target, [muon_refusal(p)])
     if p.zero == 1:
         raise refuse(target, "ZeRO-1 (FSDP2 shards gradients and weights too)",
                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
-    what, bad, fix = dtype_refusal(p)
-    if bad:
-        raise refuse(target, what, fix)
-    what, bad, fix = grad_checks_refusal(p)
-    if bad:
-        raise refuse(target, what, fix)
-    for what, bad, fix in [*tp_refusals(pf), *op_fuser_refusals(pf), *norm_kernel_refusals(pf),
-                           *softmax_kernel_refusals(pf),
-                          parallel_block_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), whole_embedding_refusal(pf), ep_overlap_refusal(pf),
-                          delay_wgrad_refusal(pf), router_fusion_refusal(pf), router_padding_refusal(pf)]:
-        if bad:
-            raise refuse(target, what, fix)
+    refuse_first(target, [dtype_refusal(p)])
+    refuse_first(target, [grad_checks_refusal(p)])
+    refuse_first(target, [*tp_refusals(pf), *op_fuser_refusals(pf), *norm_kernel_refusals(pf),
+                          *softmax_kernel_refusals(pf), parallel_block_refusal(pf), kept_grad_shards_refusal(pf),
+                          fp32_embedding_grads_refusal(pf), whole_embedding_refusal(pf), ep_overlap_refusal(pf),
+                          delay_wgrad_refusal(pf), router_fusion_refusal(pf), router_padding_refusal(pf)])
     if p.pp_blocking_sends and p.pp > 1:  # torch.distributed.pipelining posts isend / irecv, no device sync
         raise refuse(target, "pipeline exchanges that block and synchronise the device (pp_blocking_sends: "
                      "Megatron-LM 2021-22; torchtitan's pipeline schedules wait for a receive only before its use)",
@@ -208,6 +203,14 @@ def _check_common(pf: PlanFile, target: str) -> None:
     if launcher_schedule("torchtitan", p.pp_schedule) is None:
         raise refuse(target, f"the {p.pp_schedule} schedule (torchtitan's ZBVZeroBubble / DualPipeV run two "
                      "V-shaped stages per rank, a layout this export does not write)", "re-plan with --pp-schedule 1f1b")
+    _check_precision(pf, target)
+    _check_recompute_moe(pf, target)
+
+
+def _check_precision(pf: PlanFile, target: str) -> None:
+    """Refuse the fp8 / fp4 recipes, optimizer dtypes, bf16 layers, activation and attention precision, the
+    unfused rotary and the gradient reduction that torchtitan does not run as priced."""
+    p = pf.plan
     if p.dtype == "fp8" and p.recipe == "blockwise":
         # check_switches rule dtensor_recipe: torchao's prototype Float8BlockwiseLinear (pytorch/ao@db46a188
         # torchao/prototype/blockwise_fp8_training/linear.py); torchtitan registers no converter for it
@@ -215,30 +218,25 @@ def _check_common(pf: PlanFile, target: str) -> None:
         raise refuse(target, "the blockwise recipe (1x128 / 128x128 block scaling runs in torchao's prototype "
                      "Float8BlockwiseLinear, for which torchtitan has no converter)",
                      "export to megatron, or re-plan with --precision fp8-rowwise")
-    what, bad, fix = converter_refusal(p)
-    if bad:
-        raise refuse(target, what, fix)
-    for what, bad, fix in (optimizer_dtype_refusal(p), param_remainders_refusal(p)):
-        if bad:
-            raise refuse(target, what, fix)
+    refuse_first(target, (converter_refusal(p), optimizer_dtype_refusal(p), param_remainders_refusal(p)))
     if sum(bf16_layer_counts(p, pf.model.num_hidden_layers)) or p.bf16_modules:
         raise refuse(target, "layers or modules kept in bf16 under the fp8 recipe (Megatron's "
                      "--first-last-layers-bf16, --te-precision-config-file; this export writes no float8 filter)",
                      "re-plan with --bf16-layers-start 0 --bf16-layers-end 0 and no --bf16-modules, or export to "
                      "megatron")
-    for what, bad, fix in (swiglu_fp8_refusal(p), jit_activation_refusal(p), megatron_fsdp_refusal(p)):
-        if bad:
-            raise refuse(target, what, fix)
-    for what, bad, fix in (fp8_attention_refusal(p), saved_input_refusal(p)):  # fp8_params with rowwise: check_plan
-        if bad:
-            raise refuse(target, what, fix)
+    refuse_first(target, (swiglu_fp8_refusal(p), jit_activation_refusal(p), megatron_fsdp_refusal(p)))
+    refuse_first(target, (fp8_attention_refusal(p), saved_input_refusal(p)))  # fp8_params with rowwise: check_plan
     if p.fused_kernels and not p.rope_fusion:
         raise refuse(target, "the rotary embedding unfused (rope_fusion off, Megatron-Core's eager rotary) with "
                      "fused kernels: torch.compile of the model, which this export turns on for them, fuses it",
                      "set rope_fusion true in the plan, or export to megatron")
-    what, bad, fix = grad_reduce_refusal(p)
-    if bad:
-        raise refuse(target, what, fix)
+    refuse_first(target, [grad_reduce_refusal(p)])
+
+
+def _check_recompute_moe(pf: PlanFile, target: str) -> None:
+    """Refuse Megatron's selective recompute, per-expert GEMMs, MoE dispatch and routing, and the optimizer
+    placement, offloading and partial recompute that torchtitan does not run as priced."""
+    p = pf.plan
     if p.recompute == "selective":
         raise refuse(target, "selective recompute as llmplan costs it (Megatron's: the attention core, which "
                      "fused attention does not store anyway); torchtitan's selective checkpointing (op policy) "
@@ -255,10 +253,8 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "DeepEP in a model's config function, which this export does not write, and routes with the "
                      "model's own router)", "re-plan with --moe-dispatcher alltoall --moe-routing random, or "
                      "export to megatron")
-    for what, bad, fix in (dp_outer_optimizer_refusal(p), offload_moe_act_refusal(p), offload_modules_refusal(p),
-                           offload_layers_refusal(p), recompute_layers_refusal(p)):
-        if bad:
-            raise refuse(target, what, fix)
+    refuse_first(target, (dp_outer_optimizer_refusal(p), offload_moe_act_refusal(p), offload_modules_refusal(p),
+                          offload_layers_refusal(p), recompute_layers_refusal(p)))
 
 
 def converter_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
@@ -279,9 +275,7 @@ def check(pf: PlanFile) -> None:
                      f"use one of {', '.join(sorted(CONFIGS))}, or export to megatron"
                      + (" or torchtitan-0.2" if m.name in FLAVORS else ""))
     module, bf16, fp8 = CONFIGS[m.name]
-    what, bad, fix = tensorwise_refusal(p)  # _check_common refused the other fp8 recipes
-    if bad:
-        raise refuse(TARGET, what, fix)
+    refuse_first(TARGET, [tensorwise_refusal(p)])  # _check_common refused the other fp8 recipes
     if (fp8 if p.dtype == "fp8" else bf16) is None:
         other = "bf16" if p.dtype == "fp8" else "fp8"
         raise refuse(TARGET, f"{p.dtype} training of {m.name} (torchtitan {TORCHTITAN_VERSION} sets float8 in a "
@@ -411,9 +405,7 @@ def check_legacy(pf: PlanFile) -> None:
     _check_common(pf, LEGACY_TARGET)
     _check_layout(pf, LEGACY_TARGET)
     p, m = pf.plan, pf.model
-    what, bad, fix = delayed_scaling_refusal(p)
-    if bad:
-        raise refuse(LEGACY_TARGET, what, fix)
+    refuse_first(LEGACY_TARGET, [delayed_scaling_refusal(p)])
     if m.name not in FLAVORS:
         raise refuse(LEGACY_TARGET, f"torchtitan {LEGACY_VERSION} has no model flavour for {m.name}",
                      f"use one of {', '.join(sorted(FLAVORS))}, or export to megatron")
@@ -434,6 +426,19 @@ def check_legacy(pf: PlanFile) -> None:
                      "this export writes only the TOML)", "export to torchtitan (0.3), or set cuda_lazy_loading true "
                      "in the plan")
     _check_tp_impl(pf, LEGACY_TARGET)
+    _check_legacy_fp8(pf)
+    if p.cp > 1 and p.cp_impl == "te":
+        raise refuse(LEGACY_TARGET, f"context parallelism priced as Transformer Engine's (cp_impl te, cp_comm_type "
+                     f"{p.cp_comm_type}); torchtitan "
+                     f"{LEGACY_VERSION} runs PyTorch's (query-head K/V, fp32 K/V gradients: more traffic)",
+                     "re-plan with --cp-impl torch-allgather (its default rotate method) or torch-alltoall")
+    check_accumulation(pf, LEGACY_TARGET, "torchtitan", *accumulation(pf))
+
+
+def _check_legacy_fp8(pf: PlanFile) -> None:
+    """Refuse the fp8 plans torchtitan v0.2.2 does not run as priced: float8 TP, fp8 routed experts outside its
+    rowwise grouped GEMMs, fp8_params where FSDP does not shard the weights."""
+    p, m = pf.plan, pf.model
     if p.dtype == "fp8" and p.recipe == "tensorwise" and p.tp > 1:  # torchtitan@73a0e69 models/*/infra/parallelize.py
         raise refuse(LEGACY_TARGET, f"float8 tensor parallelism (fp8 tensorwise at tp {p.tp}: torchtitan "
                      f"{LEGACY_VERSION} turns it on only when model.converters holds \"float8\", a name it no longer "
@@ -452,12 +457,6 @@ def check_legacy(pf: PlanFile) -> None:
         raise refuse(LEGACY_TARGET, f"fp8_params with zero {p.zero} and dp {p.dp} (torchtitan {LEGACY_VERSION} "
                      "enables the float8 all-gather only where FSDP shards the weights, data_parallel_shard_degree "
                      "> 1: this plan's weights would stay bf16)", "re-plan with --no-fp8-params, or --zero 3")
-    if p.cp > 1 and p.cp_impl == "te":
-        raise refuse(LEGACY_TARGET, f"context parallelism priced as Transformer Engine's (cp_impl te, cp_comm_type "
-                     f"{p.cp_comm_type}); torchtitan "
-                     f"{LEGACY_VERSION} runs PyTorch's (query-head K/V, fp32 K/V gradients: more traffic)",
-                     "re-plan with --cp-impl torch-allgather (its default rotate method) or torch-alltoall")
-    check_accumulation(pf, LEGACY_TARGET, "torchtitan", *accumulation(pf))
 
 
 def stage_modules(pf: PlanFile) -> list[list[str]]:
