@@ -86,7 +86,8 @@ def summarise(ms: list[Measured], min_iterations: int = 1,
 
 
 def thresholds() -> dict[str, float]:
-    """Per binding fit record, the flat fraction of llmplan's tensors at which it sits exactly at capacity."""
+    """Per binding fit record, the fraction of llmplan's allowance base (the churned tensors since
+    docs/validation.md#split-allowance) at which it sits exactly at capacity."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import allocator_reserve as R
 

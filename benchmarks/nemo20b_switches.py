@@ -55,7 +55,7 @@ def main() -> int:
                     ("activations: embedding", mem.activation_parts.embedding),
                     ("CUDA context", rt.context), ("cuBLAS / TE workspaces", rt.cublas),
                     (f"NCCL ({int(rt.communicators)} communicators)", rt.nccl), ("userbuffers", rt.userbuffers),
-                    ("fragmentation (5% of tensors)", float(mem.total) - float(bare.total)),
+                    ("fragmentation (5% of churned tensors)", float(mem.total) - float(bare.total)),
                     ("total", mem.total)):
         print(f"  {name:32s} {float(v) / GIB:7.3f}")
     print("binding fit records: total - capacity (GiB), as priced / with two-rank communicators at one connection")

@@ -28,7 +28,9 @@ H, F, V, L = 4096, 14336, 128256, 32
 UNIT = H * (H + 2 * 8 * 128) + H * H + 3 * H * F + 2 * H  # QKV, output projection, SwiGLU MLP, two norms
 ENDS = 2 * V * H + H
 TOTAL = L * UNIT + ENDS
-FRAGMENTATION = 1.05  # the default allowance's 5% of the tensor memory (docs/formulas.md#mem.other)
+# the default allowance: 5% of the churned tensors, the gathered and queued buffers among them
+# (docs/formulas.md#mem.fragmentation)
+FRAGMENTATION = 1.05
 
 
 def plan(zero: int, on: bool, **kw) -> ParallelPlan:

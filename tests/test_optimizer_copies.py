@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,7 @@ from llmplan.specs.hf import from_hf_config
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models
+from llmplan.specs.allowance import MemoryAllowance
 from llmplan.units import GIB
 
 
@@ -63,7 +65,11 @@ def test_allocated_peak_is_the_largest_phase(dp: int, mb: int) -> None:
     step = w + o + n * 2 / dp + n * 2 / dp + n * 4 / dp
     reduce = w + g + o + min(5e8, n) * 2
     assert float(on.after_backward) == max(0.0, max(step, reduce) - (w + g + o + a))
-    assert float(on.total) - float(on.after_backward) == float(off.total)
+    # beyond that, DeepSpeed's param.grad is freed at each step and reallocated (stage_1_and_2.py
+    # free_grad_in_param_list), so its gradients carry the fragmentation fraction that Megatron's held buffer
+    # does not (docs/formulas.md#mem.fragmentation)
+    frag = MemoryAllowance().fragmentation
+    assert float(on.total) - float(on.after_backward) == pytest.approx(float(off.total) + frag * g, rel=1e-12)
     assert float(on.optimizer_copies) == min(5e8, n) * 2 + n * 6 / dp
 
 

@@ -28,6 +28,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     model_state_bytes,
 )
 from llmplan.cost.model_states import (after_backward_peak, bf16_gathered_params, bf16_kept_params, fresh_grad_bytes,
+                                       churned_gradients,
                                        bf16_parts_extra_bytes, fp32_embedding_grad_bytes, fp32_shards_are_master,
                                        gradient_params,
                                        stored_weight_bytes,
@@ -292,8 +293,9 @@ class TrainingMemory(Breakdown):
     activations: Any
     other: Any
     """Runtime bytes (the priced CUDA context, cuBLAS workspace and NCCL buffers, or the stated fixed
-    allowance), fragmentation, ZeRO-3 gathered-layer buffers (per tensor: what its backward's gradient hooks
-    hold beyond the start of the backward, docs/formulas.md#mem.zero3_tensor_peak)."""
+    allowance), fragmentation (a fraction of the churned tensors: `fragmentation`), ZeRO-3 gathered-layer
+    buffers (per tensor: what its backward's gradient hooks hold beyond the start of the backward,
+    docs/formulas.md#mem.zero3_tensor_peak)."""
     activation_parts: ActivationBytes
     capacity: float
     runtime: RuntimeBytes | None = None
@@ -312,6 +314,12 @@ class TrainingMemory(Breakdown):
     muon_saving: Any = 0.0
     """Not a part: the Adam moment bytes `optimizer` leaves out under Muon (cost.muon.muon_moment_saving;
     docs/formulas.md#optim.muon_memory); 0 under adam."""
+    fragmentation: Any = 0.0
+    """Not a part: bytes inside `other` for the caching allocator's fragmentation, MemoryAllowance.fragmentation
+    x `churned` (docs/formulas.md#mem.fragmentation)."""
+    churned: Any = 0.0
+    """Not a part: the tensor bytes freed and allocated again every micro-batch or step that the fragmentation
+    allowance is a fraction of (churned_bytes); the buffers held all run carry none."""
 
     @property
     def fits(self) -> Any:
@@ -320,6 +328,19 @@ class TrainingMemory(Breakdown):
     @property
     def headroom(self) -> Any:
         return self.capacity - self.total
+
+
+def churned_bytes(activations: Any, fresh: Any, gathered: Any, gradients: Any) -> Any:
+    """The tensor bytes that PyTorch's caching allocator sees freed and allocated again every micro-batch or step,
+    which its freed blocks, split by smaller requests, can fragment: the activations (and recompute working set),
+    the fresh weight gradients, the gathered / queued ZeRO-3 and FSDP buffers, and the gradients where the
+    optimizer frees them at each step (`gradients`: cost.model_states.churned_gradients, else 0). The buffers
+    held all run are left out: an allocation of 10 MiB or more gets a segment of its own, its size rounded up to
+    2 MiB (get_allocation_size: kMinLargeAlloc 10 MiB, kRoundLarge 2 MiB), so a weight, gradient-buffer or
+    optimizer-state buffer allocated once wastes under 2 MiB. Source: pytorch/pytorch
+    c10/cuda/CUDACachingAllocator.cpp at 001074d25084 (kMinLargeAlloc, kRoundLarge, get_allocation_size).
+    Derived: docs/formulas.md#mem.fragmentation"""
+    return activations + fresh + gathered + gradients
 
 
 def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: MemoryAllowance,
@@ -409,12 +430,19 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     runtime = runtime_bytes(plan, stage, nccl_channels, plan.cuda_lazy_loading, ub,
                             compute_capability) if stated is None else None
     fixed = stated * GIB if stated is not None else runtime.total if runtime is not None else 0.0
-    other = fixed + allowance.fragmentation * (tensors + gathered) + gathered + after + fresh
+    # The caching allocator's fragmentation, a fraction of the tensors freed and allocated again every micro-batch
+    # or step (activations, fresh gradients, gathered / queued buffers; DeepSpeed ZeRO-1/2's param.grad); none
+    # on the buffers held all run (weights, held gradient buffers, optimizer states, weight caches), each a
+    # segment of its own. Derived: docs/formulas.md#mem.fragmentation
+    churned = churned_bytes(act.total, fresh, gathered, where(churned_gradients(plan), gradients, 0.0))
+    frag = allowance.fragmentation * churned
+    other = fixed + frag + gathered + after + fresh
     return TrainingMemory(
         stage=stage, params_on_rank=rp.total, weights=dense.weights + expert.weights + cache,
         gradients=gradients, optimizer=optimizer,
         activations=act.total, other=other, activation_parts=act, capacity=capacity, runtime=runtime,
         optimizer_copies=copies, after_backward=after, fresh_grad=fresh, muon_saving=saving,
+        fragmentation=frag, churned=churned,
     )
 
 

@@ -195,6 +195,20 @@ def fp32_embedding_grad_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any) -> A
     return where(on, (4.0 - plan.grad_bytes) * (first + tied_copy), 0.0)
 
 
+def churned_gradients(plan: ParallelPlan) -> Any:
+    """Whether the priced gradients are freed and allocated again every step, so inside the fragmentation
+    allowance's churned bytes (docs/formulas.md#mem.fragmentation): DeepSpeed's ZeRO-1/2 optimizer
+    (stage_1_and_2.py, the grad_reduce all-reduce path with 16-bit gradients under a wider master, as
+    optimizer_copies) frees every param.grad at its step (free_grad_in_param_list of the partition's and the
+    other parameters) and autograd allocates them again in the next backward. Elsewhere the gradients live in
+    buffers allocated once and held all run: Megatron-Core's contiguous grad buffer (param_and_grad_buffer.py),
+    Apex DistributedFusedAdam's buckets, DeepSpeed BF16_Optimizer's fp32 flat gradients (its master dtype).
+    Source: microsoft/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py at 2151c787a (step:
+    free_grad_in_param_list); NVIDIA/Megatron-LM megatron/core/distributed/param_and_grad_buffer.py."""
+    return (plan.grad_reduce == "all-reduce") & (plan.zero >= 1) & (plan.grad_bytes < plan.master_bytes) \
+        & (plan.optimizer != "muon")
+
+
 def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradients: Any,
                         emb32: Any = 0.0) -> tuple[Any, Any]:
     """(bytes of the optimizer_copies, the allocated peak after the backward) of a rank holding `rp` whose

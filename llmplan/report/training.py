@@ -62,6 +62,7 @@ def memory_json(mem: TrainingMemory, plan: ParallelPlan, cluster: ClusterSpec | 
             "offloaded_to_host": f(a.offloaded),
             "optimizer_copies": f(mem.optimizer_copies), "after_backward": f(mem.after_backward),
             "fresh_grad": f(mem.fresh_grad),
+            "fragmentation": f(mem.fragmentation), "churned": f(mem.churned),
             "runtime_parts": None if mem.runtime is None else {
                 "context": f(mem.runtime.context), "cublas": f(mem.runtime.cublas), "nccl": f(mem.runtime.nccl),
                 "userbuffers": f(mem.runtime.userbuffers), "nccl_communicators": int(mem.runtime.communicators)}}
@@ -437,7 +438,8 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
                  ("  TP-overlap userbuffers", mem.runtime.userbuffers, "mem.userbuffers")]
     # the excess of the reduction / step peak (ZeRO-1 copies) over the backward's, not the copies themselves
     rows += [("  ZeRO-1 step peak excess", mem.after_backward, "mem.optimizer_copies"),
-             ("  fresh weight gradient", mem.fresh_grad, "mem.fresh_grads")]
+             ("  fresh weight gradient", mem.fresh_grad, "mem.fresh_grads"),
+             ("  fragmentation (churned)", mem.fragmentation, "mem.fragmentation")]
     for name, val, ref in rows:
         if name.startswith("  ") and val == 0:
             continue

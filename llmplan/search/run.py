@@ -879,7 +879,9 @@ def _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowanc
     frag = (allowance or MemoryAllowance()).fragmentation
     fixed = (allowance or MemoryAllowance()).fixed_gib
     runtime = fixed * GIB if fixed is not None else float(mem_c.runtime.total if mem_c.runtime else 0.0)
-    room = (cap - min_headroom) / (1 + frag) - float(mem_c.activations) - runtime
+    # the fragmentation allowance on the activations only: the model states are held buffers
+    # (docs/formulas.md#mem.fragmentation)
+    room = cap - min_headroom - (1 + frag) * float(mem_c.activations) - runtime
     nodes = int(np.ceil(cluster.num_nodes * states / room)) if room > 0 else 0
     if nodes > cluster.num_nodes:  # model states shrink about linearly with more GPUs (more pp / dp sharding)
         tips.append(f"about {nodes} nodes instead of {cluster.num_nodes} (--nodes)")

@@ -16,4 +16,8 @@ class MemoryAllowance(Spec):
     """Per-GPU bytes outside the tensors (CUDA context, cuBLAS workspace, NCCL communicator buffers), GiB, when
     stated; None: priced from the plan (cost.runtime_memory, docs/formulas.md#mem.runtime)."""
     fragmentation: float = Field(default=0.05, ge=0, le=1)
-    """Fraction added to the tensor memory for caching-allocator fragmentation."""
+    """Fraction added for caching-allocator fragmentation, of the tensors freed and allocated again every
+    micro-batch or step (activations, fresh weight gradients, gathered ZeRO-3 / FSDP buffers, gradients an
+    optimizer frees at its step: TrainingMemory.churned); the buffers held all run (weights, gradient buffers,
+    optimizer states) get none: each is a segment of its own, rounded up to 2 MiB
+    (docs/formulas.md#mem.fragmentation)."""

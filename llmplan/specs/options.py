@@ -38,7 +38,7 @@ class MemoryOptions(BaseModel):
     """Fixed runtime allowance per GPU, GiB (MemoryAllowance.fixed_gib); None: priced (training) or the serving
     allowance."""
     fragmentation: float
-    """Allocator fragmentation, a fraction of tensor memory (MemoryAllowance.fragmentation)."""
+    """Allocator fragmentation, a fraction of the churned tensor memory (MemoryAllowance.fragmentation)."""
 
 
 class CheckpointOptions(BaseModel):
