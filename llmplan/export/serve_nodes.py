@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from llmplan.export.common import refuse
-from llmplan.export.serve_shell import (count_check, joined, port_advice, port_var, port_word, stop,
+from llmplan.export.serve_shell import (count_check, joined, port_advice, port_var, port_word,
                                          visible_lines, visible_slice)
 from llmplan.planfile import PlanFile
 
