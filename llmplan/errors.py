@@ -45,17 +45,34 @@ def bounded_list(items: Iterable[object], limit: int = MAX_LISTED, sep: str = ",
 
 
 
+SHOWN = 60
+"""Most characters of a value a not_one_of line shows; a longer one is cut and marked with '...'."""
+
+
+def shown(value: object, limit: int = SHOWN) -> str:
+    """A value as an error line shows it: as given, or quoted (repr) where plain text would hide it (empty,
+    blank at either end, a control character: a line break would split the one line); at most `limit`
+    characters, a cut marked with '...'."""
+    text = str(value)
+    if not text or text != text.strip() or not text.isprintable():
+        text = repr(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def not_one_of(flag: str, value: object, allowed: Iterable[object], what: str | None = None,
                give: str | None = None) -> str:
     """The one line for an option given a value outside its set (an enum flag: --kv-dtype fp4): the flag and
-    value, what the flag names (`what`, where the caller knows it), the accepted values and the fix: the accepted
-    value alike to the one given (difflib's similarity, at least 0.5), else any of them. Every enum flag answers
-    in these words (specs.registry.validation_message for the flags a spec's Literal checks, and for a spec
-    file's field: `give` the words of the fix before the value, "set norm_type:", instead of "give FLAG")."""
+    value (errors.shown), what the flag names (`what`, where the caller knows it), the accepted values and the
+    fix: the one accepted value equal to the one given but for case and blanks at either end, else the one alike
+    to it (difflib's similarity, at least 0.5), else any of them. Every enum flag answers in these words
+    (specs.registry.validation_message for the flags a spec's Literal checks, and for a spec file's field:
+    `give` the words of the fix before the value, "set norm_type:", instead of "give FLAG")."""
     import difflib
     choices = [str(a) for a in allowed]
-    given = str(value)[:60]
-    near = difflib.get_close_matches(given, choices, n=1, cutoff=0.5)
+    text = str(value)
+    folded = [c for c in choices if c.casefold() == text.strip().casefold()]
+    near = folded if len(folded) == 1 else difflib.get_close_matches(text[:SHOWN], choices, n=1, cutoff=0.5)
     lead = give or f"give {flag}"
     fix = f"{lead} {near[0]}" if near else f"{lead} one of them" if give else f"give {flag} with one of them"
-    return f"{flag} {given}{f' is not {what}' if what else ''}: it must be one of {bounded_list(choices)}; {fix}"
+    return (f"{flag} {shown(value)}{f' is not {what}' if what else ''}: it must be one of {bounded_list(choices)}; "
+            f"{fix}")

@@ -692,7 +692,11 @@ def search_workload(m: ModelSpec, pins: SearchPins, s: SwitchOptions) -> Workloa
         zero = "a free --zero" if pins.zero is None else f"--zero {pins.zero}"
         raise LlmplanError(f"--grad-reduce all-reduce with {zero}: ZeRO-2/3 keep only their gradient shard, so "
                            "they reduce-scatter; pin --zero 1 (or 0) or drop --grad-reduce")
-    build(ParallelPlan, {"seq_len": seq, "global_batch": global_batch, **flags}, "workload options", OPTION_FLAGS)  # validates
+    # a value the user gave names its flag (as estimate's PLAN_FLAGS); a derived one names the field
+    given = {**({"seq_len": "--seq-len"} if s.seq_len is not None else {}),
+             **({"global_batch": "--global-batch"} if pins.global_batch is not None else {})}
+    build(ParallelPlan, {"seq_len": seq, "global_batch": global_batch, **flags}, "workload options",
+          {**OPTION_FLAGS, **given})  # validates
     return Workload(global_batch=global_batch, seq_len=seq, **flags)
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from llmplan.export.common import refuse
-from llmplan.export.serve_shell import (count_check, joined, port_advice, port_var, port_word, stop,
+from llmplan.export.serve_shell import (count_check, joined, port_advice, port_var, port_word,
                                          visible_lines, visible_slice)
 from llmplan.planfile import PlanFile
 
@@ -59,7 +59,7 @@ class NodeLaunch:
     the GPUs a node's servers take slices of (serve_shell.visible_lines; 0: no slices); `addrs`: the nodes whose
     addresses NODE_ADDRS lists, in NODE_RANK order (0: none read); `nixl_host`: the node's NIXL side-channel host
     is set from NODE_ADDR (NIXL_HOST); `guard`: lines that stop the serve script (not its router's) on an
-    environment the launch cannot run under (rust_guard)."""
+    environment the launch cannot run under (none written at present)."""
     nodes: list[list[list[str]]]
     note: str
     head: bool = False
@@ -96,30 +96,6 @@ picked free by the OS."""
 ZMQ_SPAN = 240
 """--port + 233 (the dist-init port) + 1 (port_base) + 6 fixed ports: the derived block ends at --port + 239, the
 Rust path's DP-rank ports follow it (SGLANG_PORT)."""
-
-
-RUST_OFF = '[[ ! "${RUST_SERVER,,}" =~ ^(1|true|yes|y)$ ]]'
-"""The shell test that SGLang reads SGLANG_RUST_SERVER (copied into RUST_SERVER, empty when unset) as off: its
-EnvBool takes true, 1, yes or y in any case (srt/environ.py EnvBool.parse)."""
-
-
-def rust_guard(ranks: int, first: int, base: str) -> str:
-    """The lines that stop the script where SGLang's Rust-server path (SGLANG_RUST_SERVER) would give two of a
-    server's sockets one port: its DP handshake sits at `base` + 13 (DP_ATTENTION_HANDSHAKE_PORT_DELTA,
-    managers/data_parallel_controller.py) and the Rust path puts one port a DP rank from `base` + `first` (over
-    nodes the scheduler-input ports, first 7: srt/server_args.py PortArgs.init_new, port_base + 6 + dp_rank; on
-    one node the listeners, first 0: rust_server/server.py, --port + local DP rank), so `ranks` DP ranks reach
-    base + 13 from 13 - first + 1 ranks on. Both ports derive from `base`, so no choice of port variable moves
-    them apart: the script refuses the Rust path there (conservative: it assumes the DP controller also runs
-    on that path). Empty where the ranks do not reach base + 13."""
-    if first + ranks - 1 < DIST_HANDSHAKE:
-        return ""
-    rank = DIST_HANDSHAKE - first
-    what = "scheduler-input port" if first else "listener"
-    return "RUST_SERVER=${SGLANG_RUST_SERVER:-}\n" + stop(
-        RUST_OFF, f"SGLANG_RUST_SERVER=$RUST_SERVER: on SGLang's Rust-server path DP rank {rank}'s {what} "
-                  f"{base}+{first}+{rank} is its DP handshake port {base}+{DIST_HANDSHAKE}, and a server here has "
-                  f"{ranks} DP ranks; unset SGLANG_RUST_SERVER, or re-plan with at most {rank} DP ranks a server")
 
 
 def sglang_span(ranks: int) -> int:
@@ -372,10 +348,8 @@ def _sglang_server_over_nodes(pf: PlanFile) -> NodeLaunch:
     note = _head_note(n, per_node, copies) + _groups_note(
         copies, "DP-attention servers" if p.dp_attention else "replicas", s, n)
     ports, checks = sglang_server_ports(p.attn_dp if p.dp_attention else 1, p.dp_attention, prefill, True)
-    guard = rust_guard(p.attn_dp, DIST_FIXED + 1, "DIST_PORT") if p.dp_attention else ""
     return NodeLaunch(nodes, note, head=True, ports=ports, drop=("--dp-size",), checks=checks,
-                      endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")]] * copies, per_server=True,
-                      guard=guard)
+                      endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")]] * copies, per_server=True)
 
 
 def _sglang_servers_in_node(pf: PlanFile) -> NodeLaunch:
@@ -399,7 +373,7 @@ def _sglang_servers_in_node(pf: PlanFile) -> NodeLaunch:
                               "command is one server on GPUs --base-gpu-id onward; server j of a node listens on "
                               f"--port PORT + {stride} j{boot}, its derived ports between; run this script "
                               f"{_on_nodes(len(shares))} and spread requests over the servers {ROUTER_HINT}\n"),
-                      ports=ports, checks=checks, endpoints=ends, guard=rust_guard(p.attn_dp, 0, "--port"))
+                      ports=ports, checks=checks, endpoints=ends)
 
 
 def _sglang_replicas_over_nodes(pf: PlanFile) -> NodeLaunch:

@@ -25,7 +25,7 @@ OTHER_POOL, which the other pool's router script prints when run with POOL_ARGS_
 from __future__ import annotations
 
 from llmplan.export.common import sh_header
-from llmplan.export.serve_nodes import BOOTSTRAP_PORT, PORT_ENV, SGLANG_PORT, VLLM_PORT, NodeLaunch
+from llmplan.export.serve_nodes import BOOTSTRAP_PORT, PORT_ENV, SGLANG_PORT, VLLM_PORT, NodeLaunch, sglang_span
 from llmplan.export.serve_shell import count_check, port_var
 from llmplan.planfile import PlanFile
 
@@ -92,23 +92,47 @@ def _addresses(n: int, what: str, phase: str, engine: str) -> str:
     return text + count_check(n, f"give the {n} addresses of {what}" if n > 1 else f"give the one address of {what}")
 
 
-def _router_port(first: str, last: str, span: str) -> str:
-    """ROUTER_PORT and its checks: a port number, outside a node's servers' --port span (first .. last)."""
+def _taken(pf: PlanFile, engine: str, ends: list[list[tuple[str, str]]]) -> tuple[list[tuple[str, str]], str]:
+    """The ports of a node's servers the router's own ports must avoid (the router may run on a server's node), as
+    (lo, hi) shell arithmetic, and their words for a message: from the first server's --port to the last one's,
+    for SGLang DP-attention servers through the last one's derived ports (--port + sglang_span(ranks) - 1,
+    SGLANG_PORT), and a prefill server's KV bootstrap ports (BOOTSTRAP_PORT onward, one a server)."""
+    most = max(ends, key=len)  # the address with the most servers: theirs are the --port values any node uses
+    first, last = most[0][0], most[-1][0]
+    extra = sglang_span(pf.plan.attn_dp) - 1 if engine == "sglang" and pf.plan.dp_attention else 0
+    hi = f"{_arith(last)} + {extra}" if extra else _arith(last)
+    ranges = [(_arith(first), hi)]
+    words = f"a server's port ({_inner(first)} to $(({hi})) on a node)" if len(most) > 1 or extra else \
+        f"a server's port ({_inner(first)} on a node)"
+    boots = [b for _, b in most if b]
+    if boots:
+        ranges.append((_arith(boots[0]), _arith(boots[-1])))
+        words += (f" and a bootstrap port ({_inner(boots[0])} to {_inner(boots[-1])})" if len(boots) > 1 else
+                  f" and a bootstrap port ({_inner(boots[0])})")
+    return ranges, words
+
+
+def _outside(var: str, ranges: list[tuple[str, str]]) -> str:
+    """Shell arithmetic: var lies in none of the ranges."""
+    return " && ".join(f"({var} < {lo} || {var} > {hi})" for lo, hi in ranges)
+
+
+def _router_port(ranges: list[tuple[str, str]], words: str) -> str:
+    """ROUTER_PORT and its checks: a port number, outside a node's servers' ports (_taken)."""
     return "".join(port_var(
-        "ROUTER_PORT", ROUTER_PORT, f"ROUTER_PORT >= 1024 && ROUTER_PORT <= 65535 && (ROUTER_PORT < {_arith(first)} || "
-        f"ROUTER_PORT > {_arith(last)})",
-        f"ROUTER_PORT=$ROUTER_PORT: the router must not take a server's port ({span} on a node); set "
-        "ROUTER_PORT from 1024 to 65535 outside those"))
+        "ROUTER_PORT", ROUTER_PORT, f"ROUTER_PORT >= 1024 && ROUTER_PORT <= 65535 && {_outside('ROUTER_PORT', ranges)}",
+        f"ROUTER_PORT=$ROUTER_PORT: the router must not take {words}; set ROUTER_PORT from 1024 to 65535 outside "
+        "those"))
 
 
-def _prometheus_port(first: str, last: str, span: str) -> str:
-    """PROMETHEUS_PORT and its checks: a port number, not ROUTER_PORT, outside a node's servers' --port span (the
-    router may run on a server's node): SGLang's router binds both (PROMETHEUS_PORT)."""
+def _prometheus_port(ranges: list[tuple[str, str]], words: str) -> str:
+    """PROMETHEUS_PORT and its checks: a port number, not ROUTER_PORT, outside a node's servers' ports (_taken):
+    SGLang's router binds both (PROMETHEUS_PORT)."""
     return "".join(port_var(
         "PROMETHEUS_PORT", PROMETHEUS_PORT, "PROMETHEUS_PORT >= 1024 && PROMETHEUS_PORT <= 65535 && "
-        f"PROMETHEUS_PORT != ROUTER_PORT && (PROMETHEUS_PORT < {_arith(first)} || PROMETHEUS_PORT > {_arith(last)})",
+        f"PROMETHEUS_PORT != ROUTER_PORT && {_outside('PROMETHEUS_PORT', ranges)}",
         f"PROMETHEUS_PORT=$PROMETHEUS_PORT: the router's metrics port must differ from ROUTER_PORT=$ROUTER_PORT and "
-        f"from a server's port ({span} on a node); set PROMETHEUS_PORT from 1024 to 65535 outside those"))
+        f"from {words}; set PROMETHEUS_PORT from 1024 to 65535 outside those"))
 
 
 def _launch(engine: str, phase: str) -> str:
@@ -138,12 +162,10 @@ def router_script(pf: PlanFile, launch: NodeLaunch | None, engine: str) -> str |
         return None
     ports = "" if launch is None else launch.ports.split(f"unset {PORT_ENV[engine].split(':', 1)[0]}\n", 1)[-1]
     checks = "" if launch is None else launch.checks
-    most = max(ends, key=len)  # the address with the most servers: theirs are the --port values any node uses
-    first, last = most[0][0], most[-1][0]
-    span = f"{_inner(first)} to {_inner(last)}" if len(most) > 1 else _inner(first)
+    ranges, words = _taken(pf, engine, ends)
     text = sh_header(pf, "SGLang router (python -m sglang_router.launch_router)" if engine == "sglang" else
                      "vLLM NixlConnector proxy (toy_proxy_server.py of a vLLM source tree)") + "set -euo pipefail\n"
-    text += _addresses(len(ends), what, phase, engine) + ports + checks + _router_port(first, last, span)
-    text += _prometheus_port(first, last, span) if engine == "sglang" else ""
+    text += _addresses(len(ends), what, phase, engine) + ports + checks + _router_port(ranges, words)
+    text += _prometheus_port(ranges, words) if engine == "sglang" else ""
     text += "POOL=(\n" + "".join(f"    {w}\n" for w in _pool_words(engine, phase, ends)) + ")\n"
     return text + _launch(engine, phase)

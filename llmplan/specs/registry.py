@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from llmplan.errors import MAX_LISTED, LlmplanError, bounded_list, not_one_of
+from llmplan.errors import MAX_LISTED, LlmplanError, bounded_list, not_one_of, shown
 from llmplan.fileio import excerpt, exists, read_document
 from llmplan.specs.hardware import REQUIRED_KEYS, GpuSpec, SystemSpec
 from llmplan.specs.hf import from_hf_config
@@ -74,9 +74,15 @@ def validation_message(origin: str, err: ValidationError, cls: type[BaseModel] |
 def _file_choice(field: str, e: Any) -> str:
     """A spec file's field given a value outside its set (norm_type: rmsnrm), in the words of every enum flag
     (errors.not_one_of): the field, the value, the accepted values and the line to write; an item of a list
-    (kernels.1) is replaced."""
-    key = next((str(x) for x in reversed(e["loc"]) if not isinstance(x, int)), field)
-    give = "replace it with" if isinstance(e["loc"][-1], int) else f"set {key}:"
+    (kernels.1) is replaced; a key of a mapping (pydantic's loc ends in '[key]': tflops: {bf17: 900}) is
+    renamed, the field named without the key."""
+    loc = e["loc"]
+    if loc[-1] == "[key]" and len(loc) >= 2:
+        field = ".".join(str(x) for x in loc[:-2]) or field
+        fix = f"rename key {shown(loc[-2])} to"
+        return not_one_of(f"field '{field}':", loc[-2], expected_values(e), "allowed", fix)
+    key = next((str(x) for x in reversed(loc) if not isinstance(x, int)), field)
+    give = "replace it with" if isinstance(loc[-1], int) else f"set {key}:"
     return not_one_of(f"field '{field}':", excerpt(e["input"]), expected_values(e), "allowed", give)
 
 

@@ -284,8 +284,10 @@ class ServeJob(Spec):
         # Not given, or a saved default (derived again: SGLang's may be <= 0 where its reserve exceeds the GPU).
         if isinstance(data, dict) and (data.get("gpu_memory_utilization") is None
                                        or data.get("memory_fraction_default") is True):
-            fraction = DEFAULT_MEMORY_FRACTION.get(data.get("engine", "vllm"), DEFAULT_MEMORY_FRACTION["vllm"])
-            # an unknown engine is refused by its field
+            engine = data.get("engine", "vllm")
+            # an unknown engine (or a list / mapping, which no dict lookup takes) is refused by its field
+            fraction = DEFAULT_MEMORY_FRACTION.get(engine if isinstance(engine, str) else "vllm",
+                                                   DEFAULT_MEMORY_FRACTION["vllm"])
             return {**data, "gpu_memory_utilization": fraction, "memory_fraction_default": True}
         return data
     block_size: int = Field(default=16, ge=1, le=1 << 20)
