@@ -121,9 +121,9 @@ def test_token_counts_are_asked_for_as_token_counts(cli, flag, value):
 
 @pytest.mark.parametrize("args,needle", [
     (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", str(10**20)], "nodes"),
-    (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", str(10**20)], "global_batch"),
+    (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--global-batch", str(10**20)], "--global-batch"),
     (["estimate", "--model", "deepseek-v3", "--hardware", "dgx-h100", "--global-batch", "99999999999999999999"],
-     "global_batch"),
+     "--global-batch"),  # the flag, as the user typed it (docs/validation.md#bad-input)
     (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--seq-len", str(10**30)], "seq"),
     (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--micro-batch", str(10**30)], "micro"),
     (["estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--overhead-gib", "inf"], "--overhead-gib"),
