@@ -47,10 +47,11 @@ def super_export(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("n3")
     plan, out = d / "plan.json", d / "out"
-    # --tp 1 --pp 2: the layout the unpinned search ranks first (pp 2, vpp 4, so the pattern is split at 8
-    # chunks), at about a quarter of its CPU (3.2 against 12.7 s, 2026-12-07); what the tests below check (the
-    # model's flags, the split pattern, the MTP module, the refusals) does not depend on the rest of the space.
-    # (Pinned, #1 takes the flex backend deepep where the unpinned search shows hybridep: no test here reads it.)
+    # --tp 1 --pp 2 (pp 2, vpp 4, so the pattern is split at 8 chunks), at about a quarter of the unpinned
+    # search's CPU (3.2 against 12.7 s, 2026-12-07); what the tests below check (the model's flags, the split
+    # pattern, the MTP module, the refusals) does not depend on the rest of the space. The unpinned search's #1 is
+    # tp 2 pp 1 (277.2k tokens/s, tied with this layout's 283.5k: fewer parallel axes), at any --top since
+    # docs/validation.md#search-superset (before, at --top 1 it showed this layout with hybridep, 275.2k).
     for args in (["search", "--model", "nemotron-3-super", "--hardware", "dgx-h100", "--nodes", "8", "--top", "1",
                   "--tp", "1", "--pp", "2", "--target", "megatron", "--save", str(plan)],
                  ["export", str(plan), "--to", "all", "-o", str(out)]):

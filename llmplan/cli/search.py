@@ -357,6 +357,7 @@ class SettingSearch:
         from llmplan.cli.target import keep_training
         from llmplan.search.grid import default_space
         from llmplan.search.run import straddling_space
+        from llmplan.search.ties import TIE_POOL
         pins, goal = self.pins, self.goal
         whole = default_space(self.m, cc, wv, self.pinned, pins.max_tp, pins.max_pp, pins.max_cp)
         space = straddling_space(whole, full) if full else whole
@@ -369,7 +370,11 @@ class SettingSearch:
                          beat=beat if self.target is None else None, sides=False)
         if self.target is None:
             return res
-        kept = keep_training(res, self.target, self.doc_of, goal.top)
+        # the tie pool's layouts whatever --top is, as the untargeted search ranks them (search.run: max(top,
+        # TIE_POOL)): a setting's #1 is then its robust pick, which first_setting compares across settings; a walk
+        # of --top 1 kept one layout, its fastest, and a slower setting's robust #1 could win against it while
+        # the faster setting held that plan too (docs/validation.md#search-superset); shown cuts to --top
+        kept = keep_training(res, self.target, self.doc_of, max(goal.top, TIE_POOL))
         if kept.walk is not None:
             self.walks.append((wv, cc, kept.walk))
         return kept
@@ -522,6 +527,7 @@ class SettingSearch:
         """The best setting tried (the first of equals: plain wins ties), as `search` shows it."""
         from llmplan.cli.target import refuse_every_setting, training_sides
         from llmplan.search.run import SwitchChoice, best_score, complete_sides, first_setting
+        from llmplan.search.run import shown as shown_rows
         if self.target is not None:  # none kept a plan: what refused them, over every setting tried
             refuse_every_setting(self.target, [(t[0], t[1]) for t in self.tried])
         chose_fsdp = self.auto_fsdp and any(t[3].megatron_fsdp for t in self.tried)
@@ -529,7 +535,11 @@ class SettingSearch:
             self.tried = [({**t[0], "megatron_fsdp": t[3].megatron_fsdp}, *t[1:]) for t in self.tried]
         v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]
         res = complete_sides(res)  # priced for the result shown only (run: sides=False)
-        if self.target is not None:  # the side outputs of the result shown only
+        if self.target is not None:  # the side outputs of the result shown only, its --top rows (run kept the pool)
+            res = shown_rows(res, self.goal.top)
+            if res.walk is not None:  # the rows of another plan of their layout among those shown
+                res = dataclasses.replace(res, walk=dataclasses.replace(
+                    res.walk, other_plan=tuple(k for k in res.walk.other_plan if k <= self.goal.top)))
             res = training_sides(res, self.target, self.doc_of)
             res = dataclasses.replace(res, walks=tuple(self.walks))
         if len(self.tried) > 1:  # a dispatcher outrun (no plan above the best so far): its best plan's score
