@@ -63,9 +63,12 @@ def test_roles_split_the_routed_pair_as_transfers_do():
     plan = _plan(2, dtype="fp8", recipe="mxfp8")
     ring, fwd_rs, re_gather, bwd_rs = (float(x) for x in tp_role_bytes(M, plan, 0.0))
     one = 1 + 1 / 32
-    # two TE pairs' ring gathers: 2 forward copies + 2 two-copy output gradients = 6; two routed pairs': 4 x 2
-    assert ring == pytest.approx(0.5 * 6 * one + 0.5 * 8)
-    assert re_gather == pytest.approx(0.5 * 2 * one)  # only the attention half re-gathers
+    # two TE pairs' ring gathers: 2 forward copies + the 2 output gradients' rowwise copies; two routed pairs':
+    # 4 x 2 bytes
+    assert ring == pytest.approx(0.5 * 4 * one + 0.5 * 8)
+    # the re-gathers and the output gradients' columnwise copies (TE's bulk all-gather beside the dgrad GEMM):
+    # only the attention half
+    assert re_gather == pytest.approx(0.5 * (2 + 2) * one)
     assert fwd_rs == pytest.approx(4.0) and bwd_rs == pytest.approx(4.0)
     assert ring + re_gather == pytest.approx(_per_layer(plan, "all-gather"))
     assert fwd_rs + bwd_rs == pytest.approx(_per_layer(plan, "reduce-scatter"))

@@ -728,14 +728,18 @@ def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
 def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, Any, Any]:
     """Bytes per s·b·h element that a transformer layer's TP collectives move under Megatron-LM with SP
     (tp_transfers), per userbuffer role as RoleSms orders them: 4 + 2r all-gathers feeding a GEMM (forward,
-    recompute at gather_bytes, the row-parallel linears' output gradients at its both-usage bytes), 2 + 2r
-    forward and recompute reduce-scatters in 16 bits, 2 backward re-gathers at gather_bytes, 2 input-gradient
-    reduce-scatters in 16 bits (r the stage's recomputed share). An MLA model's attention pairs (their share f of
+    recompute and the row-parallel linears' output gradients, one copy each at gather_bytes), 2 + 2r
+    forward and recompute reduce-scatters in 16 bits, 2 backward re-gathers at gather_bytes with the output
+    gradients' second copy (both-usage bytes less one copy: MXFP8's columnwise copy, which Transformer Engine
+    gathers as a bulk overlap beside the dgrad GEMM, the "external" proj_wgrad / fc2_wgrad userbuffers at the
+    bulk methods' 16 SMs and margin; module/linear.py v2.16.1 bulk_overlap_ag_with_external_gemm, module/base.py
+    get_default_config), 2 input-gradient reduce-scatters in 16 bits (r the stage's recomputed share). An MLA model's attention pairs (their share f of
     the layer's pairs) move their latents on the column side instead (mla_latent_transfers); the routed experts'
     pairs under expert TP (their share g, tp_routed_blocks_per_layer) gather in 16 bits and re-gather nothing.
     Derived: docs/formulas.md#comm.tp"""
     q, a, q2 = gather_bytes(m, plan), ACT_BYTES, gather_bytes(m, plan, both_usages=True)
-    roles = (2 + 2 * r) * q + 2 * q2, (2 + 2 * r) * a, 2 * q, 2 * a
+    # the output gradients' second (columnwise) copy runs as a bulk all-gather beside the dgrad GEMM
+    roles = (2 + 2 * r) * q + 2 * q, (2 + 2 * r) * a, 2 * q + 2 * (q2 - q), 2 * a
     blocks = maximum(tp_blocks_per_layer(m, plan), 1e-9)
     g = tp_routed_blocks_per_layer(m, plan) / blocks
     routed = (4 + 2 * r) * a, (2 + 2 * r) * a, 0 * a, 2 * a
@@ -744,7 +748,7 @@ def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, A
     if m.mla is not None and not m.parallel_block:
         L, (qw, kv, rope), h = m.num_hidden_layers, mla_latent_widths(m), m.hidden_size
         f = where(plan.tp_impl == "megatron", (L - m.count_layers("none")) / L / (2 * blocks), 0)
-        mla = ((1 + r) * ((qw + kv) * q + rope * a) / h + q2, (1 + r) * a, (qw + kv) * q / h,
+        mla = ((1 + r) * ((qw + kv) * q + rope * a) / h + q, (1 + r) * a, (qw + kv) * q / h + q2 - q,
                (qw + kv + rope) * a / h)
     ring, fwd_rs, re_gather, bwd_rs = ((1 - f - g) * x + 2 * f * y + g * z
                                        for x, y, z in zip(roles, mla, routed, strict=True))
@@ -833,10 +837,10 @@ def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: in
     """Share of the GPU's SMs Transformer Engine's userbuffers hold while TP communication runs beside the
     GEMMs (tp_comm_overlap, tp_impl megatron): each role's SMs (ParallelPlan.tp_overlap_sms, else TE_UB_SMS)
     weighted by the seconds it overlaps, as tp_role_bytes counts them: 4 + 2r all-gathers feeding a GEMM
-    (forward, recompute, output gradients: the ring exchange; MXFP8's columnwise copy of the output gradient runs
-    apart as TE's external bulk all-gather, and a routed-expert pair's gathers are the token dispatcher's NCCL
-    ones, not userbuffers, both charged at the ring's SMs here), 2 + 2r forward reduce-scatters less the last of their
-    TE_PIPELINE_SPLITS chunks (it runs after the last GEMM), 2 re-gathers and 2 reduce-scatters in bulk.
+    (forward, recompute, output gradients: the ring exchange; a routed-expert pair's gathers are the token
+    dispatcher's NCCL ones, not userbuffers, charged at the ring's SMs here), 2 + 2r forward reduce-scatters
+    less the last of their TE_PIPELINE_SPLITS chunks (it runs after the last GEMM), 2 re-gathers (with MXFP8's
+    columnwise copies of the output gradients: TE's external bulk all-gather) and 2 reduce-scatters in bulk.
     At most half the GPU, as GpuSpec.contention. Derived: docs/formulas.md#step.ub_sms"""
     ring, fwd_rs, re_gather, bwd_rs = tp_role_bytes(m, plan, r)
     spans = (ring, fwd_rs * (1 - 1 / TE_PIPELINE_SPLITS), re_gather, bwd_rs)
