@@ -60,3 +60,18 @@ def test_dtensor_unchanged():
 
 def test_no_sp_no_gathers():
     assert _gathered(BASE.model_copy(update={"sp": False, "dtype": "fp8", "recipe": "mxfp8"})) == 0
+
+
+def test_mxfp8_columnwise_copy_holds_the_bulk_sms_under_userbuffers():
+    # TE v2.16.1 linear.py (ub_overlap_ag and MXFP8Quantizer): the output gradient's columnwise copy is gathered
+    # by bulk_overlap_ag_with_external_gemm beside the dgrad GEMM, the proj_wgrad / fc2_wgrad userbuffers at the
+    # bulk methods' 16 SMs (module/base.py get_default_config: num_sm 1 only for ring_exchange), not on the
+    # ring's 1 SM. Per two pairs, r 0, one copy q: ring 2q forward + 2q rowwise output gradients at 1 SM; forward
+    # reduce-scatters 2 x 2 bytes at the fp8 configs' 1 SM with its margin (0 held); re-gathers 2q + columnwise
+    # copies 2q at 16; backward reduce-scatters 2 x 2 bytes at 16 (TUNED_UB_MARGIN: no margin on the bulk roles).
+    from llmplan.cost.comm import TE_PIPELINE_SPLITS, tp_overlap_contention
+    plan = BASE.model_copy(update={"dtype": "fp8", "recipe": "mxfp8", "tp_comm_overlap": True})
+    q, n, sms = 1 + 1 / 32, TE_PIPELINE_SPLITS, 132
+    spans = (4 * q, 4 * (1 - 1 / n), 4 * q, 4.0)
+    held = 4 * q * 1 + 0 + 4 * q * 16 + 4.0 * 16
+    assert float(tp_overlap_contention(M, plan, 0.0, sms)) == pytest.approx(held / sum(spans) / sms)

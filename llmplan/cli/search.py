@@ -239,7 +239,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     from llmplan.export import (MEGATRON_FSDP_TARGETS, SYNC_GATHER_TARGETS, UNFUSED_LOSS_TARGETS,
                                 WHOLE_EMBEDDING_TARGETS)
     from llmplan.planfile import plan_document, save_refs
-    from llmplan.specs.check_switches import MEGATRON_FSDP_UNITS
+    from llmplan.specs.check_switches import MEGATRON_FSDP_UNITS, UB_UNSUPPORTED_RECIPES
     from llmplan.specs.registry import build, resolve_model
     from llmplan.specs.thresholds import CheckThresholds
     from llmplan.topology.placement import parse_order
@@ -252,6 +252,15 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     if m.is_mla and base.tp_impl == "megatron" and "tp_comm_overlap" not in named:
         # Megatron-Core turns TP overlap off at an MLA model's first linear (step.mla_tp_overlap), and
         # Megatron-Bridge's DeepSeek / Kimi-K2 recipes set it off: the search does not default it on there
+        base = Workload(**{**base.fields(), "tp_comm_overlap": False})
+    if base.tp_impl == "megatron" and base.dtype in ("fp8", "fp4") and base.recipe in UB_UNSUPPORTED_RECIPES:
+        # TE's userbuffers cannot gather NVFP4 / blockwise tensors (check rule tp_comm_overlap_recipe), and
+        # Megatron-Bridge's NVFP4 presets set the overlap off: the search does not default it on there
+        if "tp_comm_overlap" in named and base.tp_comm_overlap:
+            raise LlmplanError(f"--tp-comm-overlap with recipe {base.recipe}: Transformer Engine's userbuffers "
+                               "all-gather only per-tensor fp8 and MXFP8 tensors (check rule "
+                               "tp_comm_overlap_recipe), so no plan with tp > 1 and sp could run it; drop "
+                               "--tp-comm-overlap, or use --precision mxfp8")
         base = Workload(**{**base.fields(), "tp_comm_overlap": False})
     if target in SYNC_GATHER_TARGETS and "overlap_param_gather" not in named:  # it gathers after the step
         base = Workload(**{**base.fields(), "overlap_param_gather": False})

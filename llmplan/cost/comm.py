@@ -72,9 +72,13 @@ only: Float8Quantizer / Float8CurrentScalingQuantizer.supports_only_rowwise_all_
 parallelism a row-parallel Linear's backward asks for both (grad_output_quantizer.set_usage(rowwise=True,
 columnwise=True): the dgrad GEMM reads rows, the wgrad GEMM columns) before grad_output_preprocess gathers the
 output gradient; the forward gathers (set_usage(rowwise=True, columnwise=False)) and the backward re-gather of
-the input (columnwise only) move one copy. Source: NVIDIA/TransformerEngine v2.16.1 (the same at v2.14 and
-v2.17.1) transformer_engine/pytorch/distributed.py, module/linear.py (_Linear.backward), module/base.py
-(grad_output_preprocess), module/layernorm_linear.py (forward). Derived: docs/formulas.md#comm.tp"""
+the input (columnwise only) move one copy. Under userbuffers (tp_comm_overlap) only MXFP8 runs: linear.py
+gathers its columnwise copy apart (the `ub_overlap_ag and isinstance(grad_output_quantizer, MXFP8Quantizer)`
+branch, a bulk all-gather beside the dgrad GEMM), the same bytes; NVFP4 and blockwise tensors cannot enter
+userbuffers (check rule tp_comm_overlap_recipe, specs.check_switches.UB_UNSUPPORTED_RECIPES).
+Source: NVIDIA/TransformerEngine v2.16.1 (the same at v2.14 and v2.17.1) transformer_engine/pytorch/distributed.py,
+module/linear.py (_Linear.backward), module/base.py (grad_output_preprocess, fill_userbuffers_buffer_for_all_gather),
+module/layernorm_linear.py (forward). Derived: docs/formulas.md#comm.tp"""
 
 
 def gather_bytes(m: ModelSpec, plan: ParallelPlan, both_usages: bool = False) -> Any:
@@ -429,6 +433,10 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     Transformer Engine, and every one of DTensor's with torchao float8 (PrepareFloat8ModuleInput casts before the
     forward gathers, Float8RowwiseParallel casts the output gradient before the backward ones); Transformer
     Engine's backward gathers of output gradients move both layouts' copies (TWO_USAGE_GATHER_RECIPES).
+    The routed experts' pair under expert TP (tp_routed_blocks_per_layer) is Megatron's token dispatcher's own
+    gather and reduce-scatter of the dispatched tokens, in bf16 with no Transformer Engine quantizer, and the
+    grouped linear keeps the gathered tokens for its weight gradients: 2 + r all-gathers and 2 + r reduce-scatters
+    a pair (forward, recompute, the backward's of each other's gradient), all 16-bit, no re-gather.
     Without SP, pipeline scatter/gather (pp_scatter_gather) all-gathers each activation and gradient a stage
     receives, 2 per micro-batch and model chunk (pp_gathers).
     A hybrid stack's layer holds one sub-block (a mixer or an MLP / MoE block: Nemotron-H's M, *, E), each a
@@ -441,20 +449,23 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     per_layer = plan.num_microbatches * layers * tp_blocks_per_layer(m, plan)
     r = recomputed_share(plan, layers)
     calls = per_layer * (4 + 2 * r)
-    regather = per_layer * where(plan.tp_impl == "megatron", 2, 0)  # DTensor saves them whole
+    routed = plan.num_microbatches * layers * tp_routed_blocks_per_layer(m, plan)  # bf16, no re-gather
+    te = per_layer - routed  # the pairs whose linears gather their own inputs
+    regather = te * where(plan.tp_impl == "megatron", 2, 0)  # DTensor saves them whole
     S = ACT_BYTES * s * b * h
     with_sp, without = where(plan.sp, calls, 0), where(plan.sp, 0, calls)
     q = gather_bytes(m, plan)
     # DTensor's backward gathers of output gradients move float8 too: torchao's Float8RowwiseParallel casts
     # the output gradient to e5m2 before its gather (NoopFwToFloat8BwDynamic after the output's redistribute,
     # torchao/float8/float8_tensor_parallel.py at eab345c)
-    grad_out = where(plan.sp, per_layer * 2, 0)  # the backward's output-gradient gathers, 2 a layer
-    quantised = with_sp - grad_out + where(plan.sp, regather, 0)
+    grad_out = where(plan.sp, te * 2, 0)  # the backward's output-gradient gathers, 2 a layer
+    quantised = where(plan.sp, te * (2 + 2 * r) + regather, 0)
     hs = [Transfer("all-reduce", without, S, group),
           Transfer("all-gather", quantised, q * s * b * h, group),
           Transfer("all-gather", grad_out, gather_bytes(m, plan, both_usages=True) * s * b * h, group),
           Transfer("reduce-scatter", with_sp, S, group),
-          Transfer("all-gather", pp_gathers(plan), S, group)]
+          Transfer("all-gather", pp_gathers(plan), S, group),
+          Transfer("all-gather", where(plan.sp, routed * (4 + 2 * r), 0), S, group)]
     return hs if m.mla is None or m.parallel_block else mla_latent_transfers(m, plan, group, hs, r)
 
 
@@ -659,10 +670,10 @@ def mla_latent_transfers(m: ModelSpec, plan: ParallelPlan, group: G, hs: list[Tr
     att_sp, att_ar = where(plan.sp, att, 0), where(plan.sp, 0, att)
     qw, kv, rope = mla_latent_widths(m)
     q = gather_bytes(m, plan)
-    ar, ag, ag_grad, rs, pp = hs  # the sbh transfers less the MLA pairs' column side
+    ar, ag, ag_grad, rs, pp, routed = hs  # the sbh transfers less the MLA pairs' column side
     gathers = att_sp * (2 + r)  # forward, recompute, the backward re-gather
     out = [replace(ar, calls=ar.calls - att_ar), replace(ag, calls=ag.calls - gathers),
-           ag_grad, replace(rs, calls=rs.calls - att_sp), pp]
+           ag_grad, replace(rs, calls=rs.calls - att_sp), pp, routed]
     for w in (qw, kv):
         out += [Transfer("all-gather", gathers, q * s * b * w, group),
                 Transfer("reduce-scatter", att_sp, ACT_BYTES * s * b * w, group),
@@ -683,17 +694,33 @@ def tp_blocks_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:
     NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py, moe_layer.py; Jiang et al.
     2024 (MegaScale, arXiv:2402.15627) §3.1. Derived: docs/formulas.md#comm.tp"""
     L = m.num_hidden_layers
-    paired = (m.shared_ffn > 0) | (plan.etp_resolved > 1) | (plan.tp_impl != "megatron")
-    moe = where(paired, m.num_moe_layers, 0)
+    shared = where((m.shared_ffn > 0) | (plan.tp_impl != "megatron"), m.num_moe_layers, 0)
     # the parallel transformer block (ModelSpec.parallel_block): attention and MLP share one pair
-    return (L - m.count_layers("none") + m.num_mlp_layers + moe) / L / (4 if m.parallel_block else 2)
+    dense = (L - m.count_layers("none") + m.num_mlp_layers + shared) / L / (4 if m.parallel_block else 2)
+    return dense + tp_routed_blocks_per_layer(m, plan)
+
+
+def tp_routed_blocks_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """The routed experts' TP sub-blocks of the average layer (of tp_blocks_per_layer's), under Megatron-Core with
+    expert TP > 1: the token dispatcher gathers the dispatched tokens over the expert-TP group
+    (gather_from_sequence_parallel_region) and reduce-scatters the experts' outputs
+    (reduce_scatter_to_sequence_parallel_region), in bf16 (no Transformer Engine quantizer: the grouped linear
+    quantises the gathered tokens itself and keeps them for its weight gradients, so no backward re-gather).
+    A MoE block with shared experts holds their pair besides. Source: NVIDIA/Megatron-LM d98e8a6
+    megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher.dispatch_postprocess,
+    combine_preprocess), moe/shared_experts.py. Derived: docs/formulas.md#comm.tp"""
+    routed = where((plan.etp_resolved > 1) & (plan.tp_impl == "megatron"), m.num_moe_layers, 0)
+    return routed / m.num_hidden_layers / (4 if m.parallel_block else 2)
 
 
 def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
     """Share of a stage's TP seconds (tp_transfers, Megatron-LM with SP) in its forward and recompute
-    reduce-scatters: 2 + 2r of its 4 + 2r reduce-scatters of sbh in 16 bits, beside 6 + 2r all-gathers of
-    gather_bytes each (r the stage's recomputed share). By bytes: every one is a collective over the same
-    group of a message of the same shape. Derived: docs/formulas.md#step.tp"""
+    reduce-scatters: 2 + 2r of its 4 + 2r reduce-scatters of sbh in 16 bits, beside its 6 + 2r all-gathers per two
+    pairs, at the bytes tp_role_bytes gives each (r the stage's recomputed share): the forward and recompute ones
+    and the re-gathers at gather_bytes, the output gradients' at its both-usage bytes (two copies under
+    TWO_USAGE_GATHER_RECIPES), a routed-expert pair's (expert TP > 1) 4 + 2r in 16 bits and no re-gather. By bytes:
+    every one is a collective over the same group of a message of the same shape. Derived:
+    docs/formulas.md#step.tp"""
     roles = tp_role_bytes(m, plan, r)
     return roles[1] / sum(roles)
 
@@ -701,20 +728,30 @@ def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
 def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, Any, Any]:
     """Bytes per s·b·h element that a transformer layer's TP collectives move under Megatron-LM with SP
     (tp_transfers), per userbuffer role as RoleSms orders them: 4 + 2r all-gathers feeding a GEMM (forward,
-    recompute at gather_bytes, the row-parallel linears' output gradients at its both-usage bytes), 2 + 2r
-    forward and recompute reduce-scatters in 16 bits, 2 backward re-gathers at gather_bytes, 2 input-gradient
-    reduce-scatters in 16 bits (r the stage's recomputed share). An MLA model's attention pairs (their share f of
-    the layer's pairs) move their latents on the column side instead (mla_latent_transfers).
+    recompute and the row-parallel linears' output gradients, one copy each at gather_bytes), 2 + 2r
+    forward and recompute reduce-scatters in 16 bits, 2 backward re-gathers at gather_bytes with the output
+    gradients' second copy (both-usage bytes less one copy: MXFP8's columnwise copy, which Transformer Engine
+    gathers as a bulk overlap beside the dgrad GEMM, the "external" proj_wgrad / fc2_wgrad userbuffers at the
+    bulk methods' 16 SMs and margin; module/linear.py v2.16.1 bulk_overlap_ag_with_external_gemm, module/base.py
+    get_default_config), 2 input-gradient reduce-scatters in 16 bits (r the stage's recomputed share). An MLA model's attention pairs (their share f of
+    the layer's pairs) move their latents on the column side instead (mla_latent_transfers); the routed experts'
+    pairs under expert TP (their share g, tp_routed_blocks_per_layer) gather in 16 bits and re-gather nothing.
     Derived: docs/formulas.md#comm.tp"""
     q, a, q2 = gather_bytes(m, plan), ACT_BYTES, gather_bytes(m, plan, both_usages=True)
-    roles = (2 + 2 * r) * q + 2 * q2, (2 + 2 * r) * a, 2 * q, 2 * a
-    if m.mla is None or m.parallel_block:
-        return roles
-    # an MLA attention pair's column side moves its latents (mla_latent_transfers), its row side sbh
-    L, (qw, kv, rope), h = m.num_hidden_layers, mla_latent_widths(m), m.hidden_size
-    f = where(plan.tp_impl == "megatron", (L - m.count_layers("none")) / L / (2 * tp_blocks_per_layer(m, plan)), 0)
-    mla = ((1 + r) * ((qw + kv) * q + rope * a) / h + q2, (1 + r) * a, (qw + kv) * q / h, (qw + kv + rope) * a / h)
-    ring, fwd_rs, re_gather, bwd_rs = ((1 - f) * x + 2 * f * y for x, y in zip(roles, mla, strict=True))
+    # the output gradients' second (columnwise) copy runs as a bulk all-gather beside the dgrad GEMM
+    roles = (2 + 2 * r) * q + 2 * q, (2 + 2 * r) * a, 2 * q + 2 * (q2 - q), 2 * a
+    blocks = maximum(tp_blocks_per_layer(m, plan), 1e-9)
+    g = tp_routed_blocks_per_layer(m, plan) / blocks
+    routed = (4 + 2 * r) * a, (2 + 2 * r) * a, 0 * a, 2 * a
+    f = 0.0
+    mla = roles  # an MLA attention pair's column side moves its latents (mla_latent_transfers), its row side sbh
+    if m.mla is not None and not m.parallel_block:
+        L, (qw, kv, rope), h = m.num_hidden_layers, mla_latent_widths(m), m.hidden_size
+        f = where(plan.tp_impl == "megatron", (L - m.count_layers("none")) / L / (2 * blocks), 0)
+        mla = ((1 + r) * ((qw + kv) * q + rope * a) / h + q, (1 + r) * a, (qw + kv) * q / h + q2 - q,
+               (qw + kv + rope) * a / h)
+    ring, fwd_rs, re_gather, bwd_rs = ((1 - f - g) * x + 2 * f * y + g * z
+                                       for x, y, z in zip(roles, mla, routed, strict=True))
     return ring, fwd_rs, re_gather, bwd_rs
 
 
@@ -799,9 +836,11 @@ def role_margins(sms: RoleSms, margined: tuple[bool, bool, bool, bool]) -> RoleS
 def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: int) -> Any:
     """Share of the GPU's SMs Transformer Engine's userbuffers hold while TP communication runs beside the
     GEMMs (tp_comm_overlap, tp_impl megatron): each role's SMs (ParallelPlan.tp_overlap_sms, else TE_UB_SMS)
-    weighted by the seconds it overlaps, as tp_role_bytes counts them: 4 + 2r all-gathers by ring
-    exchange (forward, recompute, output gradients), 2 + 2r forward reduce-scatters less the last of their
-    TE_PIPELINE_SPLITS chunks (it runs after the last GEMM), 2 re-gathers and 2 reduce-scatters in bulk.
+    weighted by the seconds it overlaps, as tp_role_bytes counts them: 4 + 2r all-gathers feeding a GEMM
+    (forward, recompute, output gradients: the ring exchange; a routed-expert pair's gathers are the token
+    dispatcher's NCCL ones, not userbuffers, charged at the ring's SMs here), 2 + 2r forward reduce-scatters
+    less the last of their TE_PIPELINE_SPLITS chunks (it runs after the last GEMM), 2 re-gathers (with MXFP8's
+    columnwise copies of the output gradients: TE's external bulk all-gather) and 2 reduce-scatters in bulk.
     At most half the GPU, as GpuSpec.contention. Derived: docs/formulas.md#step.ub_sms"""
     ring, fwd_rs, re_gather, bwd_rs = tp_role_bytes(m, plan, r)
     spans = (ring, fwd_rs * (1 - 1 / TE_PIPELINE_SPLITS), re_gather, bwd_rs)

@@ -487,6 +487,24 @@ MEGATRON_FSDP_UNITS = ("Megatron-FSDP gathers and frees whole decoder layers (it
 """Why rule megatron_fsdp_unit refuses the per-tensor unit beside megatron_fsdp (also `search --target megatron`'s
 pre-check, cli.search.train_search)."""
 
+UB_UNSUPPORTED_RECIPES = ("blockwise", "nvfp4")
+"""Recipes whose quantised tensors Transformer Engine's userbuffers cannot all-gather:
+fill_userbuffers_buffer_for_all_gather handles per-tensor fp8 (Float8Quantizer, Float8CurrentScalingQuantizer)
+and MXFP8Quantizer and raises "Unsupported quantizer for Userbuffers" for any other (Float8BlockQuantizer,
+NVFP4Quantizer), so Megatron-Core's --tp-comm-overlap with sequence parallelism fails at the first overlapped
+gather. Source: NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py
+(fill_userbuffers_buffer_for_all_gather) at v2.5, v2.8, v2.14, v2.16.1 and v2.17.1 (earlier releases not read).
+v2.17 adds an opt-in cuBLASMp backend (initialize_ub with_cublasmp) that skips the check, which Megatron-LM
+(d98e8a64dd) never passes. Megatron-Bridge's NVFP4 Llama presets set tp_comm_overlap False
+(scripts/performance/configs/llama/llama3_llm_pretrain.py v0.3.0 - v0.5.0)."""
+
+
+def _ub_recipe_ok(p: Any) -> Any:
+    """Rule tp_comm_overlap_recipe: no userbuffer TP overlap of a recipe TE's userbuffers cannot gather."""
+    bad = p.low_precision and p.recipe in UB_UNSUPPORTED_RECIPES
+    return ~as_bool(bad & (p.tp_impl == "megatron") & as_bool(p.tp_comm_overlap) & _tp_sp(p))
+
+
 SWITCH_RULES: tuple[Rule, ...] = (
     Rule("mtp_layers", lambda m, p, c: (p.mtp_layers is None) or p.mtp_layers <= m.num_nextn_predict_layers,
          lambda m, p, c: f"mtp_layers {p.mtp_layers} exceeds the {m.num_nextn_predict_layers} multi-token-prediction "
@@ -556,6 +574,12 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"ep_comm_overlap with dtype {p.dtype}: Megatron-Core runs the EP all-to-all overlap only "
                          "on a bf16 or fp16 model (fp8 / fp4 recipes train one: TransformerConfig, "
                          "overlap_moe_expert_parallel_comm); use --dtype bf16, or --no-ep-comm-overlap"),
+    Rule("tp_comm_overlap_recipe", lambda m, p, c: _ub_recipe_ok(p),
+         lambda m, p, c: f"tp_comm_overlap with recipe {p.recipe} ({p.dtype}), tp {p.tp}, sp on: Transformer "
+                         "Engine's userbuffers all-gather only per-tensor fp8 and MXFP8 tensors (v2.5 - v2.17.1 "
+                         "fill_userbuffers_buffer_for_all_gather raises 'Unsupported quantizer for Userbuffers' for "
+                         f"{p.recipe}), so Megatron's --tp-comm-overlap fails at the first gather; use "
+                         "--no-tp-comm-overlap, or --precision mxfp8"),
     Rule("fp8_attention", lambda m, p, c: (not p.fp8_attention) | ((p.dtype == "fp8") & p.flash_attention),
          lambda m, p, c: f"fp8_attention with dtype {p.dtype}"
                          f"{'' if p.flash_attention else ' and unfused attention'}: FP8 dot-product attention is "
