@@ -215,7 +215,7 @@ def expert_flop_share(m: ModelSpec, plan: ParallelPlan) -> Any:
     return minimum(routed_expert_flops(m, plan) / maximum(f.gemm + f.attention, 1e-30), 1.0)
 
 
-def moe_act_offload_exposed(copy_s: Any, step_s: Any, copies: int, window_s: Any) -> Any:
+def moe_act_offload_exposed(copy_s: Any, step_s: Any, copies: Any, window_s: Any) -> Any:
     """Seconds one pass of one micro-batch waits for the fine-grained offload copies. The pass is a run of steps
     of step_s, one per MoE layer; copy q (q < copies) is released at the end of step q onto one stream (a copy
     stream runs its copies in order) and is due window_s later (window_s <= step_s: before the next copy is
@@ -224,15 +224,17 @@ def moe_act_offload_exposed(copy_s: Any, step_s: Any, copies: int, window_s: Any
     GB200 preset's fine_grained_offloading_max_inflight_offloads 1), joined at the next MoE layer's: window
     one step (without the cap the copy is due only at its reload; a bound). Backward: a group's reload is
     issued as the next-later MoE layer's expert MLP backward ends and joined before its own: window one step
-    less the expert MLP's backward. Walked copy by copy (elementwise on arrays).
+    less the expert MLP's backward. Walked copy by copy (elementwise on arrays, `copies` too: each plan stops at
+    its own count).
     Source: NVIDIA/Megatron-LM megatron/core/pipeline_parallel/fine_grained_activation_offload.py at 2a75ac12c
     (on_group_commit_forward, _drain_offload_pending, on_group_start_backward, bulk_reload,
     on_group_commit_backward). Derived: docs/formulas.md#mem.offload_moe_act"""
     free, waited = 0.0 * step_s, 0.0 * step_s
-    for q in range(copies):
+    count = np.asarray(copies)
+    for q in range(int(np.max(count, initial=0))):  # the longest walk; a plan with fewer copies stops early
         release = (q + 1) * step_s + waited  # the waits so far came before this release (window <= step)
         free = maximum(free, release) + copy_s
-        late = maximum(free - (release + window_s), 0.0)
+        late = where(q < count, maximum(free - (release + window_s), 0.0), 0.0)
         waited = waited + late
     return waited
 

@@ -292,17 +292,17 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     offload = n * (offload_exposed(m, plan, comm.host, sc.forward)
                    + offload_exposed(m, plan, comm.host, sc.total - sc.forward))
     if offloads_moe_act(m, plan):  # one step per MoE layer; every layer's copy but the last one's
-        groups = int(np.max(moe_top))
+        groups = moe_top  # each plan's own count (a batch-wide max would price a plan by its neighbours)
         fwd, bwd = sc.forward / maximum(moe_top, 1), (sc.total - sc.forward) / maximum(moe_top, 1)
         offload = offload + n * (moe_act_offload_exposed(comm.host_moe_act, fwd, groups - 1, fwd)
                                  + moe_act_offload_exposed(comm.host_moe_act, bwd, groups - 1,
                                                            bwd * (1 - expert_flop_share(m, plan))))
-    attn_groups = int(np.max(l_max)) * attention_share(m)  # attention layers of the largest stage
-    if np.any(np.asarray(attention_offload_bytes(m, plan)) > 0) and attn_groups >= 1:
+    attn_groups = l_max * attention_share(m)  # attention layers of each plan's largest stage
+    if np.any(np.asarray(attention_offload_bytes(m, plan)) > 0) and np.any(np.asarray(attn_groups) >= 1):
         # one step per attention layer, each copy due one step later both ways (a bound: the reload is issued
         # as the next-later group's backward starts; Derived: docs/formulas.md#mem.offload_modules)
-        fwd, bwd = sc.forward / attn_groups, (sc.total - sc.forward) / attn_groups
-        k = int(attn_groups) - 1
+        fwd, bwd = sc.forward / maximum(attn_groups, 1), (sc.total - sc.forward) / maximum(attn_groups, 1)
+        k = np.floor(attn_groups) - 1  # no copy where a stage has under one attention layer
         offload = offload + n * (moe_act_offload_exposed(comm.host_attn, fwd, k, fwd)
                                  + moe_act_offload_exposed(comm.host_attn, bwd, k, bwd))
     layout = layout_chunk_shares(m, plan, gpu) if has_layout(plan) and v > 1 else None  # unequal chunks
