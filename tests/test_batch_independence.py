@@ -6,7 +6,8 @@ neighbours. Found: the fine-grained offload's copy walk (cost.step.step_time) to
 plan's stage (np.max over the batch) as every plan's number of copies, and the largest stage of any plan for the
 attention groups; a Nemotron-3 Ultra plan on GB300 (pp 4, vpp 27, offload_moe_act) priced 0.21 s of exposed
 offload alone and 0.39 s beside a pp 2 plan. Each check compares the same code on a batch of one and on a larger
-batch (no expected value from the code under test)."""
+batch (no expected value from the code under test). The same property found the arrays path failing on a
+token-drop FP8 MoE workload (quant_padding_bytes read `plan.etp`, which plan arrays hold as etp_resolved)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,8 @@ CASES = {  # (model, system, nodes, workload): dense, MoE, hybrid; offload off, 
     "moe": ("mixtral-8x7b", "dgx-h100", 4, dict(global_batch=128, seq_len=4096)),
     "moe-offload": ("qwen3-30b-a3b", "dgx-h100", 4,
                     dict(global_batch=128, seq_len=4096, offload_moe_act=True, recompute_modules=("moe_act",))),
+    "moe-capacity-fp8": ("qwen3-30b-a3b", "dgx-h100", 2,  # token drop: quant padding reads etp (was a crash)
+                         dict(global_batch=128, seq_len=4096, dtype="fp8", moe_capacity_factor=1.0)),
     "hybrid": ("nemotron-h-8b", "dgx-h100", 2, dict(global_batch=64, seq_len=8192)),
     "hybrid-moe-offload": ("nemotron-3-nano", "dgx-h100", 4,
                            dict(global_batch=128, seq_len=16384, offload_moe_act=True,
@@ -110,8 +113,9 @@ def pool(case: str) -> tuple[Any, ClusterSpec, PlanArrays]:
     return _POOLS[case]
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
-@given(case=st.sampled_from(sorted(CASES)), seed=st.integers(0, 2**32 - 1), size=st.integers(2, 10))
+@pytest.mark.parametrize("case", sorted(CASES))
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 10))
 def test_a_plan_is_priced_alike_alone_and_inside_a_random_batch(case, seed, size):
     m, cluster, plans = pool(case)
     rng = np.random.default_rng(seed)

@@ -24,7 +24,6 @@ from llmplan.cost.params import kv_heads_per_rank, padded_vocab
 from llmplan.cost.quantize import fp8_cast_bytes
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
-from llmplan.specs.quantities import resolve_etp
 
 
 def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: bool = False) -> Any:
@@ -652,8 +651,7 @@ def quant_padding_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
         return passes
     align = 32 if plan.gemm_format in ("mxfp8", "nvfp4") else 16
     tokens = plan.seq_len / plan.cp * plan.micro_batch / where(plan.sp, plan.tp, 1)
-    received = plan.ep * resolve_etp(plan.etp, plan.tp) * np.ceil(tokens * k * plan.moe_capacity_factor
-                                                                  / m.num_experts)
+    received = plan.ep * plan.etp_resolved * np.ceil(tokens * k * plan.moe_capacity_factor / m.num_experts)
     return where(received % align == 0, 0.0, passes * plan.expert_padding)
 
 
