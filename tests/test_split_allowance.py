@@ -42,6 +42,22 @@ def test_which_gradients_churn() -> None:
     assert not churned_gradients(ParallelPlan(dp=8, zero=1))
     assert not churned_gradients(ParallelPlan(dp=8, zero=1, grad_reduce="all-reduce", grad_dtype="fp32"))
     assert not churned_gradients(ParallelPlan(dp=8, zero=0, grad_reduce="all-reduce", grad_dtype="bf16"))
+    # ZeRO-2/3 under a pipeline runs only on FSDP2 (PyTorch pipelining), which frees the stage's unsharded
+    # gradients after each reduce-scatter (review of split-allowance); Megatron-FSDP and pp 1 are not that path.
+    assert bool(churned_gradients(ParallelPlan(pp=2, dp=4, zero=2)))
+    assert bool(churned_gradients(ParallelPlan(pp=2, dp=4, zero=3)))
+    assert not churned_gradients(ParallelPlan(pp=2, dp=4, zero=1))
+    assert not churned_gradients(ParallelPlan(pp=1, dp=8, zero=2))
+
+
+def test_pipelined_zero2_gradients_get_the_allowance() -> None:
+    # The reviewer's case: llama-3.1-8b pp 2 dp 4 ZeRO-2 with fp32 gradients -- the stage's whole gradients are
+    # churned beside the activations, so 5% of them joins the allowance.
+    m = builtin_models()["llama-3.1-8b"]
+    p = ParallelPlan(pp=2, dp=4, zero=2, grad_dtype="fp32", seq_len=4096, micro_batch=1, global_batch=64)
+    mem = training_memory(m, p, 80 * GIB, MemoryAllowance(fragmentation=0.05))
+    assert float(mem.gradients) > 10 * GIB
+    assert float(mem.churned) == pytest.approx(float(mem.activations + mem.fresh_grad + mem.gradients))
 
 
 @pytest.mark.parametrize("deepspeed", [False, True])

@@ -241,8 +241,9 @@ OVERHEAD_GIB = typer.Option(MemoryAllowance().fixed_gib, "--overhead-gib",
                            help="Fixed per-GPU runtime allowance in GiB (CUDA context, NCCL, workspaces); "
                                 f"default: priced from the plan (training), {SERVE_RUNTIME_GIB:g} (serving).")
 FRAGMENTATION = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
-                       help="Allocator fragmentation allowance, fraction of the tensors freed and "
-                            "reallocated each step (activations, gathered buffers); held buffers get none.")
+                       help="Training: allocator fragmentation allowance, fraction of the tensors "
+                            "freed and reallocated each step (activations, gathered buffers); held buffers "
+                            "get none. Serving does not use it (the engine's KV pool is allocated once).")
 INPUT_LEN = typer.Option(_job("input_len"), "--input-len", min=1, help="Inference: prompt tokens per request.")
 OUTPUT_LEN = typer.Option(_job("output_len"), "--output-len", min=1, help="Inference: generated tokens per request.")
 KV_DTYPE = typer.Option(ServePlan.model_fields["kv_dtype"].default, "--kv-dtype", help="Inference: KV-cache dtype bf16 | fp16 | fp8.")

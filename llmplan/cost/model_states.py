@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from llmplan.arith import maximum, minimum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compressed import hc_head_params
@@ -203,10 +205,16 @@ def churned_gradients(plan: ParallelPlan) -> Any:
     other parameters) and autograd allocates them again in the next backward. Elsewhere the gradients live in
     buffers allocated once and held all run: Megatron-Core's contiguous grad buffer (param_and_grad_buffer.py),
     Apex DistributedFusedAdam's buckets, DeepSpeed BF16_Optimizer's fp32 flat gradients (its master dtype).
+    Also churned: ZeRO-2/3 under a pipeline without Megatron-FSDP, which only PyTorch pipelining with FSDP2
+    runs (DeepSpeed's export refuses it, check_plan keeps Megatron-FSDP to pp 1): the stage's unsharded
+    gradients, held whole to the last micro-batch (gradient_params), are freed after each reduce-scatter and
+    allocated again by the next step's backward (FSDP2's post-backward foreach_reduce).
     Source: microsoft/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py at 2151c787a (step:
-    free_grad_in_param_list); NVIDIA/Megatron-LM megatron/core/distributed/param_and_grad_buffer.py."""
-    return (plan.grad_reduce == "all-reduce") & (plan.zero >= 1) & (plan.grad_bytes < plan.master_bytes) \
+    free_grad_in_param_list); NVIDIA/Megatron-LM megatron/core/distributed/param_and_grad_buffer.py;
+    pytorch/pytorch torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py (foreach_reduce)."""
+    deepspeed = (plan.grad_reduce == "all-reduce") & (plan.zero >= 1) & (plan.grad_bytes < plan.master_bytes) \
         & (plan.optimizer != "muon")
+    return deepspeed | ((plan.zero >= 2) & (plan.pp > 1) & np.logical_not(plan.megatron_fsdp))
 
 
 def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradients: Any,
