@@ -171,7 +171,7 @@ def test_presets_that_run_fp8_attention(published_runs, acc, row_plan, rid, on):
 
 @pytest.mark.parametrize("points, expected", [
     ("{fp8: [[128, 1.4, 5.0]]}", ["field 'gpu.fp8_attention_points.fp8.0.2'", "less than or equal to 4", "5.0"]),
-    ("{fp4: [[128, 1.4, 1.0]]}", ["field 'gpu.fp8_attention_points.fp4.[key]'", "'fp8' or 'mxfp8'", "fp4"]),
+    ("{fp4: [[128, 1.4, 1.0]]}", ["field 'gpu.fp8_attention_points'", "one of fp8, mxfp8", "rename key fp4 to fp8"]),
     ("{fp8: [[128, 1.4]]}", ["field 'gpu.fp8_attention_points.fp8.0'", "takes 3 items"]),
 ])
 def test_bad_fp8_attention_points_in_a_hardware_file_are_one_line_and_exit_2(tmp_path, points, expected):
