@@ -547,8 +547,11 @@ class SettingSearch:
         if self.target is not None:  # the side outputs of the result shown only, its --top rows (run kept the pool)
             res = shown_rows(res, self.goal.top)
             if res.walk is not None:  # the rows of another plan of their layout among those shown
-                res = dataclasses.replace(res, walk=dataclasses.replace(
-                    res.walk, other_plan=tuple(k for k in res.walk.other_plan if k <= self.goal.top)))
+                was = res.walk
+                now = dataclasses.replace(was, other_plan=tuple(k for k in was.other_plan if k <= self.goal.top))
+                res = dataclasses.replace(res, walk=now)
+                # the report marks the shown walk by identity (report.search target_walks "shown")
+                self.walks = [(a, b, now if k is was else k) for a, b, k in self.walks]
             res = training_sides(res, self.target, self.doc_of)
             res = dataclasses.replace(res, walks=tuple(self.walks))
         if len(self.tried) > 1:  # a dispatcher outrun (no plan above the best so far): its best plan's score
