@@ -147,6 +147,9 @@ and columnwise amax views out of the packed buffer (4) in its first loop. Source
 megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py at cd4afffa6
 (copy_main_weights_to_model_weights, DataParallelBuffer.get_item); NVIDIA/TransformerEngine
 transformer_engine/pytorch/tensor/utils.py at v2.14 - v2.17.1 (_cast_master_weights_to_fp8_mxfp8_scaling).
+None launches a kernel; each is charged EAGER_OP_HOST_S, a kernel-launching operator's time, standing in for the
+view and the per-weight Python around it, which is not counted apart (docs/validation.md#grace-host-tp2: charged
+at kernel launches only the Ultra rows move 10 points away from their measurements).
 Derived: docs/formulas.md#step.mxfp8_master_cast"""
 MXFP8_CAST_SHARD_OPS = 2
 """Kernel-launching operators per MXFP8 weight overlapping the rank's main-weight shard, before the amax
