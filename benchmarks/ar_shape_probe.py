@@ -51,7 +51,9 @@ def main() -> None:
         cl = ClusterSpec(system=s, num_nodes=k, gpus_per_node=g)
         sp = span_of_ranks(list(range(n)), cl)
         ct = collective_time("all-reduce", S, sp, s)
-        cands = {c.algorithm: c for c in collective_coeffs("all-reduce", sp, s)}
+        cands = {}  # each algorithm at its cheapest protocol at S (the ring has one candidate per NCCL protocol)
+        for c in sorted(collective_coeffs("all-reduce", sp, s), key=lambda c: -c.seconds(S)):
+            cands[c.algorithm] = c
         if k > 1:  # the hierarchical form is priced only when asked for
             cands["hierarchical"] = collective_coeffs("all-reduce", sp, s, "hierarchical")[0]
         f = bus_factor("all-reduce", n)

@@ -7,8 +7,9 @@ and reduce-scatters, as dp_transfers counts them) and that traffic over the impl
 which the step would be spent on the network alone.
 
 Part 2: the rows' signed errors under what-ifs, none of them shipped: NCCL 2.7-2.9's own ring latencies for the
-Simple protocol (src/graph/tuning.cc hwLat: 3.4 us per NVLink step, 9.6 us per network step, which llmplan's
-network path already is), every ring step at the network's 9.6 us, the gathers and reductions not overlapped,
+Simple protocol alone (src/graph/tuning.cc hwLat: 3.4 us per NVLink step, 9.6 us per network step, no base;
+shipped since docs/validation.md#nccl-latency: v2.21.5's base + step latencies with the protocol its tuner
+picks), every ring step at the network's 9.6 us, the gathers and reductions not overlapped,
 the reduction's traffic doubled (DeepSpeed v0.3.13-v0.4.0's all-reduce fallback without contiguous_gradients),
 and the ring's network bandwidth cut to 1/4 and 1/8 of the 8 NICs' (no source: a probe of shape only).
 
@@ -89,13 +90,13 @@ def main() -> int:
     no_overlap = {"overlap_param_gather": False, "overlap_grad_reduce": False}
     variants: list[tuple[str, Any, dict | None, dict | None]] = [
         ("as shipped", None, None, None),
-        ("NCCL Simple ring lat", lambda L: dataclasses.replace(L, intra_alpha=3.4e-6, inter_alpha=9.6e-6),
+        ("NCCL Simple ring lat", lambda L: dataclasses.replace(L, nccl=False, intra_alpha=3.4e-6, inter_alpha=9.6e-6),
          None, None),
-        ("every ring step 9.6us", lambda L: dataclasses.replace(L, intra_alpha=9.6e-6, inter_alpha=9.6e-6),
+        ("every ring step 9.6us", lambda L: dataclasses.replace(L, nccl=False, intra_alpha=9.6e-6, inter_alpha=9.6e-6),
          None, None),
         ("no dp overlap", None, no_overlap, None),
         ("Simple lat + no overlap",
-         lambda L: dataclasses.replace(L, intra_alpha=3.4e-6, inter_alpha=9.6e-6), no_overlap, None),
+         lambda L: dataclasses.replace(L, nccl=False, intra_alpha=3.4e-6, inter_alpha=9.6e-6), no_overlap, None),
         ("reduce traffic x2", None, {"grad_dtype": "fp32"}, None),
         ("ring net bw / 4 (probe)", lambda L: dataclasses.replace(L, inter_bw=L.inter_bw / 4, ring_inter_bw=L.ring_inter_bw / 4), None, None),
         ("ring net bw / 8 (probe)", lambda L: dataclasses.replace(L, inter_bw=L.inter_bw / 8, ring_inter_bw=L.ring_inter_bw / 8), None, None),

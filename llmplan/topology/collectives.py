@@ -23,6 +23,18 @@ OPS: tuple[str, ...] = ("all-reduce", "all-gather", "reduce-scatter", "all-to-al
 # Derived: docs/formulas.md#comm.net_fill
 NET_FILL_S = 120e-6
 NET_FILL_PER_LEVEL_S = 80e-6
+# NCCL's own ring latency model, per protocol (LL, LL128, Simple), seconds: baseLat once a call, hwLat a step by
+# link type, netOverhead (x86 Intel: 1 us, x3 for Simple) as the floor of an NVLink step across nodes, and each
+# protocol's busbw against Simple's (ring LL busBw x .5 up to llMaxBw, LL128 x .92; per-channel caps left out).
+# Source: NVIDIA/nccl v2.21.5-1 (ab2b89c4) src/graph/tuning.cc ncclTopoTuneModel (same ring values in v2.18.3-1).
+NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
+NCCL_RING_BASE_S = {"LL": 6.6e-6, "LL128": 14.0e-6, "Simple": 8.4e-6}
+NCCL_RING_HW_S = {"nvlink": {"LL": 0.6e-6, "LL128": 1.9e-6, "Simple": 3.4e-6},
+                  "pci": {"LL": 1.0e-6, "LL128": 2.5e-6, "Simple": 5.7e-6},
+                  "net": {"LL": 2.7e-6, "LL128": 4.0e-6, "Simple": 14.0e-6}}
+NCCL_NET_OVERHEAD_S = 1.0e-6
+NCCL_RING_BW_FACTOR = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
+NCCL_RING_PLATEAU = 1.4  # ncclTopoGetAlgoTime: multi-node ring Simple all-reduce latency x1.4 from sm80
 NVLS_MIN_GPUS = 5  # NCCL uses NVLink SHARP for all-reduce from 5 GPUs (H200) / 6 (B200) up; nccl-tests busbw measurements in ml-engineering network/README.md
 
 
@@ -67,6 +79,15 @@ class Links:
     all-reduce and the ring all-gather / reduce-scatter (SystemSpec.allreduce_nic_efficiency where a profile
     sets it, else nic_efficiency; docs/validation.md#ar-mend). Required: the all-gather / reduce-scatter divide
     by it, so no default may stand in for it (0 only where the group has no network path, as inter_bw)."""
+    nccl: bool = False
+    """Whether a ring across domains takes NCCL's latency model (nccl_ring_coeffs): NVIDIA GPUs. Else (RCCL,
+    whose constants were not read) the profile's per-step latencies."""
+    nccl_intra: str = "nvlink"
+    """NCCL's link type inside the domain for its latency table: "nvlink" or "pci" (nccl_ring_latency)."""
+    ll128: bool = False
+    """Whether NCCL enables its LL128 protocol by default: NVIDIA GPUs with NVLink inside the domain."""
+    ll_max_busbw: float = 20.4e9
+    """NCCL's LL busbw ceiling (llMaxBws, bytes/s) across nodes: by node count (ll_max_busbw)."""
 
 
 def ring_share(ring: float | None, base: float) -> float:
@@ -93,10 +114,20 @@ def group_links(system: SystemSpec, span: GroupSpan, nvls: bool = True) -> Links
     inter = inter_path.bw * system.nic_efficiency if inter_path else 0.0
     share = ring_share(system.allreduce_nic_efficiency, system.nic_efficiency)
     use_nvls = nvls and system.nvls and g >= NVLS_MIN_GPUS
+    nvlink, nvidia = system.intra_node_fabric != "pcie", system.gpu.vendor == "nvidia"
     return Links(intra_bw=intra, intra_alpha=prof.intra.latency, inter_bw=inter,
                  inter_alpha=inter_path.latency if inter_path else 0.0,
                  nvls_bw=prof.intra.bw * system.nvls_factor if use_nvls else None,
-                 ring_inter_bw=inter_path.bw * share if inter_path else 0.0)
+                 ring_inter_bw=inter_path.bw * share if inter_path else 0.0,
+                 nccl=nvidia, nccl_intra="nvlink" if nvlink else "pci", ll128=nvlink and nvidia,
+                 ll_max_busbw=ll_max_busbw(span.domains))
+
+
+def ll_max_busbw(k: int) -> float:
+    """NCCL's LL busbw ceiling across k > 1 nodes, bytes/s (x86 Intel hosts: 39 GB/s at 2 nodes, 20.4 beyond;
+    one node's, by GPU generation, is not needed: rings inside a domain keep the profile's latency). Source:
+    NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc llMaxBws. Derived: docs/formulas.md#comm.nccl_latency"""
+    return (39.0 if k <= 2 else 20.4) * 1e9
 
 
 @dataclass(frozen=True)
@@ -111,10 +142,47 @@ class Coeff:
         return self.alpha + S * self.beta
 
 
-def _ring(op: str, n: int, bw: float, alpha: float, name: str = "ring") -> Coeff:
-    """Ring: (n-1) steps per phase, each moving S/n (all-reduce has two phases)."""
+def nccl_ring_latency(op: str, n: int, k: int, proto: str, intra_hw: str = "nvlink") -> float:
+    """NCCL's modelled latency of one ring call over n ranks in k NVLink domains with protocol `proto`: baseLat
+    + (nsteps - nInterSteps)·intraLat + nInterSteps·interLat, nsteps = n - 1 (all-gather, reduce-scatter) or
+    2(n - 1) (all-reduce), nInterSteps = k - 1 or 2k (0 in one domain); across nodes an NVLink step costs at
+    least the network post overhead (x3 for Simple), and a Simple all-reduce's latency is x1.4 (sm80+,
+    "Plateau effect of ring"). Source: NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc ncclTopoTuneModel,
+    ncclTopoGetAlgoTime. Derived: docs/formulas.md#comm.nccl_latency"""
+    ar = op == "all-reduce"
+    nsteps = 2 * (n - 1) if ar else n - 1
+    inter = (2 * k if k > 1 else 0) if ar else k - 1
+    intra = NCCL_RING_HW_S[intra_hw][proto]
+    if k > 1:
+        intra = max(intra, NCCL_NET_OVERHEAD_S * (3 if proto == "Simple" else 1))
+    lat = NCCL_RING_BASE_S[proto] + (nsteps - inter) * intra + inter * NCCL_RING_HW_S["net"][proto]
+    return lat * (NCCL_RING_PLATEAU if ar and k > 1 and proto == "Simple" else 1.0)
+
+
+def nccl_ring_coeffs(op: str, n: int, k: int, bw: float, L: Links, fill: float = 0.0) -> tuple[Coeff, ...]:
+    """A ring call as NCCL's tuner prices it, one candidate per protocol it enables (LL, LL128 where L.ll128,
+    Simple); the cheapest at the message size is the one NCCL picks. Each: `fill` + nccl_ring_latency, and
+    Simple's time per byte over the protocol's busbw share (LL's capped at L.ll_max_busbw). Source: NVIDIA/nccl
+    v2.21.5-1 src/graph/tuning.cc (ring busBw LL x .5 up to llMaxBw, LL128 x .92; min time over protocols in
+    enqueue.cc topoGetAlgoInfo). Derived: docs/formulas.md#comm.nccl_latency"""
+    beta = bus_factor(op, n) / bw
+    out = []
+    for p in NCCL_PROTOCOLS:
+        if p == "LL128" and not L.ll128:
+            continue
+        b = beta / NCCL_RING_BW_FACTOR[p]
+        if p == "LL":
+            b = max(b, bus_factor(op, n) / L.ll_max_busbw)
+        out.append(Coeff("ring", fill + nccl_ring_latency(op, n, k, p, L.nccl_intra), b))
+    return tuple(out)
+
+
+def _ring(op: str, n: int, bw: float, L: Links) -> tuple[Coeff, ...]:
+    """Ring in one NVLink domain: (n-1) steps per phase, each moving S/n (all-reduce has two phases), at the
+    profile's per-step latency (NCCL's in-domain constants made the TP-bound rows worse: docs/validation.md
+    #nccl-latency)."""
     phases = 2 if op == "all-reduce" else 1
-    return Coeff(name, phases * (n - 1) * alpha, bus_factor(op, n) / bw)
+    return (Coeff("ring", phases * (n - 1) * L.intra_alpha, bus_factor(op, n) / bw),)
 
 
 def net_fill(k: int) -> float:
@@ -131,17 +199,20 @@ def net_fill(k: int) -> float:
     return NET_FILL_S + NET_FILL_PER_LEVEL_S * math.log2(k) if k > 1 else 0.0
 
 
-def nccl_ring(n: int, k: int, bw: float, L: Links, op: str = "all-gather") -> Coeff:
+def nccl_ring(n: int, k: int, bw: float, L: Links, op: str = "all-gather") -> tuple[Coeff, ...]:
     """A ring collective over n ranks in k > 1 NVLink domains. All-gather or reduce-scatter (NCCL runs these as
     a ring only, no tree, no hierarchical variant): n - 1 steps of which k - 1 cross the network and n - k stay
     on NVLink, so the latency grows with every rank, not only with every node; the ring all-reduce has two
-    such phases, 2(n - 1) steps of which 2(k - 1) cross the network. Source: NVIDIA/nccl src/graph/tuning.cc
-    (ncclTopoTuneModel, 2.8-2.9: "if (coll != ncclCollAllReduce && a != NCCL_ALGO_RING) continue"; ring
-    latency (nsteps - nInterSteps)·intraLat + nInterSteps·interLat with nsteps = nRanks - 1 and nInterSteps =
-    nNodes - 1, for all-reduce 2(nRanks - 1) and 2(nNodes - 1)). Derived: docs/formulas.md#comm.collective"""
-    phases = 2 if op == "all-reduce" else 1
+    such phases. On NVIDIA GPUs each step and the call's base are NCCL's own latencies per protocol
+    (nccl_ring_coeffs); elsewhere the profile's per-step latencies, 2(k - 1) network steps for the all-reduce.
+    Source: NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc (ncclTopoTuneModel: ring latency (nsteps -
+    nInterSteps)·intraLat + nInterSteps·interLat). Derived: docs/formulas.md#comm.collective"""
     fill = net_fill(k) if op == "all-reduce" else 0.0  # comm.net_fill: all-reduce only, as NCCL's tuner
-    return Coeff("ring", fill + phases * ((n - k) * L.intra_alpha + (k - 1) * L.inter_alpha), bus_factor(op, n) / bw)
+    if L.nccl:
+        return nccl_ring_coeffs(op, n, k, bw, L, fill)
+    phases = 2 if op == "all-reduce" else 1
+    alpha = fill + phases * ((n - k) * L.intra_alpha + (k - 1) * L.inter_alpha)
+    return (Coeff("ring", alpha, bus_factor(op, n) / bw),)
 
 
 def a2a_latency(n: int, g: int, L: Links, per_node: bool = False) -> float:
@@ -179,7 +250,7 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
         elif op == "broadcast":
             out = (Coeff("ring", (n - 1) * L.intra_alpha, 1 / L.intra_bw),)
         else:
-            out = (_ring(op, n, L.intra_bw, L.intra_alpha),)
+            out = _ring(op, n, L.intra_bw, L)
         return out
     k = span.domains
     g = max(1, n // k)
@@ -199,7 +270,7 @@ def collective_coeffs(op: str, span: GroupSpan, system: SystemSpec, algorithm: s
     if op == "broadcast":
         return (Coeff("tree", math.ceil(math.log2(n)) * L.inter_alpha, 1 / flat_bw),)
     if op in ("all-gather", "reduce-scatter"):
-        return (nccl_ring(n, k, ring_bw, L, op),)
+        return nccl_ring(n, k, ring_bw, L, op)
     return allreduce_coeffs(n, k, L, algorithm)
 
 
@@ -214,15 +285,16 @@ def allreduce_coeffs(n: int, k: int, L: Links, algorithm: str = "auto") -> tuple
     nNodes > 2, bwIntra at 2; algbw ring busBw nRanks/nsteps, tree busBw x .5; tree latency
     2((nRanks/nNodes-1) intraLat + log2(nNodes) interLat)). Derived: docs/formulas.md#comm.collective"""
     g = max(1, n // k)
-    ring = nccl_ring(n, k, min(L.intra_bw, g * L.ring_inter_bw), L, "all-reduce")
+    rings = nccl_ring(n, k, min(L.intra_bw, g * L.ring_inter_bw), L, "all-reduce")
+    ring = rings[-1]  # Simple: the tree's per-byte floor
     tree_alpha = net_fill(k) + 2 * (g - 1) * L.intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha
     tree_beta = max(2.0 / L.intra_bw, (1.0 if k == 2 else 2.0) / g / L.ring_inter_bw, ring.beta)
     hier_beta = max(2 * (g - 1) / g / L.intra_bw, bus_factor("all-reduce", k) / g / L.ring_inter_bw)  # comm.hierarchical
-    cands = [ring, Coeff("tree", tree_alpha, tree_beta),
+    cands = [*rings, Coeff("tree", tree_alpha, tree_beta),
              Coeff("hierarchical", 2 * (g - 1) * L.intra_alpha + 2 * (k - 1) * L.inter_alpha, hier_beta)]
     if algorithm == "auto":
         return tuple(c for c in cands if c.algorithm != "hierarchical")
-    return tuple([c for c in cands if c.algorithm == algorithm] or cands[:1])
+    return tuple([c for c in cands if c.algorithm == algorithm] or rings)
 
 
 def collective_time(op: str, S: float, span: GroupSpan, system: SystemSpec, algorithm: str = "auto",
