@@ -14,6 +14,7 @@ from llmplan.arith import maximum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compressed import compressor_token_bytes, hc_activation_bytes, is_v4_attention
 from llmplan.cost.compute import QUANTIZED_COPY_BYTES, attention_head_dims, op_matmul_widths
+from llmplan.cost.elementwise import fp32_softmax
 from llmplan.cost.gemm import fused_grouped_mlp
 from llmplan.cost.memo import ALL_BUT_ZERO, memoized, per_distinct
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
@@ -91,6 +92,21 @@ class LayerActivationParts(Breakdown):
     the output projection's input (cp_a2a_saved_bytes); 0 otherwise."""
 
 
+FP32_SOFTMAX_SAVED_BYTES = 4.0
+"""Bytes per score Megatron's fp32 torch softmax (cost.elementwise.fp32_softmax) keeps for backward beyond the
+16-bit probabilities the fused kernel keeps: torch softmax saves its fp32 output (_softmax_backward_data reads it);
+the casts and the scalar scale save nothing, masked_fill_ only the one s x s bool mask shared by the batch and heads.
+Source: NVIDIA/Megatron-LM@d98e8a64dd megatron/core/fusions/fused_softmax.py (forward_torch_softmax); PyTorch
+tools/autograd/derivatives.yaml (_softmax: result; _to_copy, mul by a scalar: none). Derived:
+docs/formulas.md#compute.softmax_fallback"""
+
+
+def fp32_softmax_saved_bytes(plan: ParallelPlan) -> Any:
+    """FP32_SOFTMAX_SAVED_BYTES where the scores' softmax runs as fp32 torch ops (cost.elementwise.fp32_softmax),
+    else 0. Derived: docs/formulas.md#compute.softmax_fallback"""
+    return where(fp32_softmax(plan), FP32_SOFTMAX_SAVED_BYTES, 0.0)
+
+
 def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: bool = True) -> LayerActivationParts:
     """One layer's stored activations by module (LayerActivationParts). Derived: docs/formulas.md#mem.activations"""
     s, b, h, a, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, m.num_attention_heads, plan.tp
@@ -100,8 +116,9 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
     saved = saved_input_discount(m, plan)
     linear_in = (2.0 - saved) * s * b * h / linear_input_split(plan)
     no_scores = plan.flash_attention | plan.recomputes("core_attn") if scores else plan.flash_attention
-    # Softmax output (2 bytes per score), and with attention dropout its mask (1) and output (2).
-    per_score = 5 if m.attention_dropout > 0 else 2
+    # Softmax output (2 bytes per score), and with attention dropout its mask (1) and output (2); Megatron's fp32
+    # torch softmax keeps its fp32 output too (4: fp32_softmax_saved_bytes)
+    per_score = (5 if m.attention_dropout > 0 else 2) + fp32_softmax_saved_bytes(plan)
     f = token_ffn_width(m, moe)
     # The core's output, the output projection's input: kept once at 2 bytes where linear_proj saves the core's
     # own bf16 tensor (proj_saves_original_input), else as the projection's quantised copy, beside the fused

@@ -268,12 +268,41 @@ EAGER_FP32_SOFTMAX_KERNELS = 4
 and the mask beside the softmax (EAGER_FP32_SOFTMAX_BYTES). Derived: docs/formulas.md#compute.eager_softmax"""
 
 
+FUSED_SOFTMAX_MAX_KEYS = 4096
+"""Most keys a row Megatron's fused scale-mask-softmax takes (FusedScaleMaskSoftmax.is_kernel_available:
+16 < sk <= 4096); past it Megatron runs forward_torch_softmax (fused_softmax_fits). Source: NVIDIA/Megatron-LM at
+d98e8a64dd megatron/core/fusions/fused_softmax.py; the same bound from 7a77abd9b6 (2022-01-12,
+megatron/model/fused_softmax.py), 2048 before it (0fa7175f09). Derived: docs/formulas.md#compute.softmax_fallback"""
+
+
+def fused_softmax_fits(plan: ParallelPlan) -> Any:
+    """Whether Megatron's fused causal softmax takes one layer's [b, np, sq, sk] scores by their length (sq = sk the
+    rank's sequence): 16 < sk <= FUSED_SOFTMAX_MAX_KEYS and sq % 4 == 0. Elementwise on plan arrays. The same check's
+    row counts (b x np a multiple of 4 and of the kernel's rows per block) are not applied: the only rows they reach,
+    two narayanan2021 rows at an assumed micro-batch of 1, measured as if fused (docs/validation.md#export-mtp).
+    Source: NVIDIA/Megatron-LM@d98e8a64dd megatron/core/fusions/fused_softmax.py (is_kernel_available).
+    Derived: docs/formulas.md#compute.softmax_fallback"""
+    s = plan.seq_len / plan.cp
+    return (s > 16) & (s <= FUSED_SOFTMAX_MAX_KEYS) & (s % 4 == 0)
+
+
+def fp32_softmax(plan: ParallelPlan) -> Any:
+    """Whether the scores' softmax runs as Megatron's fp32 torch ops (EAGER_FP32_SOFTMAX_BYTES): asked for
+    (softmax_kernel eager-fp32), or softmax_kernel fused where the kernel does not take the scores
+    (fused_softmax_fits), which Megatron runs as forward_torch_softmax with softmax_in_fp32
+    (TransformerConfig.attention_softmax_in_fp32 True at d98e8a64dd; forced by apply_query_key_layer_scaling, on
+    by default, in Megatron-LM 2021-22 transformer.py). Derived: docs/formulas.md#compute.softmax_fallback"""
+    fallback = where(fused_softmax_fits(plan), False, True)
+    return where(plan.softmax_kernel == "fused", fallback, plan.softmax_kernel == "eager-fp32")
+
+
 def softmax_bytes(plan: ParallelPlan) -> tuple[Any, Any]:
     """(forward, backward) bytes per score of the plan's softmax kernel (ParallelPlan.softmax_kernel): Megatron-LM's
     fused causal kernel (CAUSAL_SOFTMAX_BYTES), the 2020 release's eager 16-bit ops (EAGER_SOFTMAX_BYTES) or
-    Megatron's fp32 torch fallback (EAGER_FP32_SOFTMAX_BYTES). The dropout after it is not included (score_bytes).
-    Derived: docs/formulas.md#compute.score_bytes"""
-    eager, fp32 = plan.softmax_kernel == "eager", plan.softmax_kernel == "eager-fp32"
+    Megatron's fp32 torch ops (EAGER_FP32_SOFTMAX_BYTES), asked for or the fused kernel's fallback (fp32_softmax).
+    The dropout after it is not included (score_bytes).
+    Derived: docs/formulas.md#compute.score_bytes, docs/formulas.md#compute.softmax_fallback"""
+    eager, fp32 = plan.softmax_kernel == "eager", fp32_softmax(plan)
     fwd = where(fp32, EAGER_FP32_SOFTMAX_BYTES[0], where(eager, EAGER_SOFTMAX_BYTES[0], CAUSAL_SOFTMAX_BYTES[0]))
     bwd = where(fp32, EAGER_FP32_SOFTMAX_BYTES[1], where(eager, EAGER_SOFTMAX_BYTES[1], CAUSAL_SOFTMAX_BYTES[1]))
     return fwd, bwd
@@ -281,9 +310,10 @@ def softmax_bytes(plan: ParallelPlan) -> tuple[Any, Any]:
 
 def softmax_launches(plan: ParallelPlan) -> Any:
     """Kernels the plan's softmax launches per layer forward beyond the fused kernel's one (ParallelPlan.
-    softmax_kernel: fused 0, eager EAGER_SOFTMAX_KERNELS, eager-fp32 EAGER_FP32_SOFTMAX_KERNELS); none with fused
-    attention, which writes no scores. Derived: docs/formulas.md#compute.score_bytes"""
-    extra = where(plan.softmax_kernel == "eager-fp32", EAGER_FP32_SOFTMAX_KERNELS,
+    softmax_kernel: fused 0, eager EAGER_SOFTMAX_KERNELS, eager-fp32 and the fused kernel's fallback
+    EAGER_FP32_SOFTMAX_KERNELS: fp32_softmax); none with fused attention, which writes no scores.
+    Derived: docs/formulas.md#compute.score_bytes, docs/formulas.md#compute.softmax_fallback"""
+    extra = where(fp32_softmax(plan), EAGER_FP32_SOFTMAX_KERNELS,
                   where(plan.softmax_kernel == "eager", EAGER_SOFTMAX_KERNELS, 0))
     return where(plan.flash_attention, 0, extra)
 

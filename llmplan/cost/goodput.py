@@ -17,7 +17,7 @@ from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import (bf16_kept_params, fp32_shards_are_master, kept_copy_extra_bytes,
                                        model_bf16_kept_params, stored_weight_bytes)
 from llmplan.cost.muon import model_muon_params, muon_params
-from llmplan.cost.params import RankParams, param_counts, rank_params
+from llmplan.cost.params import RankParams, mtp_params, param_counts, rank_params
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -52,9 +52,10 @@ def checkpoint_bytes_per_param(plan: ParallelPlan) -> Any:
 
 def checkpoint_job_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Bytes of one checkpoint of the whole job: every parameter once (data-parallel replicas write one copy),
-    the bf16-kept ones (model_bf16_kept_params) at their 2 bytes under fp8_params.
-    Derived: docs/formulas.md#goodput.checkpoint"""
-    return param_counts(m).total * checkpoint_bytes_per_param(plan) \
+    the MTP modules' too (cost.params.mtp_params, which the published counts leave out: one weight set under
+    mtp_repeated_layer, as checkpoint_rank_bytes' stages hold them), the bf16-kept ones (model_bf16_kept_params)
+    at their 2 bytes under fp8_params. Derived: docs/formulas.md#goodput.checkpoint"""
+    return (param_counts(m).total + mtp_params(m)) * checkpoint_bytes_per_param(plan) \
         + model_bf16_kept_params(m, plan) * kept_copy_extra_bytes(plan) - muon_checkpoint_saving(m, plan)
 
 

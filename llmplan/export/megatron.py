@@ -48,7 +48,17 @@ def model_flags(pf: PlanFile) -> list[str]:
         pairs += moe_model_pairs(pf)
     if hybrid:
         pairs += hybrid_model_pairs(pf)
-    return as_flags(pairs)
+    return as_flags(pairs + mtp_pairs(pf))
+
+
+def mtp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
+    """The MTP depths run one module's weights (ModelSpec.mtp_repeated_layer, as priced: cost.stages.
+    mtp_weight_sets): --mtp-use-repeated-layer, the flag Megatron-LM's ArgumentGroupFactory makes of
+    TransformerConfig.mtp_use_repeated_layer (NVIDIA/Megatron-LM@d98e8a64dd transformer_config.py;
+    MultiTokenPredictionBlock builds one layer under it, a hybrid pattern's MTP depths too; NVIDIA's Nemotron-3.5
+    Lightning functional test passes it with the pattern's "/*E/*E"). pf.model is the trained model
+    (specs.plan.trained_model), whose switch is off at --mtp-layers 0."""
+    return [("--mtp-use-repeated-layer", pf.model.mtp_repeated_layer and pf.model.num_nextn_predict_layers > 0)]
 
 
 def attention_pairs(pf: PlanFile) -> list[tuple[str, object]]:

@@ -1,0 +1,90 @@
+"""Megatron's fused causal softmax falls back to PyTorch ops where its kernel does not take the scores (stop 65 #7):
+priced as the fp32 torch chain (EAGER_FP32_SOFTMAX_BYTES, its launches, its saved fp32 output), not as the fused
+kernel, past 4,096 keys and where b x heads/tp is off the kernel's rows per block.
+
+The rule is replayed here from the source, not from llmplan: NVIDIA/Megatron-LM@d98e8a64dd
+megatron/core/fusions/fused_softmax.py FusedScaleMaskSoftmax.is_kernel_available (16 < sk <= 4096, sq % 4 == 0,
+sk % 4 == 0, b*np % 4 == 0, b*np % batch_per_block == 0 on the causal path) and get_batch_per_block as
+megatron/fused_kernels/scaled_masked_softmax.h@7a77abd9b6 computes it (128 threads, warps of
+min(next_pow2(sk), 32) lanes, 2 rows a warp while next_pow2(sk) <= 128); forward_torch_softmax with
+softmax_in_fp32 (TransformerConfig.attention_softmax_in_fp32 defaults to True) casts to fp32, scales, masks,
+softmaxes (autograd keeps the fp32 result for _softmax_backward_data) and casts back.
+
+Of the check, llmplan applies the lengths; the row counts (b*np) are held back (docs/validation.md#export-mtp: the
+only benchmark rows they reach measured as if fused), so a shape that fails only them is priced fused here."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmplan.cost.activations import layer_activation_parts
+from llmplan.cost.elementwise import (
+    CAUSAL_SOFTMAX_BYTES,
+    EAGER_FP32_SOFTMAX_BYTES,
+    EAGER_FP32_SOFTMAX_KERNELS,
+    EAGER_SOFTMAX_BYTES,
+    softmax_bytes,
+    softmax_launches,
+)
+from llmplan.specs.model import ModelSpec
+from llmplan.specs.plan import ParallelPlan
+
+
+def rows_fit(b: int, np_: int, s: int) -> bool:
+    """is_kernel_available's row counts on the causal path (held back)."""
+    pow2 = 1 << (s - 1).bit_length()
+    warp = min(pow2, 32)
+    per_block = (128 // warp) * (2 if pow2 <= 128 else 1)
+    rows = b * np_
+    return rows % 4 == 0 and rows % per_block == 0
+
+
+def kernel_available(b: int, np_: int, s: int) -> bool:
+    """is_kernel_available on the causal path, sq = sk = s, as priced: its lengths."""
+    return 16 < s <= 4096 and s % 4 == 0
+
+
+def model(heads: int) -> ModelSpec:
+    return ModelSpec(name="tiny", hidden_size=64 * heads, num_attention_heads=heads, num_key_value_heads=heads,
+                     intermediate_size=512, num_hidden_layers=2, vocab_size=1000, max_position_embeddings=65536,
+                     attention_dropout=0.0)
+
+
+CASES = [  # (heads, tp, micro-batch, seq): the limit, the rows, the short-row blocks
+    (32, 8, 1, 4096), (32, 8, 1, 4100), (32, 8, 1, 8192), (32, 8, 1, 32768),
+    (48, 8, 1, 2048), (48, 8, 2, 2048), (80, 8, 1, 2048), (80, 8, 2, 2048),
+    (32, 8, 1, 128), (32, 4, 1, 128), (16, 1, 1, 16)]
+
+
+@pytest.mark.parametrize("heads,tp,mb,s", CASES)
+def test_fused_softmax_is_priced_only_where_megatrons_kernel_takes_the_scores(heads, tp, mb, s):
+    m, plan = model(heads), ParallelPlan(seq_len=s, micro_batch=mb, tp=tp, flash_attention=False)
+    fused = kernel_available(mb, heads // tp, s)
+    assert softmax_bytes(plan) == (CAUSAL_SOFTMAX_BYTES if fused else EAGER_FP32_SOFTMAX_BYTES)
+    assert softmax_launches(plan) == (0 if fused else EAGER_FP32_SOFTMAX_KERNELS)
+    # the fallback keeps the fp32 softmax output (4 bytes a score) beside the 16-bit probabilities (2)
+    per_score = 2 + (0 if fused else 4)
+    scores = layer_activation_parts(m, plan, False).scores
+    assert scores == pytest.approx(per_score * heads / tp * s * s * mb)
+
+
+def test_the_cases_cover_both_sides():
+    got = {kernel_available(mb, h // t, s) for h, t, mb, s in CASES}
+    assert got == {True, False}
+    assert not kernel_available(1, 4, 8192) and kernel_available(1, 4, 4096)  # the 4,096-key bound
+    # shapes the held-back row counts would send to the fallback (48 and 80 heads at TP 8, micro-batch 1): fused
+    assert {rows_fit(mb, h // t, s) for h, t, mb, s in CASES} == {True, False}
+
+
+def test_other_kernels_and_fused_attention_are_unchanged():
+    m = model(32)
+    long = ParallelPlan(seq_len=8192, micro_batch=1, tp=8, flash_attention=False)
+    # the 2020 eager path has no fused kernel to fall back from
+    assert softmax_bytes(long.model_copy(update={"softmax_kernel": "eager"})) == EAGER_SOFTMAX_BYTES
+    # fused attention writes no scores: no softmax launches, no stored scores
+    flash = long.model_copy(update={"flash_attention": True})
+    assert softmax_launches(flash) == 0
+    assert layer_activation_parts(m, flash, False).scores == 0
+    # at 4,096 keys the fused kernel runs
+    short = long.model_copy(update={"seq_len": 4096})
+    assert softmax_bytes(short) == CAUSAL_SOFTMAX_BYTES and softmax_launches(short) == 0
