@@ -114,8 +114,9 @@ def test_the_router_gives_its_metrics_port_sglangs_default(co_located: Path, tmp
 
 @pytest.mark.parametrize("env,line", [
     ({"PROMETHEUS_PORT": "8080"}, "PROMETHEUS_PORT=8080: the router's metrics port must differ from ROUTER_PORT=8080"
-                                  " and from a server's port (30000 to 31243 on a node); set PROMETHEUS_PORT from "
-                                  "1024 to 65535 outside those"),
+                                  " and from a server's port (30000 to 31243 on a node) and its gRPC ports at "
+                                  "--port+10000 (40000 to 41000); set PROMETHEUS_PORT from 1024 to 65535 outside "
+                                  "those"),
     ({"PROMETHEUS_PORT": "30500"}, "PROMETHEUS_PORT=30500: the router's metrics port must differ from "
                                    "ROUTER_PORT=8080 and from a server's port (30000 to 31243 on a node)"),
     ({"PROMETHEUS_PORT": "29000", "ROUTER_PORT": "29000"}, "PROMETHEUS_PORT=29000: the router's metrics port must "
