@@ -9,6 +9,8 @@ refusal line and exit code 2, and the first free port beside the block accepted:
   DIST_PORT + 1 to + 5, the Rust path's one port a DP rank from port_base + 6 (sgl-project/sglang @001067ff,
   python/sglang/srt/server_args.py PortArgs.init_new) and the DP handshake at + 13
   (DP_ATTENTION_HANDSHAKE_PORT_DELTA): 16 ranks end at DIST_PORT + 22;
+- vLLM's head of a DP rank over nodes binds --master-port (vllm-project/vllm @00193b82, vllm/config/parallel.py
+  ParallelConfig.master_port);
 - a vLLM pool's NIXL side-channel ports, VLLM_NIXL_SIDE_CHANNEL_PORT + DP rank of each server on the node
   (vllm-project/vllm @026c83f9, docs/features/nixl_connector_usage.md, "Environment Variables").
 Before, the router's check covered the servers' --port blocks and bootstrap ports only."""
@@ -48,16 +50,23 @@ CASES = {  # name: (target, plan args, router environment, the ports the router 
                   {"NODE_ADDRS": "10.0.1.1", "OTHER_POOL": "--prefiller-hosts h --prefiller-ports 1",
                    "VLLM_SRC": "/src"},
                   "a server's port (8000 to 8003 on a node) and the NIXL side-channel ports (5600 to 5607)"),
+    # a decode pool of one vLLM replica of tp 8 x pp 2 over 2 nodes: the head binds --master-port 29501
+    "vllm-over-nodes": ("vllm", ("--model", "llama-3.1-70b", "--nodes", "2", "--tp", "8", "--pp", "2", "--phase",
+                                 "decode"),
+                        {"NODE_ADDRS": "10.0.1.1", "OTHER_POOL": "--prefiller-hosts h --prefiller-ports 1",
+                         "VLLM_SRC": "/src"},
+                        "a server's port (8000 on a node) and the head's --master-port (29501)"),
 }
 
 REFUSED = [  # (case, a port in a block the router check missed before)
     ("co-located", "40000"), ("co-located", "41000"), ("co-located", "40500"),
     ("dpa-over-nodes", "20000"), ("dpa-over-nodes", "20013"), ("dpa-over-nodes", "20022"),
     ("dpa-over-nodes", "40000"), ("tp-over-nodes", "20000"), ("tp-over-nodes", "40000"), ("replicas", "40000"),
-    ("vllm-pool", "5600"), ("vllm-pool", "5607"),
+    ("vllm-pool", "5600"), ("vllm-pool", "5607"), ("vllm-over-nodes", "29501"),
 ]
 ACCEPTED = [("co-located", "41001"), ("co-located", "39999"), ("dpa-over-nodes", "20023"),
-            ("dpa-over-nodes", "19999"), ("tp-over-nodes", "20001"), ("replicas", "40001"), ("vllm-pool", "5608")]
+            ("dpa-over-nodes", "19999"), ("tp-over-nodes", "20001"), ("replicas", "40001"), ("vllm-pool", "5608"),
+            ("vllm-over-nodes", "29502")]
 
 
 @pytest.fixture(scope="module")
