@@ -52,21 +52,20 @@ def test_a_model_spec_with_a_misspelt_norm_type_names_the_values_and_the_fix(cli
                  "set norm_type: rmsnorm")
 
 
-def test_a_system_profile_with_an_unknown_fabric_lists_the_fabrics(cli, tmp_path: Path):
+@pytest.mark.parametrize("profile,line", [
+    # an unknown fabric lists the fabrics
+    ("intra_node_fabric: zzz", "field 'intra_node_fabric': zzz is not allowed: it must be one of nvswitch, "
+                               "nvlink-mesh, infinity-fabric, pcie; set intra_node_fabric: one of them"),
+    # a bad item of a list field is replaced, not set
+    ("gpu:\n  kernels: [flash_atention, mla]", "field 'gpu.kernels.0': flash_atention is not allowed: it must be one "
+                                              "of flash_attention, mla, grouped_gemm, fp8_gemm, fp4_gemm, "
+                                              "fused_norm, fused_rope; replace it with flash_attention"),
+], ids=["unknown-fabric", "bad-list-item"])
+def test_a_system_profiles_bad_value_names_the_values_and_the_fix(cli, tmp_path: Path, profile: str, line: str):
     prof = tmp_path / "s.yaml"
-    prof.write_text("base: dgx-h100\nintra_node_fabric: zzz\n")
+    prof.write_text(f"base: dgx-h100\n{profile}\n")
     r = cli("estimate", "-m", "llama-3.1-8b", "--hardware", prof)
-    _one_line(r, f"{prof}: field 'intra_node_fabric': zzz is not allowed: it must be one of nvswitch, nvlink-mesh, "
-                 "infinity-fabric, pcie; set intra_node_fabric: one of them")
-
-
-def test_a_bad_item_of_a_list_field_is_replaced_not_set(cli, tmp_path: Path):
-    prof = tmp_path / "s.yaml"
-    prof.write_text("base: dgx-h100\ngpu:\n  kernels: [flash_atention, mla]\n")
-    r = cli("estimate", "-m", "llama-3.1-8b", "--hardware", prof)
-    assert r.code == 2, r.err
-    assert ("field 'gpu.kernels.0': flash_atention is not allowed: it must be one of flash_attention, mla, "
-            "grouped_gemm, fp8_gemm, fp4_gemm, fused_norm, fused_rope; replace it with flash_attention") in r.err
+    _one_line(r, f"{prof}: {line}")
 
 
 def test_a_saved_plan_with_a_bad_grad_reduce_says_which_to_write(cli, tmp_path: Path):
@@ -114,8 +113,9 @@ def test_the_router_gives_its_metrics_port_sglangs_default(co_located: Path, tmp
 
 @pytest.mark.parametrize("env,line", [
     ({"PROMETHEUS_PORT": "8080"}, "PROMETHEUS_PORT=8080: the router's metrics port must differ from ROUTER_PORT=8080"
-                                  " and from a server's port (30000 to 31243 on a node); set PROMETHEUS_PORT from "
-                                  "1024 to 65535 outside those"),
+                                  " and from a server's port (30000 to 31243 on a node) and its gRPC ports at "
+                                  "--port+10000 (40000 to 41000); set PROMETHEUS_PORT from 1024 to 65535 outside "
+                                  "those"),
     ({"PROMETHEUS_PORT": "30500"}, "PROMETHEUS_PORT=30500: the router's metrics port must differ from "
                                    "ROUTER_PORT=8080 and from a server's port (30000 to 31243 on a node)"),
     ({"PROMETHEUS_PORT": "29000", "ROUTER_PORT": "29000"}, "PROMETHEUS_PORT=29000: the router's metrics port must "

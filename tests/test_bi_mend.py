@@ -99,8 +99,9 @@ def test_the_routers_ports_avoid_the_servers_derived_ports(co_located: Path, tmp
     assert r.returncode == 2 and list(records.iterdir()) == [], r.stderr
     what = ("the router's metrics port must differ from ROUTER_PORT=8080 and from" if var == "PROMETHEUS_PORT"
             else "the router must not take")
-    assert r.stderr.splitlines() == [f"{var}={port}: {what} a server's port (30000 to 31243 on a node); set {var} "
-                                     "from 1024 to 65535 outside those"]
+    assert r.stderr.splitlines() == [f"{var}={port}: {what} a server's port (30000 to 31243 on a node) and its gRPC "
+                                     f"ports at --port+10000 (40000 to 41000); set {var} from 1024 to 65535 outside "
+                                     "those"]
 
 
 @pytest.fixture
@@ -118,8 +119,9 @@ def test_the_routers_ports_avoid_the_bootstrap_ports(prefill: Path, tmp_path: Pa
     assert r.returncode == 2 and list(records.iterdir()) == [], r.stderr
     what = ("the router's metrics port must differ from ROUTER_PORT=8080 and from" if var == "PROMETHEUS_PORT"
             else "the router must not take")
-    assert r.stderr.splitlines() == [f"{var}={port}: {what} a server's port (30000 to 33241 on a node) and a "
-                                     f"bootstrap port (8998 to 9001); set {var} from 1024 to 65535 outside those"]
+    assert r.stderr.splitlines() == [f"{var}={port}: {what} a server's port (30000 to 33241 on a node), its gRPC "
+                                     "ports at --port+10000 (40000 to 43000) and a bootstrap port (8998 to 9001); "
+                                     f"set {var} from 1024 to 65535 outside those"]
 
 
 def test_a_router_port_beside_the_bootstrap_ports_runs(prefill: Path, tmp_path: Path):

@@ -5,9 +5,10 @@ moment holds. Expected values by hand from the model's shapes."""
 
 from __future__ import annotations
 
+from plans import plan_of
+
 from llmplan.cost.model_states import fresh_grad_bytes
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_systems
 from llmplan.units import GIB
 
@@ -18,11 +19,8 @@ def _gpt(h: int = 1024, f: int = 4096, vocab: int = 32768) -> ModelSpec:
                      tie_word_embeddings=True, gated_mlp=False, norm_type="layernorm")
 
 
-def _plan(**kw: object) -> ParallelPlan:
-    base: dict = dict(tp=2, pp=2, dp=4, zero=1, global_batch=64, recompute="full", grad_dtype="bf16",
-                      grad_accumulation="add")
-    base.update(kw)
-    return ParallelPlan(**base)
+_plan = plan_of(dict(tp=2, pp=2, dp=4, zero=1, global_batch=64, recompute="full", grad_dtype="bf16",
+                     grad_accumulation="add"))
 
 
 def test_the_three_moments() -> None:

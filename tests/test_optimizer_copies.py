@@ -8,6 +8,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plans import plan_of
 
 from llmplan.cost.memory import activation_bytes, training_memory
 from llmplan.cost.model_states import REDUCE_BUCKET_ELEMENTS, optimizer_copies
@@ -20,11 +21,8 @@ from llmplan.specs.allowance import MemoryAllowance
 from llmplan.units import GIB
 
 
-def _zero1(**kw: object) -> ParallelPlan:
-    base: dict = dict(tp=8, pp=1, dp=8, zero=1, global_batch=64, grad_dtype="bf16", grad_reduce="all-reduce",
-                      recompute="full")
-    base.update(kw)
-    return ParallelPlan(**base)
+_zero1 = plan_of(dict(tp=8, pp=1, dp=8, zero=1, global_batch=64, grad_dtype="bf16", grad_reduce="all-reduce",
+                      recompute="full"))
 
 
 def test_bucket_default_is_deepspeeds() -> None:

@@ -96,3 +96,21 @@ def test_a_workload_refused_whole_is_named(cli):
             "--grad-dtype", "bf16")
     line = r.refusal()
     assert "bf16 gradient reduction" in line.split("refused whole")[1] and "none of the" in line
+
+
+def test_target_walks_mark_the_shown_walk_by_position():
+    """report.search.target_json marks `target_walks[i].shown` where i is the shown search's position
+    (SearchResult.walk_index, recorded by cli.search.SettingSearch.run), not by object identity: the same walk
+    object held twice, or two equal walks, are marked only at that position (before: `k is walk`, both)."""
+    from types import SimpleNamespace
+
+    from llmplan.report.search import target_json
+    from llmplan.search.filtered import Walk
+    w = SimpleNamespace(grad_dtype="fp32", fp8_params=False, fp8_scaling="delayed")
+    c = SimpleNamespace(system=SimpleNamespace(domain_gpus=8), num_gpus=16)
+    walk = Walk(checked=3, refused=1, other_plan=(), complete=True)
+    held = ((w, c, walk), (w, c, walk), (w, c, Walk(checked=3, refused=1, other_plan=(), complete=True)))
+    for shown in range(3):
+        doc = target_json("megatron", 0, walk, None, held, shown)  # type: ignore[arg-type]
+        assert [x["shown"] for x in doc["target_walks"]] == [i == shown for i in range(3)]
+    assert [x["shown"] for x in target_json("megatron", 0, None, None, held)["target_walks"]] == [False] * 3

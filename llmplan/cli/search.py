@@ -384,8 +384,9 @@ class SettingSearch:
         # of --top 1 kept one layout, its fastest, and a slower setting's robust #1 could win against it while
         # the faster setting held that plan too (docs/validation.md#search-superset); shown cuts to --top
         kept = keep_training(res, self.target, self.doc_of, max(goal.top, TIE_POOL))
-        if kept.walk is not None:
+        if kept.walk is not None:  # its position marks the shown walk (shown; report.search target_walks)
             self.walks.append((wv, cc, kept.walk))
+            kept = dataclasses.replace(kept, walk_index=len(self.walks) - 1)
         return kept
 
     def keeps_fp8_params(self, wv: Workload) -> bool:
@@ -550,8 +551,9 @@ class SettingSearch:
                 was = res.walk
                 now = dataclasses.replace(was, other_plan=tuple(k for k in was.other_plan if k <= self.goal.top))
                 res = dataclasses.replace(res, walk=now)
-                # the report marks the shown walk by identity (report.search target_walks "shown")
-                self.walks = [(a, b, now if k is was else k) for a, b, k in self.walks]
+                if res.walk_index is not None:  # the shown walk, at the position run recorded
+                    a, b, _ = self.walks[res.walk_index]
+                    self.walks[res.walk_index] = (a, b, now)
             res = training_sides(res, self.target, self.doc_of)
             res = dataclasses.replace(res, walks=tuple(self.walks))
         if len(self.tried) > 1:  # a dispatcher outrun (no plan above the best so far): its best plan's score

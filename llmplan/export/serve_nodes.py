@@ -59,7 +59,10 @@ class NodeLaunch:
     the GPUs a node's servers take slices of (serve_shell.visible_lines; 0: no slices); `addrs`: the nodes whose
     addresses NODE_ADDRS lists, in NODE_RANK order (0: none read); `nixl_host`: the node's NIXL side-channel host
     is set from NODE_ADDR (NIXL_HOST); `guard`: lines that stop the serve script (not its router's) on an
-    environment the launch cannot run under (none written at present)."""
+    environment the launch cannot run under (none written at present); `binds`: the ports a node binds besides
+    its servers' --port (and a prefill server's bootstrap port), which a router on that node must avoid: (lo, hi,
+    words) blocks, lo and hi shell arithmetic over the port variables, the words naming them with their values
+    at run time (bound_block)."""
     nodes: list[list[list[str]]]
     note: str
     head: bool = False
@@ -73,6 +76,23 @@ class NodeLaunch:
     addrs: int = 0
     nixl_host: bool = False
     guard: str = ""
+    binds: tuple[tuple[str, str, str], ...] = ()
+
+
+def shown_port(expr: str) -> str:
+    """The shell word that prints the port of the arithmetic `expr` inside a message: a number as is, a port
+    variable as $VAR, else $((...)) without blanks (stop breaks a message at blanks, which must not fall inside
+    an expansion)."""
+    if expr.isdigit():
+        return expr
+    return f"${expr}" if expr.isidentifier() else f"$(({expr.replace(' ', '')}))"
+
+
+def bound_block(lo: str, hi: str, what: str) -> tuple[str, str, str]:
+    """A block of ports a node binds (NodeLaunch.binds): its ends, shell arithmetic over the port variables, and
+    `what` followed by the ends' values as the shell computes them (shown_port)."""
+    ends = shown_port(lo) if lo == hi else f"{shown_port(lo)} to {shown_port(hi)}"
+    return lo, hi, f"{what} ({ends})"
 
 
 SGLANG_PORT, PORT_STRIDE, GRPC_DELTA, BOOTSTRAP_PORT = 30000, 1000, 10000, 8998
@@ -90,7 +110,14 @@ server of a disaggregated deployment also binds its KV bootstrap server at --dis
 unless given (managers/disagg_service.py start_disagg_service, which warns that servers on one host need distinct
 ones). Where a derived port would pass 65535 SGLang moves the block below --port instead, outside the layout below;
 so the script keeps every server's --port + 10000 within 65535 (sglang_ports). The NCCL and DP worker ports are
-picked free by the OS."""
+picked free by the OS. Re-read at named commits for the router's check (serve_router._taken): sgl-project/sglang
+@001067ff python/sglang/srt/server_args.py PortArgs.init_new (`nccl_port = get_free_port()` unless --nccl-port;
+with DP attention `port_base = dist_init_port + 1`, detokenizer / rpc / metrics / scheduler-input /
+load-collector at port_base + 1 to + 5, the Rust path's `port_base + 6 + dp_rank`, dist_init_port = --port +
+ZMQ_TCP_PORT_DELTA on one node without --dist-init-addr, else --dist-init-addr's port); @0317b608
+python/sglang/srt/arg_groups/serving_hook.py handle_deprecated_args (`grpc_port=cfg.port + 10000` only under
+--smg-grpc-mode / --grpc-mode; the native gRPC server only at --grpc-port / SGLANG_GRPC_PORT, neither written
+by llmplan): the gRPC port is kept free as the server's own whether or not the user adds that flag."""
 
 
 ZMQ_SPAN = 240
@@ -195,6 +222,13 @@ port_base = DIST_PORT + 1) and on the Rust-server path one scheduler-input port 
 PyPI wheel, read."""
 
 
+def dist_top(ranks: int, dpa: bool) -> int:
+    """The last port node 0 of an SGLang server over nodes binds from DIST_PORT, as an offset: with DP attention
+    the DP handshake (+ DIST_HANDSHAKE) or the Rust path's last DP-rank port (+ DIST_FIXED + ranks), whichever is
+    higher; else DIST_PORT alone (DIST_PORT)."""
+    return max(DIST_HANDSHAKE, DIST_FIXED + ranks) if dpa else 0
+
+
 def _outside(var: str, width: int, ranges: list[tuple[str, str]]) -> str:
     """Shell arithmetic: the ports var .. var + width - 1 meet none of the ranges (lo, hi), each end a shell
     arithmetic expression over the port variables."""
@@ -206,7 +240,7 @@ def sglang_server_ports(ranks: int, dpa: bool, prefill: bool, dist: bool) -> tup
     """The port variables of one SGLang server a node (over nodes with `dist`, or one node's replicas) and the
     checks on the user's values: PORT (--port, its gRPC port + 10000 within 65535); over nodes DIST_PORT and the
     ports SGLang derives from it (DIST_PORT) outside PORT's; a prefill server's BOOTSTRAP_PORT outside all."""
-    top = max(DIST_HANDSHAKE, DIST_FIXED + ranks) if dpa else 0
+    top = dist_top(ranks, dpa)
     http = [("PORT", f"PORT + {ranks - 1}" if ranks > 1 else "PORT"), (f"PORT + {GRPC_DELTA}", f"PORT + {GRPC_DELTA}")]
     parts = [port_var("PORT", SGLANG_PORT,
         f"PORT >= 1024 && PORT <= {65535 - GRPC_DELTA}",
@@ -347,9 +381,14 @@ def _sglang_server_over_nodes(pf: PlanFile) -> NodeLaunch:
     nodes = [[[f"--nnodes {n}", f"--node-rank {k}", *own]] for k in range(n)]
     note = _head_note(n, per_node, copies) + _groups_note(
         copies, "DP-attention servers" if p.dp_attention else "replicas", s, n)
-    ports, checks = sglang_server_ports(p.attn_dp if p.dp_attention else 1, p.dp_attention, prefill, True)
+    ranks = p.attn_dp if p.dp_attention else 1
+    ports, checks = sglang_server_ports(ranks, p.dp_attention, prefill, True)
+    top = dist_top(ranks, p.dp_attention)
+    dist = bound_block("DIST_PORT", f"DIST_PORT + {top}" if top else "DIST_PORT",
+                       "node 0's dist-init port" + "s" * (top > 0))
     return NodeLaunch(nodes, note, head=True, ports=ports, drop=("--dp-size",), checks=checks,
-                      endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")]] * copies, per_server=True)
+                      endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")]] * copies, per_server=True,
+                      binds=(dist,))
 
 
 def _sglang_servers_in_node(pf: PlanFile) -> NodeLaunch:
@@ -421,7 +460,8 @@ def _vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
             p.copies, "DP-attention servers" if p.dp_attention else "replicas", p.gpus_per_copy, n)
         ports, checks = vllm_head_ports("MASTER_PORT", MASTER_PORT, "the workers' torch.distributed rendezvous")
         return NodeLaunch(nodes, note, head=True, drop=("--data-parallel-size",), ports=ports, checks=checks,
-                          endpoints=[[('"$PORT"', "")]] * p.copies, per_server=True)
+                          endpoints=[[('"$PORT"', "")]] * p.copies, per_server=True,
+                          binds=(bound_block("MASTER_PORT", "MASTER_PORT", "the head's --master-port"),))
     if per_node % unit:
         raise refuse("vllm", f"DP ranks of tp x pp = {unit} GPUs on nodes of {per_node} would straddle nodes",
                      f"re-plan with tp x pp dividing {per_node}")
@@ -436,7 +476,8 @@ def _vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
             f"node with NODE_RANK 0 (the head, which serves the API) to {n - 1}, {whose}\n")
     ports, checks = vllm_head_ports("RPC_PORT", RPC_PORT, "the DP ranks' handshake")
     return NodeLaunch(nodes, note + _groups_note(p.copies, "DP-attention servers", unit * ranks, n), head=True,
-                      ports=ports, checks=checks, endpoints=[[('"$PORT"', "")]] * p.copies, per_server=True)
+                      ports=ports, checks=checks, endpoints=[[('"$PORT"', "")]] * p.copies, per_server=True,
+                      binds=(bound_block("RPC_PORT", "RPC_PORT", "the head's --data-parallel-rpc-port"),))
 
 
 def sglang_nodes(pf: PlanFile) -> NodeLaunch | None:
@@ -525,9 +566,14 @@ def _vllm_servers_on_nodes(pf: PlanFile, s: int, ranks: int) -> NodeLaunch:
             for q, pc in enumerate(node)] for node in layout]
     nodes = [[_piece_flags(pc, heads, s, unit) for pc in node] for node in layout]
     ends = [[(port_word("PORT", j), "") for j in range(sum(pc.before == 0 for pc in node))] for node in layout]
-    ports, checks = vllm_ports(max(len(e) for e in ends), max(len(node) for node in layout), ranks, nixl, split)
+    servers, slots = max(len(e) for e in ends), max(len(node) for node in layout)
+    ports, checks = vllm_ports(servers, slots, ranks, nixl, split)
+    binds = (([bound_block("NIXL_PORT", f"NIXL_PORT + {slots * ranks - 1}", "the NIXL side-channel ports")]
+              if nixl else [])
+             + ([bound_block("RPC_PORT", f"RPC_PORT + {servers - 1}" if servers > 1 else "RPC_PORT",
+                             "the DP handshake port" + "s" * (servers > 1))] if split else []))
     return NodeLaunch(nodes, _pieces_note(pf, s, ranks, layout, split), ports=ports, env=env, checks=checks,
-                      endpoints=ends, visible=per_node, addrs=len(layout) if split else 0)
+                      endpoints=ends, visible=per_node, addrs=len(layout) if split else 0, binds=tuple(binds))
 
 
 def _addrs_lines(n: int) -> str:

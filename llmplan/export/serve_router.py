@@ -25,7 +25,8 @@ OTHER_POOL, which the other pool's router script prints when run with POOL_ARGS_
 from __future__ import annotations
 
 from llmplan.export.common import sh_header
-from llmplan.export.serve_nodes import BOOTSTRAP_PORT, PORT_ENV, SGLANG_PORT, VLLM_PORT, NodeLaunch, sglang_span
+from llmplan.export.serve_nodes import (BOOTSTRAP_PORT, GRPC_DELTA, PORT_ENV, SGLANG_PORT, VLLM_PORT, NodeLaunch,
+                                        bound_block, sglang_span, shown_port)
 from llmplan.export.serve_shell import count_check, port_var
 from llmplan.planfile import PlanFile
 
@@ -92,24 +93,34 @@ def _addresses(n: int, what: str, phase: str, engine: str) -> str:
     return text + count_check(n, f"give the {n} addresses of {what}" if n > 1 else f"give the one address of {what}")
 
 
-def _taken(pf: PlanFile, engine: str, ends: list[list[tuple[str, str]]]) -> tuple[list[tuple[str, str]], str]:
-    """The ports of a node's servers the router's own ports must avoid (the router may run on a server's node), as
-    (lo, hi) shell arithmetic, and their words for a message: from the first server's --port to the last one's,
-    for SGLang DP-attention servers through the last one's derived ports (--port + sglang_span(ranks) - 1,
-    SGLANG_PORT), and a prefill server's KV bootstrap ports (BOOTSTRAP_PORT onward, one a server)."""
+def _taken(pf: PlanFile, launch: NodeLaunch | None, engine: str,
+           ends: list[list[tuple[str, str]]]) -> tuple[list[tuple[str, str]], str]:
+    """The ports of a node's servers the router's own ports must avoid (the router may run on a server's node,
+    node 0 of a server over nodes among them), as (lo, hi) shell arithmetic, and their words for a message: from
+    the first server's --port to the last one's, for SGLang DP-attention servers through the last one's derived
+    ports (--port + sglang_span(ranks) - 1, SGLANG_PORT); SGLang's gRPC ports, --port + GRPC_DELTA of the first
+    to the last server, which the serve script keeps free for them (SGLANG_PORT); a prefill server's KV bootstrap
+    ports (BOOTSTRAP_PORT onward, one a server); and the launch's other blocks (NodeLaunch.binds: node 0's
+    DIST_PORT block of an SGLang server over nodes, vLLM's NIXL side-channel, DP handshake and rendezvous
+    ports). Each block is whole from its first port to its last (conservative where servers are strided)."""
     most = max(ends, key=len)  # the address with the most servers: theirs are the --port values any node uses
     first, last = most[0][0], most[-1][0]
     extra = sglang_span(pf.plan.attn_dp) - 1 if engine == "sglang" and pf.plan.dp_attention else 0
     hi = f"{_arith(last)} + {extra}" if extra else _arith(last)
     ranges = [(_arith(first), hi)]
-    words = f"a server's port ({_inner(first)} to $(({hi})) on a node)" if len(most) > 1 or extra else \
-        f"a server's port ({_inner(first)} on a node)"
+    words = [f"a server's port ({_inner(first)} to {shown_port(hi)} on a node)" if len(most) > 1 or extra else
+             f"a server's port ({_inner(first)} on a node)"]
+    blocks = list(launch.binds) if launch is not None else []
+    if engine == "sglang":
+        grpc = (f"{_arith(first)} + {GRPC_DELTA}", f"{_arith(last)} + {GRPC_DELTA}")
+        blocks.insert(0, bound_block(*grpc, f"its gRPC port{'s' * (len(most) > 1)} at --port+{GRPC_DELTA}"))
     boots = [b for _, b in most if b]
     if boots:
-        ranges.append((_arith(boots[0]), _arith(boots[-1])))
-        words += (f" and a bootstrap port ({_inner(boots[0])} to {_inner(boots[-1])})" if len(boots) > 1 else
-                  f" and a bootstrap port ({_inner(boots[0])})")
-    return ranges, words
+        blocks.append(bound_block(_arith(boots[0]), _arith(boots[-1]), "a bootstrap port"))
+    for lo, hi_, what in blocks:
+        ranges.append((lo, hi_))
+        words.append(what)
+    return ranges, ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else words[0]
 
 
 def _outside(var: str, ranges: list[tuple[str, str]]) -> str:
@@ -162,7 +173,7 @@ def router_script(pf: PlanFile, launch: NodeLaunch | None, engine: str) -> str |
         return None
     ports = "" if launch is None else launch.ports.split(f"unset {PORT_ENV[engine].split(':', 1)[0]}\n", 1)[-1]
     checks = "" if launch is None else launch.checks
-    ranges, words = _taken(pf, engine, ends)
+    ranges, words = _taken(pf, launch, engine, ends)
     text = sh_header(pf, "SGLang router (python -m sglang_router.launch_router)" if engine == "sglang" else
                      "vLLM NixlConnector proxy (toy_proxy_server.py of a vLLM source tree)") + "set -euo pipefail\n"
     text += _addresses(len(ends), what, phase, engine) + ports + checks + _router_port(ranges, words)

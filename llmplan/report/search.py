@@ -277,18 +277,19 @@ TIE_POOL_RULE = (f"ties are decided among the {TIE_POOL} best layouts (same tp, 
 
 
 def target_json(target: str | None, dropped: int, walk: Walk | None = None,
-                sides: Sides | None = None, walks: tuple[tuple[Workload, ClusterSpec, Walk], ...] = ()
-                ) -> dict[str, Any]:
+                sides: Sides | None = None, walks: tuple[tuple[Workload, ClusterSpec, Walk], ...] = (),
+                shown: int | None = None) -> dict[str, Any]:
     """The keys a targeted search adds to its JSON (none without --target): the target, the better-ranked plans
     dropped as not exportable and, for a training search, what its walk over the plans did (search.filtered),
     every walk the command ran (one per switch setting and NVLink-domain share searched: `target_walks`, the
-    shown one marked) and how the Pareto front, the comparisons and the rows' counts were kept to accepted plans
-    (sides)."""
+    one at position `shown` marked: SearchResult.walk_index) and how the Pareto front, the comparisons and the
+    rows' counts were kept to accepted plans (sides)."""
     if not target:
         return {}
     return {"target": target, "not_exportable": dropped,
             **({"target_walk": walk_json(walk)} if walk is not None else {}),
-            **({"target_walks": [{**walk_held(w, c), "shown": k is walk, **walk_json(k)} for w, c, k in walks]}
+            **({"target_walks": [{**walk_held(w, c), "shown": i == shown, **walk_json(k)}
+                                  for i, (w, c, k) in enumerate(walks)]}
                if walks else {}),
             **({"target_sides": sides_json(sides)} if sides is not None else {})}
 
@@ -446,7 +447,7 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         **({"switches": switches_json(res.switches)} if res.switches is not None else {}),
         **({"closest": estimate_json(res.closest), "suggestions": res.suggestions} if res.closest else {}),
         **refused_sides_json(res.sides),
-        **target_json(res.target, res.not_exportable, res.walk, res.sides, res.walks),
+        **target_json(res.target, res.not_exportable, res.walk, res.sides, res.walks, res.walk_index),
         **exports_json(res.exports),
     }
 

@@ -120,6 +120,10 @@ class SearchResult:
     """With a target: every walk the command ran, one per search (switch setting, NVLink-domain share), each with
     the workload and cluster that search held (report.search.walk_held says which of their fields the output
     names); `walk` is the shown result's."""
+    walk_index: int | None = None
+    """With a target: where this search's own walk (`walk`) stands in the command's list of walks (`walks`, and
+    the list cli.search.SettingSearch builds), so that the report marks the shown one by position; None where
+    the search kept no walk."""
     sides: "Sides | None" = None
     """With a target: how the Pareto front, the comparisons and the rows' counts were kept to the plans the
     target accepts (search.filtered.Sides)."""
