@@ -217,6 +217,29 @@ def churned_gradients(plan: ParallelPlan) -> Any:
     return deepspeed | ((plan.zero >= 2) & (plan.pp > 1) & np.logical_not(plan.megatron_fsdp))
 
 
+def bf16_optimizer(plan: ParallelPlan) -> Any:
+    """Whether a plan runs DeepSpeed's BF16_Optimizer: bf16 weights with fp32 gradients at ZeRO 1 (its own
+    partition of the fp32 master and moments), each micro-batch's gradient cast and added into the fp32 flat
+    gradient (grad_accumulation cast-add) and that gradient all-reduced whole (grad_reduce all-reduce), as the
+    DeepSpeed export runs such a plan (export.deepspeed.accumulation) and BLOOM trained.
+    Source: deepspeedai/DeepSpeed deepspeed/runtime/bf16_optimizer.py at 56c522386 (bf16_groups_flat,
+    fp32_groups_gradients_flat, update_hp_grads)."""
+    return (plan.grad_accumulation == "cast-add") & (plan.zero == 1) & (plan.grad_reduce == "all-reduce") \
+        & (plan.dtype == "bf16") & (plan.grad_bytes == 4.0)
+
+
+def lp_grad_bytes(plan: ParallelPlan, rp: RankParams) -> Any:
+    """Bytes of the bf16 gradients (param.grad, 2 B a parameter of the rank, unsharded) that DeepSpeed's
+    BF16_Optimizer keeps beside its fp32 flat gradient: autograd writes each micro-batch's gradient into
+    param.grad, update_hp_grads(clear_lp_grads=False) casts and adds it into the fp32 buffer and leaves it, and only
+    the next backward's clear_lp_grads drops it (2022: param.grad = None; later releases zero it in place, a
+    buffer held all run), so through the forwards and the backward's peak the rank holds both. 0 elsewhere.
+    Source: deepspeedai/DeepSpeed deepspeed/runtime/pipe/engine.py _exec_backward_pass and bf16_optimizer.py
+    (clear_lp_grads, update_hp_grads) at 56c522386 (2022-04-19, bf16 + pipeline) and edaa72212 (2026-08-22).
+    Derived: docs/formulas.md#mem.bf16_optimizer_grads"""
+    return where(bf16_optimizer(plan), 2.0 * rp.total, 0.0)
+
+
 def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradients: Any,
                         emb32: Any = 0.0) -> tuple[Any, Any]:
     """(bytes of the optimizer_copies, the allocated peak after the backward) of a rank holding `rp` whose
