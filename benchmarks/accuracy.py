@@ -2112,6 +2112,12 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # gradients too (stage_1_and_2.py at 2151c787a: stage 1 forces contiguous_gradients off, so
         # reduce_ipg_grads takes buffered_reduce_fallback, an all_reduce of each flattened bucket)
         # Megatron-Bridge's Kimi-K2 presets run Muon's layer-wise optimizer over an all-reducing DDP (mbridge_muon)
+        # BLOOM's bf16 runs reduce the BF16_Optimizer's fp32 gradients in bf16: their ds_config sets ZeRO stage 0
+        # and no communication_data_type (bigscience tr11-200B-ml.slurm at fd075b7, 2022-02-28;
+        # tr11-176B-ml.slurm at 9e64edec2a: "bf16 must use z0!"), whose default is then bf16 (DeepSpeed
+        # 56c522386 .. v0.7.0 engine.py communication_data_type; allreduce_bucket casts to it). settle drops it
+        # from the fp16 prequel rows (not a BF16_Optimizer plan). MT-NLG's communication dtype is not public.
+        grad_reduce_dtype="bf16" if fam == "bloom" else "grad_dtype",
         grad_reduce="all-reduce" if (fam in DEEPSPEED_PIPE and (precision == "bf16" or fam == "bloom") and zero == 1)
         or mbridge_muon(rec) else "reduce-scatter",
         optimizer="muon" if mbridge_muon(rec) else "adam",
