@@ -493,6 +493,20 @@ adds it after every backward (bf16_optimizer.py update_hp_grads, pipe/engine.py,
 MT-NLG's bf16 run with fp32 accumulation, the only public DeepSpeed code that accumulates so), and its fp16 ZeRO-1
 leaves autograd to add into the fp16 param.grad (BLOOM's fp16 runs)."""
 
+BLOOM_BF16_OPTIMIZER = "bloom-prequel-rebalancing-layers-"
+"""BLOOM's prequel rows of 2022-02-28 (chronicles-prequel.md 'Rebalancing layers': "from now on the testing is
+happening with BF16 optimizer that was just written to accumulate gradients in fp32 ... The additional memory
+usage is 4bytes x params and it's not sharded across gpus"): read as the final run's stack (fp32 gradients,
+cast-add, all-reduce), not as the earlier prequel's fp16-style ZeRO-1 (bloom_pre_bf16_optimizer). The rest of the
+prequel reading holds for them: the committed tr11-200B-ml.slurm of that day (bigscience c97ce51) sets no dropout
+flags, and the fused-softmax check was fixed only on 03-06 (bigscience_softmax_kernel)."""
+
+
+def bloom_pre_bf16_optimizer(rec: dict) -> bool:
+    """Whether a record is one of BLOOM's prequel runs before the BF16_Optimizer (02-17 .. 02-27): 16-bit gradients
+    in param.grad, added by autograd (DeepSpeed ZeRO-1, stage_1_and_2 at 2151c787a)."""
+    return rec["id"].startswith("bloom-prequel-") and not rec["id"].startswith(BLOOM_BF16_OPTIMIZER)
+
 
 STEP_END_DP = ("megascale", "bloom", "mtnlg")
 """Families whose data-parallel gradient reduction and weight gather run after the step's last backward, beside
@@ -1942,7 +1956,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # examples/llama's fp8 script reduces gradients in bf16 (--grad-reduce-in-bf16: NVIDIA/Megatron-LM
         # examples/llama/train_llama3_8b_h100_fp8.sh at bf6e99859f), as NeMo's recipes it follows do
         grad_dtype="bf16" if fam in TWO_BYTE_GRADS or (fam == "bloom" and (precision == "fp16"
-                                                                      or rec["id"].startswith("bloom-prequel-")))
+                                                                      or bloom_pre_bf16_optimizer(rec)))
         or rec["id"].startswith("megatron-examples-fp8") or mpt_bf16_reduce(rec, fam) else "fp32",
         fp8_params=(dtype == "fp8" and (rec["id"].startswith("megatron-examples-fp8") or fam in BRIDGE_FAMILIES
                                         or bool(par.get("fp8_all_gather"))) and not mbridge_muon_bf16_params(rec))
@@ -2092,12 +2106,18 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         megatron_fsdp=mbridge_megatron_fsdp(par, fam),
         grad_accumulation=par.get("grad_accumulation") or mbridge_fsdp_grad_accumulation(rec, fam) or (
             GRAD_ACCUMULATION.get(fam, {}).get(
-            "fp16" if rec["id"].startswith("bloom-prequel-") else precision, "fused") if zero < 2 else "fused"),
+            "fp16" if bloom_pre_bf16_optimizer(rec) else precision, "fused") if zero < 2 else "fused"),
         # its BF16_Optimizer all-reduces the fp32 gradients under ZeRO-1 (engine.py _bf16_reduce_grads)
         # BLOOM's prequel (02-17 .. 02-26, before the BF16_Optimizer): DeepSpeed's ZeRO-1 all-reduces the 16-bit
         # gradients too (stage_1_and_2.py at 2151c787a: stage 1 forces contiguous_gradients off, so
         # reduce_ipg_grads takes buffered_reduce_fallback, an all_reduce of each flattened bucket)
         # Megatron-Bridge's Kimi-K2 presets run Muon's layer-wise optimizer over an all-reducing DDP (mbridge_muon)
+        # BLOOM's bf16 runs reduce the BF16_Optimizer's fp32 gradients in bf16: their ds_config sets ZeRO stage 0
+        # and no communication_data_type (bigscience tr11-200B-ml.slurm at fd075b7, 2022-02-28;
+        # tr11-176B-ml.slurm at 9e64edec2a: "bf16 must use z0!"), whose default is then bf16 (DeepSpeed
+        # 56c522386 .. v0.7.0 engine.py communication_data_type; allreduce_bucket casts to it). settle drops it
+        # from the fp16 prequel rows (not a BF16_Optimizer plan). MT-NLG's communication dtype is not public.
+        grad_reduce_dtype="bf16" if fam == "bloom" else "grad_dtype",
         grad_reduce="all-reduce" if (fam in DEEPSPEED_PIPE and (precision == "bf16" or fam == "bloom") and zero == 1)
         or mbridge_muon(rec) else "reduce-scatter",
         optimizer="muon" if mbridge_muon(rec) else "adam",

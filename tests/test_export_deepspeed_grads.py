@@ -129,7 +129,11 @@ def test_search_then_export_deepspeed(cli, tmp_path):
                "add", "--save", plan, "--force").code == 0
     r = cli("export", plan, "--to", "deepspeed", "-o", tmp_path / "c1")
     assert r.code == 2 and "--grad-accumulation cast-add" in r.err  # named otherwise than it runs: refused
-    assert cli("search", *common, "--grad-dtype", "fp32", "--grad-reduce", "all-reduce", "--grad-accumulation",
+    # BF16_Optimizer keeps the bf16 param.grad beside the fp32 one (docs/formulas.md#mem.bf16_optimizer_grads):
+    # 8B parameters at 2 + 4 + 2 + 12/8 bytes are 71 GiB of states on a TP1 rank and nothing fits, so this
+    # search takes the 1.7B GPT of Narayanan et al. 2021 (16 GB of states)
+    small = tuple("gpt-1.7b" if k and common[k - 1] == "--model" else a for k, a in enumerate(common))
+    assert cli("search", *small, "--grad-dtype", "fp32", "--grad-reduce", "all-reduce", "--grad-accumulation",
                "cast-add", "--save", plan, "--force").code == 0
     assert cli("export", plan, "--to", "deepspeed", "-o", tmp_path / "c").code == 0
     cfg = json.loads((tmp_path / "c" / "ds_config.json").read_text())

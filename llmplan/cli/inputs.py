@@ -189,7 +189,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms", "cuda_max_connections",
                      "moe_flex_backend", "ep_dispatch_fp8", "moe_router_fusion", "moe_router_padding",
                      "optimizer", "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "kept_grad_shards", "fp32_embedding_grads", "grad_reduce",
-                     "grad_accumulation", "launch_blocking", "offload_layers", "offload_moe_act", "zero3_unit",
+                     "grad_accumulation", "grad_reduce_dtype", "launch_blocking", "offload_layers", "offload_moe_act", "zero3_unit",
                      "mtp_layers",
                      "dp_replicate", "dp_outer_optimizer",
                      "rope_complex", "zero3_copy_out", "pp_blocking_sends",
@@ -232,7 +232,8 @@ OPTION_FLAGS = {"num_nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "fix
                 "engine": "--engine", "request_rate": "--request-rate", "weight_dtype": "--dtype",
                 "kv_dtype": "--kv-dtype", "phase": "--phase", "zero": "--zero", "recompute": "--recompute",
                 "dtype": "--dtype", "pp_schedule": "--pp-schedule", "grad_dtype": "--grad-dtype",
-                "grad_reduce": "--grad-reduce", "grad_accumulation": "--grad-accumulation", "zero3_unit": "--zero3-unit",
+                "grad_reduce": "--grad-reduce", "grad_accumulation": "--grad-accumulation",
+                "grad_reduce_dtype": "--grad-reduce-dtype", "zero3_unit": "--zero3-unit",
                 **SERVE_PLAN_FLAGS}
 """The flag that sets each spec field the options build, where one flag alone sets it: a bad value is one
 line naming the flag and the value to give (registry.validation_message), not the field."""

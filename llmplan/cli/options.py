@@ -130,6 +130,10 @@ OVERLAP_GRAD_REDUCE = typer.Option(_plan("overlap_grad_reduce"), "--overlap-grad
 GRAD_REDUCE = typer.Option(_plan("grad_reduce"), "--grad-reduce",
                            help="ZeRO-1's DP gradient reduction: reduce-scatter (Megatron's distributed optimizer) "
                                 "| all-reduce (DeepSpeed's BF16_Optimizer under its pipeline engine).")
+GRAD_REDUCE_DTYPE = typer.Option(_plan("grad_reduce_dtype"), "--grad-reduce-dtype",
+                                 help="Dtype the DP gradient reduction sends: grad_dtype (the gradients' own) | bf16 "
+                                      "(fp32 gradients cast to a bf16 copy for the all-reduce: DeepSpeed's "
+                                      "BF16_Optimizer at its default communication_data_type).")
 GRAD_ACCUMULATION = typer.Option(_plan("grad_accumulation"), "--grad-accumulation",
                                  help="How micro-batch gradients are accumulated: fused (in the weight-gradient "
                                       "GEMM) | add (Megatron-LM before 2022-02, autograd) | cast-add (DeepSpeed's "
@@ -366,6 +370,7 @@ SWITCHES = Flags("Training switches", {
     "optimizer": OPTIMIZER,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
     "param_remainders": PARAM_REMAINDERS, "kept_grad_shards": KEPT_GRAD_SHARDS, "fp32_embedding_grads": FP32_EMBEDDING_GRADS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
+    "grad_reduce_dtype": GRAD_REDUCE_DTYPE,
     "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,
     "zero3_copy_out": ZERO3_COPY_OUT, "pp_blocking_sends": PP_BLOCKING_SENDS, "norm_kernel": NORM_KERNEL,
     "softmax_kernel": SOFTMAX_KERNEL,

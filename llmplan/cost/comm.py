@@ -19,7 +19,8 @@ from llmplan.cost.compute import (KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZ
                                   TE_PIPELINE_SPLITS)
 from llmplan.cost.flops import layer_flops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
-from llmplan.cost.model_states import bf16_gathered_params, fp32_embedding_grad_bytes, low_precision_params
+from llmplan.cost.model_states import (bf16_gathered_params, bf16_reduction, fp32_embedding_grad_bytes,
+                                       low_precision_params)
 from llmplan.cost.mixers import attention_share, dense_mlp_share, lightning
 from llmplan.cost.gemm import router_padding_share
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
@@ -1054,7 +1055,11 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
         # overlap_param_gather_with_optimizer_step (comm.dp_bucket, step.dp_optstep_gather)
         b_r = where(megatron, dp_step_calls(plan, params, bucketed), 1)
         b_g = b_r
-        out += [Transfer("all-reduce", where(whole, b_r, 0), reduced_b / b_r, group),
+        # grad_reduce_dtype bf16: each call's fp32 gradients cast to bf16 and copied back (comm.reduce_dtype); a
+        # group of one rank runs no collective, so priced none
+        cast_b = where(bf16_reduction(plan) & (ranks > 1),
+                       REDUCE_CAST_PASSES * (plan.grad_bytes + plan.reduce_bytes) * params, 0.0)
+        out += [Transfer("all-reduce", where(whole, b_r, 0), reduced_b / b_r, group, copy_bytes=cast_b / b_r),
                 Transfer("reduce-scatter", reduce_calls * b_r, reduced_b / u / b_r, group,
                          host_s=where(params > 0, host, 0.0),
                          copy_bytes=where(copies, ZERO3_REDUCE_COPIES * reduced_b / u, 0.0)),
@@ -1088,13 +1093,22 @@ def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any,
             Transfer("all-gather", where(outer_optim, calls * outer_weight_copies(plan), 0), gathered_b / u, outer)]
 
 
+REDUCE_CAST_PASSES = 2
+"""HBM passes over a gradient element reduced in bf16 from fp32 (grad_reduce_dtype bf16), each a read of one
+dtype and a write of the other: the cast to the bf16 copy before the all-reduce, the copy back into the fp32
+gradient after it. Source: deepspeedai/DeepSpeed deepspeed/runtime/engine.py at 56c522386 (allreduce_bucket:
+`tensor.to(self.communication_data_type)`, `tensor.copy_(tensor_to_allreduce)`). Derived:
+docs/formulas.md#comm.reduce_dtype"""
+
+
 def sync_bytes(plan: ParallelPlan, params: Any, kept: Any) -> tuple[Any, Any]:
     """(bytes reduced, bytes gathered) when a rank's gradients of `params` parameters are reduced (all-reduce or
     reduce-scatter) and their updated weights all-gathered, `kept` of them bf16 under fp8_params: the gradients at
-    grad_bytes; the weights at param_gather_bytes, the kept ones 2 (kept_gather_extra_bytes more). The one split
+    reduce_bytes (grad_bytes, or 2 under grad_reduce_dtype bf16: comm.reduce_dtype); the weights at param_gather_bytes, the kept ones 2 (kept_gather_extra_bytes more). The one split
     dp_transfers and hsdp_transfers price.
     Derived: docs/formulas.md#comm.dp, docs/formulas.md#mem.fp8_param_bf16_parts"""
-    return plan.grad_bytes * params, param_gather_bytes(plan) * params + kept_gather_extra_bytes(plan) * kept
+    wire = where(bf16_reduction(plan), plan.reduce_bytes, plan.grad_bytes)  # the switch where it acts (settle)
+    return wire * params, param_gather_bytes(plan) * params + kept_gather_extra_bytes(plan) * kept
 
 
 STAGED_GATHER_BYTES = 2.0

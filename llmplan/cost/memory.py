@@ -28,7 +28,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     model_state_bytes,
 )
 from llmplan.cost.model_states import (after_backward_peak, bf16_gathered_params, bf16_kept_params, fresh_grad_bytes,
-                                       churned_gradients,
+                                       churned_gradients, lp_grad_bytes,
                                        bf16_parts_extra_bytes, fp32_embedding_grad_bytes, fp32_shards_are_master,
                                        gradient_params,
                                        stored_weight_bytes,
@@ -360,7 +360,10 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     # NeMo 1.x under Apex: the embeddings' gradients in fp32 buckets; one stage a rank (check_plan refuses them
     # under DualPipe, fp32_embedding_grads_act). Derived: docs/formulas.md#mem.fp32_embedding_grads
     emb32 = fp32_embedding_grad_bytes(m, plan, stage)
-    dense = ModelStateBytes(weights=dense.weights, gradients=dense.gradients + emb32, optimizer=dense.optimizer)
+    # DeepSpeed's BF16_Optimizer: the bf16 param.grad kept beside the fp32 flat gradient.
+    # Derived: docs/formulas.md#mem.bf16_optimizer_grads
+    lp = lp_grad_bytes(plan, rp)
+    dense = ModelStateBytes(weights=dense.weights, gradients=dense.gradients + emb32 + lp, optimizer=dense.optimizer)
 
     def stage_act(s: Any) -> ActivationBytes:
         return per_distinct(plan, ALL_BUT_ZERO, s, lambda p, s: activation_bytes(
@@ -403,7 +406,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     piped = plan.pp > 1
     # Sharded gradients under an interleaved pipeline: each chunk's unsharded gradients live from its first
     # backward to its reduce-scatter (FSDP). Derived: docs/formulas.md#mem.grad_lifetime
-    gradients = pipelined_gradient_bytes(m, plan, stage, gradient_params(plan, rp) * grad_b, grad_b) + emb32
+    gradients = pipelined_gradient_bytes(m, plan, stage, gradient_params(plan, rp) * grad_b, grad_b) + emb32 + lp
     tensors = tensors + gradients - (dense.gradients + expert.gradients)
     wide = bf16_gathered_params(m, plan, stage).total  # gathered at 2 B under fp8_params (torchao: the experts too)
     gathered = where(plan.zero >= 3, where(piped, rp.total, live) * weight_b

@@ -113,13 +113,16 @@ ZERO_OPTIMIZATION_REDUCE_BUCKET_SIZE_DEFAULT; stage_1_and_2.py allreduce_bucket:
 class OptimizerCopies(Breakdown):
     """Transient gradient copies of DeepSpeed's ZeRO-1 optimizer after the backward; parts sum to total."""
 
-    PARTS: ClassVar[tuple[str, ...]] = ("bucket", "flat", "cast")
+    PARTS: ClassVar[tuple[str, ...]] = ("bucket", "flat", "cast", "reduce_cast")
     bucket: Any
     """The flattened reduction bucket (min(reduce_bucket_size, params) x grad bytes) the all-reduce runs on."""
     flat: Any
     """The step's flat 16-bit copy of the rank's gradient partition (grad bytes x params / shard)."""
     cast: Any
     """That copy cast to the master dtype (master bytes x params / shard) for the fp32 master's update."""
+    reduce_cast: Any = 0.0
+    """The bf16 copy of the fp32 gradients the all-reduce sends under grad_reduce_dtype bf16 (reduce bytes x
+    params, unsharded: reduce_cast_bytes)."""
 
 
 def optimizer_copies(plan: ParallelPlan, n_params: Any, shard: Any) -> OptimizerCopies:
@@ -138,7 +141,28 @@ def optimizer_copies(plan: ParallelPlan, n_params: Any, shard: Any) -> Optimizer
     part = n_params / shard
     return OptimizerCopies(bucket=where(deepspeed, minimum(REDUCE_BUCKET_ELEMENTS, n_params) * plan.grad_bytes, 0.0),
                            flat=where(deepspeed, part * plan.grad_bytes, 0.0),
-                           cast=where(on, part * plan.master_bytes, 0.0))
+                           cast=where(on, part * plan.master_bytes, 0.0),
+                           reduce_cast=reduce_cast_bytes(plan, n_params))
+
+
+def bf16_reduction(plan: Any) -> Any:
+    """Whether a plan's fp32 gradients are cast to bf16 for the data-parallel all-reduce (grad_reduce_dtype bf16
+    where it acts: DeepSpeed's BF16_Optimizer, bf16_optimizer; check_plan rule grad_reduce_dtype_bf16_optimizer).
+    Derived: docs/formulas.md#mem.reduce_cast"""
+    return bf16_optimizer(plan) & (plan.grad_reduce_dtype == "bf16")
+
+
+def reduce_cast_bytes(plan: Any, n_params: Any) -> Any:
+    """Bytes of the bf16 copy DeepSpeed's engine makes of a rank's fp32 gradients for their all-reduce under
+    grad_reduce_dtype bf16: the pipeline engine's _bf16_reduce_grads hands the BF16_Optimizer's flat fp32 groups
+    to buffered_allreduce_fallback; allreduce_no_retain sends each group (past 500M elements) alone to
+    allreduce_bucket, whose flatten of one tensor is a view and whose `tensor.to(communication_data_type)` is a
+    new bf16 tensor of the whole group, copied back into the fp32 group after the all-reduce and then dropped:
+    2 B a parameter of the rank (the weight-decay group, nearly all of them), beside the held states for the
+    group's all-reduce. 0 elsewhere. Source: deepspeedai/DeepSpeed at 56c522386, deepspeed/runtime/engine.py
+    (communication_data_type, allreduce_bucket, allreduce_no_retain), pipe/engine.py (_bf16_reduce_grads),
+    bf16_optimizer.py (get_grads_for_reduction). Derived: docs/formulas.md#mem.reduce_cast"""
+    return where(bf16_reduction(plan), plan.reduce_bytes * n_params, 0.0)
 
 
 def kept_grad_shard_bytes(plan: ParallelPlan, rp: RankParams, emb32: Any = 0.0) -> Any:
@@ -217,6 +241,29 @@ def churned_gradients(plan: ParallelPlan) -> Any:
     return deepspeed | ((plan.zero >= 2) & (plan.pp > 1) & np.logical_not(plan.megatron_fsdp))
 
 
+def bf16_optimizer(plan: ParallelPlan) -> Any:
+    """Whether a plan runs DeepSpeed's BF16_Optimizer: bf16 weights with fp32 gradients at ZeRO 1 (its own
+    partition of the fp32 master and moments), each micro-batch's gradient cast and added into the fp32 flat
+    gradient (grad_accumulation cast-add) and that gradient all-reduced whole (grad_reduce all-reduce), as the
+    DeepSpeed export runs such a plan (export.deepspeed.accumulation) and BLOOM trained.
+    Source: deepspeedai/DeepSpeed deepspeed/runtime/bf16_optimizer.py at 56c522386 (bf16_groups_flat,
+    fp32_groups_gradients_flat, update_hp_grads)."""
+    return (plan.grad_accumulation == "cast-add") & (plan.zero == 1) & (plan.grad_reduce == "all-reduce") \
+        & (plan.dtype == "bf16") & (plan.grad_bytes == 4.0)
+
+
+def lp_grad_bytes(plan: ParallelPlan, rp: RankParams) -> Any:
+    """Bytes of the bf16 gradients (param.grad, 2 B a parameter of the rank, unsharded) that DeepSpeed's
+    BF16_Optimizer keeps beside its fp32 flat gradient: autograd writes each micro-batch's gradient into
+    param.grad, update_hp_grads(clear_lp_grads=False) casts and adds it into the fp32 buffer and leaves it, and only
+    the next backward's clear_lp_grads drops it (2022: param.grad = None; later releases zero it in place, a
+    buffer held all run), so through the forwards and the backward's peak the rank holds both. 0 elsewhere.
+    Source: deepspeedai/DeepSpeed deepspeed/runtime/pipe/engine.py _exec_backward_pass and bf16_optimizer.py
+    (clear_lp_grads, update_hp_grads) at 56c522386 (2022-04-19, bf16 + pipeline) and edaa72212 (2026-08-22).
+    Derived: docs/formulas.md#mem.bf16_optimizer_grads"""
+    return where(bf16_optimizer(plan), 2.0 * rp.total, 0.0)
+
+
 def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradients: Any,
                         emb32: Any = 0.0) -> tuple[Any, Any]:
     """(bytes of the optimizer_copies, the allocated peak after the backward) of a rank holding `rp` whose
@@ -229,7 +276,8 @@ def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradien
     od, oe = plan.optimizer_shard, plan.expert_optimizer_shard  # the optimizer's partitions
     cd, ce = optimizer_copies(plan, rp.dense, od), optimizer_copies(plan, rp.expert, oe)
     grad_b = plan.grad_bytes
-    reduce_peak = states + cd.bucket + ce.bucket
+    # the bf16 copy of the group under all-reduce (reduce_cast_bytes), one group at a time
+    reduce_peak = states + cd.bucket + ce.bucket + maximum(cd.reduce_cast, ce.reduce_cast)
     step_peak = states - gradients + rp.dense * grad_b / od + rp.expert * grad_b / oe \
         + cd.flat + cd.cast + ce.flat + ce.cast
     return cd.total + ce.total, maximum(reduce_peak, step_peak) + kept_grad_shard_bytes(plan, rp, emb32)

@@ -264,6 +264,10 @@ def _layout_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
           "re-plan with --zero 1 (or 2 with --megatron-fsdp, or 0)") + without_megatron_fsdp(p)
          + ", or export to torchtitan" + without_megatron_fsdp(p)),
         *fsdp_zero2_rules(pf),
+        ("fp32 gradients reduced in bf16 (grad_reduce_dtype bf16: DeepSpeed's BF16_Optimizer cast; Megatron-Core's "
+         "DDP reduces its gradient buffer in place in the buffer's dtype, DistributedDataParallelConfig "
+         "grad_reduce_in_fp32)", p.grad_reduce_dtype == "bf16",
+         "re-plan with --grad-reduce-dtype grad_dtype, or --grad-dtype bf16, or export to deepspeed"),
         ("ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's distributed optimizer "
          "reduce-scatters them)", p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon",
          "re-plan with --grad-reduce reduce-scatter"),

@@ -276,7 +276,8 @@ def _layout_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
 #    (FP16_Optimizer: whole fp32 master, bf16 gradients all-reduced), or under the pipeline engine
 #    BF16_Optimizer (its fp32 master partitioned over DP and the weights all-gathered: ZeRO-1's pattern).
 # The gradients cross the wire in communication_data_type (default: the model dtype; engine.allreduce_bucket
-# casts to it), so the export writes it as the plan's gradient dtype.
+# casts to it), so the export writes it as the plan's gradient dtype, or bf16 under grad_reduce_dtype bf16
+# (BF16_Optimizer's fp32 groups cast to a bf16 copy for the all-reduce: reduce_dtype).
 _RULE = "DeepSpeed 0.19.8 runtime/engine.py _do_optimizer_sanity_check"
 
 
@@ -286,6 +287,13 @@ def grad_accum_dtype(pf: PlanFile) -> str:
     if p.dtype == "fp32" or p.grad_dtype == "fp32":
         return "fp32"
     return "fp16" if p.dtype == "fp16" else "bf16"
+
+
+def reduce_dtype(pf: PlanFile) -> str:
+    """DeepSpeed's communication_data_type for the plan: bf16 under grad_reduce_dtype bf16 (check_plan holds it to
+    the BF16_Optimizer's plans, whose engine.allreduce_bucket casts each fp32 group to it), else the gradient dtype
+    (grad_accum_dtype: no cast)."""
+    return "bf16" if pf.plan.grad_reduce_dtype == "bf16" else grad_accum_dtype(pf)
 
 
 def accumulation(pf: PlanFile) -> tuple[str, str]:
@@ -419,7 +427,7 @@ def config(pf: PlanFile) -> dict:
     }
     if p.dtype in ("bf16", "fp16"):  # DeepSpeed's defaults for both are the model dtype
         cfg["data_types"] = {"grad_accum_dtype": grad_accum_dtype(pf)}
-        cfg["communication_data_type"] = grad_accum_dtype(pf)
+        cfg["communication_data_type"] = reduce_dtype(pf)
     if p.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": p.tp > 1, "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False, "number_checkpoints": None,

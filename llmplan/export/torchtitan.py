@@ -62,8 +62,9 @@ def accumulation(pf: PlanFile) -> tuple[str, str]:
 def grad_reduce_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """Gradients reduced in bf16, refused whatever else the plan sets (export.EVERY_PLAN: a search holding the
     switch need not ask about its plans one by one)."""
-    return ("bf16 gradient reduction (torchtitan's mixed_precision_reduce takes float32 only)", p.grad_dtype != "fp32",
-            "re-plan with --grad-dtype fp32")
+    return ("bf16 gradient reduction (torchtitan's mixed_precision_reduce takes float32 only)",
+            p.grad_dtype != "fp32" or p.grad_reduce_dtype != "grad_dtype",
+            "re-plan with --grad-dtype fp32 --grad-reduce-dtype grad_dtype")
 
 
 def optimizer_dtype_refusal(p: ParallelPlan) -> tuple[str, bool, str]:

@@ -71,7 +71,7 @@ class Workload:
         return ParallelPlan(**self.fields(), **axes)
 
 
-BYTES_PER_ELEMENT = frozenset({"weight_bytes", "grad_bytes", "optimizer_bytes", "master_bytes"})
+BYTES_PER_ELEMENT = frozenset({"weight_bytes", "grad_bytes", "reduce_bytes", "optimizer_bytes", "master_bytes"})
 
 
 @dataclass(frozen=True)

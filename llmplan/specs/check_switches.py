@@ -13,7 +13,7 @@ from typing import Any, Callable, Collection
 
 import numpy as np
 
-from llmplan.cost.model_states import fp32_embedding_grads_act, grad_shards_reduce_scattered
+from llmplan.cost.model_states import bf16_optimizer, fp32_embedding_grads_act, grad_shards_reduce_scattered
 from llmplan.cost.muon import muon_unpriced
 from llmplan.cost.memory import inflight_microbatches
 from llmplan.cost.offload import fine_grained_host_bytes, host_offload_bytes
@@ -355,6 +355,13 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         "only with zero 1, grad_reduce reduce-scatter, 2-byte gradients and one stage a rank (NeMo "
                         "1.x never ran DualPipe); use --zero 1 with --grad-reduce reduce-scatter, --grad-dtype bf16 "
                         "and --pp-schedule 1f1b or zero-bubble, or drop --fp32-embedding-grads"),
+    SwitchUse("grad_reduce_dtype_bf16_optimizer", ("grad_reduce_dtype",), bf16_optimizer,
+              lambda p: f"grad_reduce_dtype {p.grad_reduce_dtype} with dtype {p.dtype}, grad_dtype {p.grad_dtype}, "
+                        f"zero {p.zero}, grad_reduce {p.grad_reduce}, grad_accumulation {p.grad_accumulation}: a bf16 "
+                        "reduction of fp32-accumulated gradients is DeepSpeed's BF16_Optimizer's (its "
+                        "communication_data_type bf16), so it acts only with dtype bf16, grad_dtype fp32, zero 1, "
+                        "grad_reduce all-reduce and grad_accumulation cast-add; use --grad-dtype bf16 for 16-bit "
+                        "gradients, set those, or drop --grad-reduce-dtype"),
     SwitchUse("pp_blocking_sends_pp", ("pp_blocking_sends",), lambda p: p.pp > 1,
               lambda p: f"pp_blocking_sends with pp {p.pp}: it makes the sends between pipeline stages wait, so it "
                         "acts only with pp > 1; use --pp 2 or more or drop --pp-blocking-sends"),

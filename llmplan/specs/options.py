@@ -200,6 +200,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.grad_reduce."""
     grad_accumulation: str
     """ParallelPlan.grad_accumulation."""
+    grad_reduce_dtype: str
+    """ParallelPlan.grad_reduce_dtype."""
     launch_blocking: bool
     """ParallelPlan.launch_blocking."""
     zero3_unit: str

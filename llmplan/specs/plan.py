@@ -290,6 +290,17 @@ class ParallelPlan(PlanQuantities, Spec):
     receives the shard it updates) or all-reduce of the whole gradient, each rank then reading its shard
     (DeepSpeed's BF16_Optimizer under its pipeline engine, Megatron-DeepSpeed as BLOOM ran it:
     engine.py _bf16_reduce_grads all-reduces the fp32 gradients). docs/formulas.md#comm.dp"""
+    grad_reduce_dtype: Literal["grad_dtype", "bf16"] = "grad_dtype"
+    """The dtype the data-parallel gradient reduction sends: grad_dtype (the gradients' own dtype, reduced in
+    place) or bf16, gradients accumulated in fp32 but cast to a bf16 copy for the all-reduce and copied back
+    after it: DeepSpeed's BF16_Optimizer under its pipeline engine at its default communication_data_type (bf16
+    at ZeRO stage 0 with bf16; engine.py allreduce_bucket `tensor.to(self.communication_data_type)`), as BLOOM
+    ran it. 2 bytes an element on the wire, and the bf16 copy of each flat fp32 group (2 B a parameter of the
+    rank) beside the held states during its all-reduce. Acts only where that optimizer runs
+    (cost.model_states.bf16_optimizer: dtype bf16, grad_dtype fp32, zero 1, grad_reduce all-reduce,
+    grad_accumulation cast-add; check_plan rule grad_reduce_dtype_bf16_optimizer). Source:
+    deepspeedai/DeepSpeed deepspeed/runtime/engine.py at 56c522386 (communication_data_type, allreduce_bucket),
+    pipe/engine.py (_bf16_reduce_grads). docs/formulas.md#comm.reduce_dtype, docs/formulas.md#mem.reduce_cast"""
     grad_accumulation: Literal["fused", "add", "cast-add", "copy"] = "fused"
     """How each micro-batch's weight gradient joins the accumulated one: fused (inside the weight-gradient GEMM:
     Megatron-LM's --gradient-accumulation-fusion since 2022-02, Transformer Engine), add (a separate in-place
@@ -770,6 +781,14 @@ class ParallelPlan(PlanQuantities, Spec):
     @property
     def grad_bytes(self) -> float:
         return 4.0 if self.dtype == "fp32" or self.grad_dtype == "fp32" else 2.0
+
+    @property
+    def reduce_bytes(self) -> float:
+        """Bytes per gradient element the data-parallel reduction sends where grad_reduce_dtype acts
+        (cost.model_states.bf16_reduction; elsewhere grad_bytes): 2 under bf16 (a bf16 copy of the fp32
+        gradients), else grad_bytes. Source: deepspeedai/DeepSpeed deepspeed/runtime/engine.py at
+        56c522386 (allreduce_bucket). Derived: docs/formulas.md#comm.reduce_dtype"""
+        return 2.0 if self.grad_reduce_dtype == "bf16" else self.grad_bytes
 
     @property
     def master_bytes(self) -> float:
