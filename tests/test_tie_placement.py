@@ -80,3 +80,14 @@ def test_top_1_shows_the_faster_tied_plan(cli):
     assert pct is not None and 0 < pct < doc["ties"]["resolution_percent"]
     assert {"upper", "lower", "apart_percent", "rule", "lower_shown"} <= set(doc["ties"]["decided"][0])
     assert doc["ties"]["decided"][0]["lower_shown"] is False
+
+
+def test_serving_search_first_plan_does_not_depend_on_top(cli):
+    # search_infer ranks every serving layout by one sort (no tie rule moves a plan) and, with a target, walks
+    # max(--top, WALK) of them keeping the first --top accepted: its #1 is the same at --top 1 and 5, so it needs
+    # no walk to the tie pool (docs/validation.md#tie-placement)
+    args = ("search", "--mode", "infer", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--json")
+    one, five = (cli(*args, "--top", t) for t in ("1", "5"))
+    assert one.code == 0 and five.code == 0, (one.err[-400:], five.err[-400:])
+    a, b = json.loads(one.out)["plans"], json.loads(five.out)["plans"]
+    assert len(a) == 1 and len(b) > 1 and a[0] == b[0]
