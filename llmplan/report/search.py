@@ -419,10 +419,13 @@ def faster_tied_line(res: SearchResult) -> str | None:
     if pct is None or (len(res.ranked) > 1 and any(res.tied_with[:1])):
         return None
     v = res.variants[0] if res.variants else None
-    where = "a plan of #1's layout" if v is not None and v.best >= res.top_score * (1 - 1e-6) else "a plan"
-    return (f"tie: {where} {pct:.1f}% faster than #1, within the model's resolution "
-            f"({log_percent(res.resolution or 0.0):.1f}%), is ranked below it by the tie rules (--top {TIE_POOL} "
-            "--explain says which)")
+    pct_res = log_percent(res.resolution or 0.0)
+    if v is not None and v.best >= res.top_score * (1 - 1e-6):  # search.variants.robust_pick chose within the layout
+        return (f"tie: a plan of #1's layout {pct:.1f}% faster than #1, within the model's resolution "
+                f"({pct_res:.1f}%), is ranked below it: #1 is the layout's more robust plan (memory tier, lower ZeRO "
+                "stage, less recompute)")
+    return (f"tie: a plan {pct:.1f}% faster than #1, within the model's resolution ({pct_res:.1f}%), is ranked below "
+            f"it by the tie rules; --top {TIE_POOL} --explain shows the tied rows and the rules that decided")
 
 
 def variant_json(v: Variants) -> dict[str, Any]:
