@@ -295,13 +295,16 @@ def test_nvl72_search_keeps_tp_and_ep_in_the_domain_and_says_so(cli, monkeypatch
     for axis in ("tp", "ep"):
         # An axis no larger than the domain's share stays inside it (the placement's rule); a larger one must cross
         # the network and the text says so. Since Megatron-FSDP refuses fp8 weights at ZeRO-2 (check_plan
-        # megatron_fsdp_fp8_params), DeepSeek-V3's #1 here is a ZeRO-1 plan at ep 128, tied (within the MoE
-        # resolution) with in-domain ep 32 / 64 plans that the robust-first tie rule ranks below it.
+        # megatron_fsdp_fp8_params), DeepSeek-V3's #1 here was a ZeRO-1 plan at ep 128 across two domains, tied
+        # (within the MoE resolution) with in-domain ep 16 / 32 plans that the robust-first tie rule ranked below
+        # it on fewer axes; the tie rule now keeps EP inside the domain first (docs/validation.md#tie-placement).
         if spans[axis].size <= used:
             assert not spans[axis].uses_nic, (axis, spans[axis])
         else:
             flat = " ".join(text.split())  # the 80-column wrap may split "across the network"
             assert f"{axis} {spans[axis].size}" in flat and "across the network" in flat, flat
+    if model == "deepseek-v3":  # its tie pool holds in-domain EP plans: #1 is one of them
+        assert 1 < spans["ep"].size <= used and not spans["ep"].uses_nic, spans["ep"]
     assert "placement:" in text and f"inside one {used}-GPU NVLink domain" in text
     assert ("domain:" in text) == ("domain" in doc)
     assert not replay  # the text run asked for the same searches, no more and no fewer

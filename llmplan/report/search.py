@@ -395,7 +395,38 @@ def ties_json(res: SearchResult) -> dict[str, Any]:
     return {"resolution": res.resolution, "pool": TIE_POOL, "pool_rule": TIE_POOL_RULE,
             "resolution_percent": log_percent(res.resolution) if res.resolution is not None else None,
             "decided": [{"upper": n.upper, "lower": n.lower, "apart_percent": log_percent(n.apart),
-                         "rule": n.rule} for n in res.tie_notes]}
+                         "rule": n.rule, "lower_shown": n.lower <= len(res.ranked)} for n in res.tie_notes],
+            "fastest_above_first_percent": fastest_above_first(res)}
+
+
+def fastest_above_first(res: SearchResult) -> float | None:
+    """How much faster (%, by the objective's score) the fastest plan the shown search found is than the #1 shown,
+    which the tie rules put above it (search.ties); None where #1 is the fastest or ties are not resolved."""
+    from llmplan.search.layouts import score
+
+    if res.resolution is None or not res.ranked:
+        return None
+    first = score(res.ranked[0], res.objective)
+    if first <= 0 or res.top_score <= first * (1 + 1e-6):
+        return None
+    return log_percent(math.log(res.top_score / first))
+
+
+def faster_tied_line(res: SearchResult) -> str | None:
+    """Where the rows shown leave out the faster plan the tie rules put #1 above (--top 1, say): that it exists and
+    how much faster it is, so that --top does not hide the choice (the table's = marks and caption say it where
+    #1 is tied with another row shown)."""
+    pct = fastest_above_first(res)
+    if pct is None or (len(res.ranked) > 1 and any(res.tied_with[:1])):
+        return None
+    v = res.variants[0] if res.variants else None
+    pct_res = log_percent(res.resolution or 0.0)
+    if v is not None and v.best >= res.top_score * (1 - 1e-6):  # search.variants.robust_pick chose within the layout
+        return (f"tie: a plan of #1's layout {pct:.1f}% faster than #1, within the model's resolution "
+                f"({pct_res:.1f}%), is ranked below it: #1 is the layout's more robust plan (memory tier, lower ZeRO "
+                "stage, less recompute)")
+    return (f"tie: a plan {pct:.1f}% faster than #1, within the model's resolution ({pct_res:.1f}%), is ranked below "
+            f"it by the tie rules; --top {TIE_POOL} --explain shows the tied rows and the rules that decided")
 
 
 def variant_json(v: Variants) -> dict[str, Any]:
@@ -409,9 +440,10 @@ def tie_lines(res: SearchResult) -> list[str]:
     if res.resolution is None:
         return []
     pct = log_percent(res.resolution)
+    shown = len(res.ranked)
     return [TIE_POOL_RULE] * bool(res.tie_notes) + [
-        f"#{n.upper} and #{n.lower} are tied ({log_percent(n.apart):.1f}% apart, resolution {pct:.1f}%); "
-        f"#{n.upper} preferred: {n.rule}" for n in res.tie_notes]
+        f"#{n.upper} and #{n.lower}{' (not shown)' if n.lower > shown else ''} are tied ({log_percent(n.apart):.1f}% "
+        f"apart, resolution {pct:.1f}%); #{n.upper} preferred: {n.rule}" for n in res.tie_notes]
 
 
 def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,
@@ -550,6 +582,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
     console.print(f"evaluated {res.considered:,} plans in {res.seconds:.2f} s; {res.feasible:,} fit")
     if res.ranked:
         console.print(ranked_table("Best plans", res.ranked, res.equivalents, wide, res.tied_with, res.variants))
+        if (tie := faster_tied_line(res)) is not None:
+            console.print(tie)
         b = budget_json(res.ranked[0], train_tokens)
         (dlo, dhi), (hlo, hhi) = b["time_to_train_days_interval"], b["gpu_hours_interval"]
         cap = capped_text(training_interval(res.ranked[0]))  # the point is faster than its capped interval

@@ -852,11 +852,12 @@ def refuse_unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[st
 
 
 def shown(res: SearchResult, top: int) -> SearchResult:
-    """The result with its first `top` ranked plans, their ties and tie notes among those shown."""
+    """The result with its first `top` ranked plans, their ties, and the tie notes of the plans shown: also the
+    note of the last one shown against the next one, not shown (why #1 is above #2 at --top 1)."""
     return dataclasses.replace(res, ranked=res.ranked[:top], equivalents=res.equivalents[:top],
                                variants=res.variants[:top],
                                tied_with=[[k for k in t if k <= top] for t in res.tied_with[:top]],
-                               tie_notes=[n for n in res.tie_notes if n.lower <= top])
+                               tie_notes=[n for n in res.tie_notes if n.upper <= top])
 
 
 def _nothing_fits(m, cluster, space, plans, screen, considered, pruned, allowance, order, t0, objective,

@@ -82,19 +82,52 @@ def _tp_crosses_node(e: Any) -> bool:
     return e.plan.tp > e.cluster.system.domain_gpus
 
 
+HEAVY_AXES = ("ep", "cp")
+"""Axes besides TP whose traffic is on the step's critical path every layer (EP's dispatch and combine
+all-to-alls, CP's K/V exchange), so that their place (NVLink domain or network) decides what they cost."""
+
+
+def heavy_across(e: Any) -> tuple[str, ...]:
+    """The axes of HEAVY_AXES whose groups span more than one NVLink domain as topology.placement lays the plan
+    out on its cluster (the network carries their traffic); () for a plan without degrees (a stand-in)."""
+    degrees = getattr(e.plan, "degrees", None)
+    if degrees is None:
+        return ()
+    from llmplan.topology.placement import place
+
+    spans = place(degrees, e.cluster)
+    return tuple(a for a in HEAVY_AXES if spans[a].size > 1 and spans[a].uses_nic)
+
+
+def across_words(inside: Any, other: Any) -> str:
+    """Why `inside` is preferred on placement: the other plan's axes that leave the NVLink domain."""
+    from llmplan.topology.placement import place
+
+    spans = place(other.plan.degrees, other.cluster)
+    out = [a for a in heavy_across(other) if a not in heavy_across(inside)]
+    where = ", ".join(f"{a} {spans[a].size} spans {spans[a].domains} domains" for a in out)
+    return f"{'/'.join(a.upper() for a in out) or 'EP/CP'} inside the NVLink domain (the other: {where})"
+
+
 def decide(a: Any, b: Any) -> tuple[int, str]:
     """-1 when tied plan a is preferred to b, 1 when b is, 0 when no robustness rule separates them (the
     faster prediction then stays first); with the rule that decided. Rules in order: a plan whose memory
     interval's upper end fits the GPU before one at risk of running out of memory (oom_tier 0 or not); TP
-    inside the NVLink domain; an MoE model's experts on their EP ranks rather than gathered by ZeRO-3; fewer
-    parallel axes; a smaller CP degree; between two plans at risk, the one less over the GPU (a lower
+    inside the NVLink domain; an MoE model's experts on their EP ranks rather than gathered by ZeRO-3; fewer of
+    EP and CP across NVLink domains (heavy_across); fewer parallel axes; a smaller CP degree; between two plans at risk, the one less over the GPU (a lower
     oom_tier); lower ZeRO stage; less recompute.
     Memory comes first: a plan that may not run at all (one published memory peak in ten measured more than
     its interval's upper end over the prediction) goes after plans that will, whatever else they cost; two
     plans whose memory intervals both fit the GPU are not separated by headroom, so the faster prediction
     stays first unless a later rule decides (docs/validation.md#headroom-tiers). Then each extra axis (a CP
     ring at a 4k sequence, say) adds communication and a way to fail, and a wider ring splits the sequence into
-    shorter chunks, whose steps the model prices least well (docs/formulas.md#compute.cp_attention)."""
+    shorter chunks, whose steps the model prices least well (docs/formulas.md#compute.cp_attention).
+    EP and CP inside the NVLink domain, as TP: their traffic is on every layer's critical path, and the
+    published runs on NVL72 racks keep EP on one domain (Megatron-Bridge's Slurm executor asks for a --segment
+    of whole racks so that a 256-GPU job's EP groups do not straddle two, docs/validation.md#moe-mechanisms,
+    "EP across NVLink domains"); it comes after the ZeRO-3 rule (ep 1 never leaves a domain, but gathers every
+    expert) and before fewer axes (an in-domain EP plan with a pipeline against a flat one whose EP crosses the
+    network; docs/validation.md#tie-placement)."""
     ta, tb = _tier(a), _tier(b)
     if (ta > 0) != (tb > 0):
         return (-1 if ta < tb else 1), risk_words(a if ta < tb else b, b if ta < tb else a)
@@ -104,6 +137,9 @@ def decide(a: Any, b: Any) -> tuple[int, str]:
     ga, gb = (_gathers_every_expert(a), _gathers_every_expert(b)) if a.plan.ep != b.plan.ep else (False, False)
     if ga != gb:  # across layouts only (EP is a degree), so search.variants.robust_pick needs no twin
         return (1 if ga else -1), "experts kept on their EP ranks, not gathered by ZeRO-3 each micro-batch"
+    na, nb = len(heavy_across(a)), len(heavy_across(b))
+    if na != nb:  # across layouts only (the degrees place the groups): robust_pick needs no twin either
+        return (-1, across_words(a, b)) if na < nb else (1, across_words(b, a))
     xa, xb = _axes(a.plan), _axes(b.plan)
     if xa != xb:
         return (-1 if xa < xb else 1), f"fewer parallel axes ({min(xa, xb)} vs {max(xa, xb)})"
@@ -206,7 +242,8 @@ def robust_key(ranked: list[Any], group: list[int], i: int) -> tuple[Any, ...]:
     group holds a plan that does not gather every expert (an EP plan, or ZeRO 0-2 at ep 1), plans gathering
     every expert by ZeRO-3 last (decide compares them across EP degrees only, so that rule alone made a cycle
     through a third plan with fewer axes, and left dp-only ZeRO-3 of an MoE model first among tied layouts
-    whose EP plan ranked just outside the pool, docs/validation.md#tie-order); fewer axes; smaller CP; the
+    whose EP plan ranked just outside the pool, docs/validation.md#tie-order); fewer of EP and CP across NVLink
+    domains (heavy_across); fewer axes; smaller CP; the
     out-of-memory tier (absolute, not relative to the group, so one order: 0 for every plan not at risk); lower
     ZeRO; less recompute; then the ranked order (faster prediction). Memory counts by oom_tier only: between
     plans whose memory intervals both fit the GPU the faster stays first (docs/validation.md#headroom-tiers)."""
@@ -214,5 +251,5 @@ def robust_key(ranked: list[Any], group: list[int], i: int) -> tuple[Any, ...]:
     gathers = _gathers_every_expert(e) and any(not _gathers_every_expert(x) for x in es)
     order = {"none": 0, "selective": 1, "op": 2, "full": 3}
     tier = _tier(e)
-    return (tier > 0, _tp_crosses_node(e), gathers, _axes(e.plan), e.plan.cp, tier, e.plan.zero,
+    return (tier > 0, _tp_crosses_node(e), gathers, len(heavy_across(e)), _axes(e.plan), e.plan.cp, tier, e.plan.zero,
             order.get(e.plan.recompute, 0), i)
