@@ -719,7 +719,7 @@ def tp_routed_blocks_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:
 def routed_pair_rows(m: ModelSpec, plan: ParallelPlan) -> Any:
     """The alltoall dispatcher's expert-TP gathered buffer in rows per token of the sequence (s·b): each of the
     etp ranks brings the rows its EP all-to-all received, its s·b/t tokens' k routed copies (as ep_transfers:
-    the most-loaded rank's, with moe_router_padding's padded rows), so etp·k/t of them under SP at etp = t, k.
+    the most-loaded rank's, with moe_router_padding's padded rows): etp·k/t under SP, k at etp = t.
     Source: NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py
     (MoEAlltoAllTokenDispatcher.dispatch_postprocess gathers global_input_tokens, the all-to-all's output).
     Derived: docs/formulas.md#comm.etp_pair"""
