@@ -166,3 +166,28 @@ def test_op_checkpointing_is_for_dense_bf16_layers(cli):
     r = cli("estimate", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--ep", "8", "--recompute", "op")
     assert r.code == 2 and "recompute op" in r.err and "use --recompute full, selective or none" in r.err
     assert "Traceback" not in r.err
+
+
+def test_megatron_refuses_expert_tp_on_biased_experts():
+    # NVIDIA/Megatron-LM d98e8a6 transformer_config.py __post_init__: with num_moe_experts and add_bias_linear,
+    # assert expert_tensor_parallel_size == 1, "Bias in Moe is only supported when ETP==1". GPT-OSS's experts
+    # carry biases; expert tp defaults to tp (Megatron's default), so tp 2 alone trips it
+    kw = dict(tp=2, ep=4, sp=True, global_batch=8)
+    assert "etp_bias" in rules("gpt-oss-20b", **kw, etp=2)
+    assert "etp 1" in rules("gpt-oss-20b", **kw)["etp_bias"]
+    assert "etp_bias" not in rules("gpt-oss-20b", **kw, etp=1)
+    assert "etp_bias" not in rules("gpt-oss-20b", **kw, etp=2, tp_impl="dtensor")  # no such assert in DTensor TP
+    assert "etp_bias" not in rules("qwen3-30b-a3b", **kw, etp=2)  # no expert biases
+
+
+def test_megatron_refuses_moe_tp_without_sp_in_training():
+    # NVIDIA/Megatron-LM d98e8a6 moe_layer.py MoELayer.forward: `if self.training and self.attn_tp_group.size() > 1
+    # and not self.config.sequence_parallel: raise ValueError("During training, performance may degrade if MoE and
+    # tensor parallelism are enabled without also enabling sequence parallelism.")`
+    kw = dict(ep=8, etp=1, global_batch=8)
+    assert "moe_tp_sp" in rules("qwen3-30b-a3b", tp=2, sp=False, **kw)
+    assert "--sp" in rules("qwen3-30b-a3b", tp=2, sp=False, **kw)["moe_tp_sp"]
+    assert "moe_tp_sp" not in rules("qwen3-30b-a3b", tp=2, sp=True, **kw)
+    assert "moe_tp_sp" not in rules("qwen3-30b-a3b", tp=1, sp=False, ep=8, global_batch=8)
+    assert "moe_tp_sp" not in rules("qwen3-30b-a3b", tp=2, sp=False, tp_impl="dtensor", **kw)
+    assert "moe_tp_sp" not in rules("llama-3.1-8b", tp=2, sp=False, global_batch=8)  # dense

@@ -31,9 +31,13 @@ def test_moe_without_shared_expert_sends_only_its_attention_half_at_expert_tp_1(
     assert m.shared_ffn == 0
     assert tp_blocks_per_layer(m, _plan(1)) == pytest.approx(0.5)
     assert tp_blocks_per_layer(m, _plan(2)) == pytest.approx(1.0)
-    # bf16, per layer in s·b·h: attention 3 gathers + 2 reduce-scatters; at expert TP 2 the routed experts'
-    # dispatcher adds 2 gathers + 2 reduce-scatters (no re-gather: tests/test_tp_routed_etp.py)
-    assert _bytes(m, _plan(1)) == pytest.approx(_bytes(m, _plan(2)) * 5 / 9)
+    # bytes per layer in s·b·h: attention 3 gathers + 2 reduce-scatters in bf16, 10; at expert TP 2 the routed
+    # experts' alltoall dispatcher adds its pair (tests/test_tp_routed_etp.py): balanced, each rank's k = 8 copies
+    # of its s·b/2 tokens from 2 ranks, 8 rows a token, gathered in bf16 with a 4-byte probability, reduce-scattered
+    # in fp32, each reversed in backward: 2 x 8 x (2 + 4 / 4,096 + 4) = 96.015625
+    assert m.num_experts_per_tok == 8 and m.hidden_size == 4096
+    one, two = (_plan(e).model_copy(update={"moe_routing": "contiguous"}) for e in (1, 2))
+    assert _bytes(m, one) == pytest.approx(_bytes(m, two) * 10 / (10 + 96.015625))
 
 
 @pytest.mark.parametrize("name, blocks", [("deepseek-v3", 1.0), ("nemotron-3-super", 0.5)])

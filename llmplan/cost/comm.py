@@ -434,10 +434,9 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     Transformer Engine, and every one of DTensor's with torchao float8 (PrepareFloat8ModuleInput casts before the
     forward gathers, Float8RowwiseParallel casts the output gradient before the backward ones); Transformer
     Engine's backward gathers of output gradients move both layouts' copies (TWO_USAGE_GATHER_RECIPES).
-    The routed experts' pair under expert TP (tp_routed_blocks_per_layer) is Megatron's token dispatcher's own
-    gather and reduce-scatter of the dispatched tokens, in bf16 with no Transformer Engine quantizer, and the
-    grouped linear keeps the gathered tokens for its weight gradients: 2 + r all-gathers and 2 + r reduce-scatters
-    a pair (forward, recompute, the backward's of each other's gradient), all 16-bit, no re-gather.
+    The routed experts' pair under expert TP (tp_routed_blocks_per_layer) is the alltoall dispatcher's own
+    gather and reduce-scatter of the dispatched rows over the expert-TP group, no Transformer Engine quantizer, no
+    re-gather (routed_pair_transfers).
     Without SP, pipeline scatter/gather (pp_scatter_gather) all-gathers each activation and gradient a stage
     receives, 2 per micro-batch and model chunk (pp_gathers).
     A hybrid stack's layer holds one sub-block (a mixer or an MLP / MoE block: Nemotron-H's M, *, E), each a
@@ -450,23 +449,23 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     per_layer = plan.num_microbatches * layers * tp_blocks_per_layer(m, plan)
     r = recomputed_share(plan, layers)
     calls = per_layer * (4 + 2 * r)
-    routed = plan.num_microbatches * layers * tp_routed_blocks_per_layer(m, plan)  # bf16, no re-gather
+    routed = plan.num_microbatches * layers * tp_routed_blocks_per_layer(m, plan)  # no re-gather
     te = per_layer - routed  # the pairs whose linears gather their own inputs
     regather = te * where(plan.tp_impl == "megatron", 2, 0)  # DTensor saves them whole
     S = ACT_BYTES * s * b * h
-    with_sp, without = where(plan.sp, calls, 0), where(plan.sp, 0, calls)
+    with_sp, without = where(plan.sp, te * (4 + 2 * r), 0), where(plan.sp, 0, calls)
     q = gather_bytes(m, plan)
     # DTensor's backward gathers of output gradients move float8 too: torchao's Float8RowwiseParallel casts
     # the output gradient to e5m2 before its gather (NoopFwToFloat8BwDynamic after the output's redistribute,
     # torchao/float8/float8_tensor_parallel.py at eab345c)
     grad_out = where(plan.sp, te * 2, 0)  # the backward's output-gradient gathers, 2 a layer
     quantised = where(plan.sp, te * (2 + 2 * r) + regather, 0)
-    hs = [Transfer("all-reduce", without, S, group),
+    hs: list[Transfer[G]] = [Transfer("all-reduce", without, S, group),
           Transfer("all-gather", quantised, q * s * b * h, group),
           Transfer("all-gather", grad_out, gather_bytes(m, plan, both_usages=True) * s * b * h, group),
           Transfer("reduce-scatter", with_sp, S, group),
-          Transfer("all-gather", pp_gathers(plan), S, group),
-          Transfer("all-gather", where(plan.sp, routed * (4 + 2 * r), 0), S, group)]
+          Transfer("all-gather", pp_gathers(plan), S, group)]
+    hs += routed_pair_transfers(m, plan, group, where(plan.sp, 2 * routed, 0), r)  # 2 pairs a layer
     return hs if m.mla is None or m.parallel_block else mla_latent_transfers(m, plan, group, hs, r)
 
 
@@ -671,10 +670,10 @@ def mla_latent_transfers(m: ModelSpec, plan: ParallelPlan, group: G, hs: list[Tr
     att_sp, att_ar = where(plan.sp, att, 0), where(plan.sp, 0, att)
     qw, kv, rope = mla_latent_widths(m)
     q = gather_bytes(m, plan)
-    ar, ag, ag_grad, rs, pp, routed = hs  # the sbh transfers less the MLA pairs' column side
+    ar, ag, ag_grad, rs, pp, *routed = hs  # the sbh transfers less the MLA pairs' column side
     gathers = att_sp * (2 + r)  # forward, recompute, the backward re-gather
     out = [replace(ar, calls=ar.calls - att_ar), replace(ag, calls=ag.calls - gathers),
-           ag_grad, replace(rs, calls=rs.calls - att_sp), pp, routed]
+           ag_grad, replace(rs, calls=rs.calls - att_sp), pp, *routed]
     for w in (qw, kv):
         out += [Transfer("all-gather", gathers, q * s * b * w, group),
                 Transfer("reduce-scatter", att_sp, ACT_BYTES * s * b * w, group),
@@ -703,15 +702,59 @@ def tp_blocks_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 def tp_routed_blocks_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:
     """The routed experts' TP sub-blocks of the average layer (of tp_blocks_per_layer's), under Megatron-Core with
-    expert TP > 1: the token dispatcher gathers the dispatched tokens over the expert-TP group
+    expert TP > 1 and the alltoall dispatcher: it gathers the dispatched rows over the expert-TP group
     (gather_from_sequence_parallel_region) and reduce-scatters the experts' outputs
-    (reduce_scatter_to_sequence_parallel_region), in bf16 (no Transformer Engine quantizer: the grouped linear
-    quantises the gathered tokens itself and keeps them for its weight gradients, so no backward re-gather).
-    A MoE block with shared experts holds their pair besides. Source: NVIDIA/Megatron-LM d98e8a6
+    (reduce_scatter_to_sequence_parallel_region), no Transformer Engine quantizer (the grouped linear quantises
+    the gathered rows itself and keeps them for its weight gradients: no backward re-gather); their bytes are
+    routed_pair_transfers'. The flex dispatcher (deepep: DeepEP or HybridEP) runs no TP collective: it dispatches
+    over the expert-TP x EP group, each token to every expert-TP rank of each EP rank it reaches. A MoE block
+    with shared experts holds their pair besides. Source: NVIDIA/Megatron-LM d98e8a6
     megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher.dispatch_postprocess,
-    combine_preprocess), moe/shared_experts.py. Derived: docs/formulas.md#comm.tp"""
-    routed = where((plan.etp_resolved > 1) & (plan.tp_impl == "megatron"), m.num_moe_layers, 0)
+    combine_preprocess; MoEFlexTokenDispatcher: group tp_ep_group, _initialize_metadata expands the routing map
+    over tp_size), moe/shared_experts.py. Derived: docs/formulas.md#comm.tp"""
+    routed = where((plan.etp_resolved > 1) & (plan.tp_impl == "megatron") & (plan.moe_dispatcher == "alltoall"),
+                   m.num_moe_layers, 0)
     return routed / m.num_hidden_layers / (4 if m.parallel_block else 2)
+
+
+def routed_pair_rows(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """The alltoall dispatcher's expert-TP gathered buffer in rows per token of the sequence (s·b): each of the
+    etp ranks brings the rows its EP all-to-all received, its s·b/t tokens' k routed copies (as ep_transfers:
+    the most-loaded rank's, with moe_router_padding's padded rows): etp·k/t under SP, k at etp = t.
+    Source: NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py
+    (MoEAlltoAllTokenDispatcher.dispatch_postprocess gathers global_input_tokens, the all-to-all's output).
+    Derived: docs/formulas.md#comm.etp_pair"""
+    load = routing_imbalance(m, plan) + router_padding_share(m, plan)
+    return plan.etp_resolved / where(plan.sp, plan.tp, 1) * m.num_experts_per_tok * load
+
+
+def routed_pair_transfers(m: ModelSpec, plan: ParallelPlan, group: G, pairs: Any, r: Any) -> list[Transfer[G]]:
+    """The alltoall dispatcher's expert-TP collectives for `pairs` routed pairs (tp_routed_blocks_per_layer's, per
+    step), r the recomputed share; each message the gathered buffer, routed_pair_rows(m, plan)·s·b rows.
+    Forward (and recompute): all-gathers of the dispatched rows (bf16, h wide) and of their routing probabilities
+    (one ROUTER_PROB_BYTES value a row), a reduce-scatter of the experts' output cast to the probabilities'
+    dtype (hidden_states.to(self.probs.dtype): fp32 under moe_router_dtype fp32). Backward: the reverse of each
+    (mappings.py: a gather's backward reduce-scatters, a reduce-scatter's gathers), in the same dtypes.
+    Source: NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py
+    (MoEAlltoAllTokenDispatcher.dispatch_postprocess, combine_preprocess), tensor_parallel/mappings.py
+    (_GatherFromSequenceParallelRegion, _ReduceScatterToSequenceParallelRegion). Derived: docs/formulas.md#comm.etp_pair"""
+    rows = plan.seq_len / plan.cp * plan.micro_batch * routed_pair_rows(m, plan)
+    tokens, probs, out = (rows * m.hidden_size * ACT_BYTES, rows * ROUTER_PROB_BYTES,
+                          rows * m.hidden_size * ROUTER_PROB_BYTES)
+    fwd = pairs * (1 + r)
+    return [Transfer("all-gather", fwd, tokens, group), Transfer("all-gather", fwd, probs, group),
+            Transfer("reduce-scatter", fwd, out, group), Transfer("all-gather", pairs, out, group),
+            Transfer("reduce-scatter", pairs, tokens, group), Transfer("reduce-scatter", pairs, probs, group)]
+
+
+def routed_pair_roles(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, Any, Any]:
+    """routed_pair_transfers' bytes per s·b·h element for two routed pairs (a transformer layer's), in
+    tp_role_bytes' roles: the ring's gathers (forward tokens and probabilities, 1 + r each, the backward's output
+    gradient), the forward reduce-scatters (1 + r), no re-gather, the backward reduce-scatters (tokens and
+    probabilities). Derived: docs/formulas.md#comm.etp_pair"""
+    f, a, p = 2 * routed_pair_rows(m, plan), ACT_BYTES, ROUTER_PROB_BYTES
+    pa = p / m.hidden_size  # a probability a row, per element of the row
+    return f * ((1 + r) * (a + pa) + p), f * (1 + r) * p, 0 * f, f * (a + pa)
 
 
 def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
@@ -719,7 +762,7 @@ def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
     reduce-scatters: 2 + 2r of its 4 + 2r reduce-scatters of sbh in 16 bits, beside its 6 + 2r all-gathers per two
     pairs, at the bytes tp_role_bytes gives each (r the stage's recomputed share): the forward and recompute ones
     and the re-gathers at gather_bytes, the output gradients' at its both-usage bytes (two copies under
-    TWO_USAGE_GATHER_RECIPES), a routed-expert pair's (expert TP > 1) 4 + 2r in 16 bits and no re-gather. By bytes:
+    TWO_USAGE_GATHER_RECIPES), a routed-expert pair's (expert TP > 1) routed_pair_roles' and no re-gather. By bytes:
     every one is a collective over the same group of a message of the same shape. Derived:
     docs/formulas.md#step.tp"""
     roles = tp_role_bytes(m, plan, r)
@@ -736,14 +779,14 @@ def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, A
     bulk methods' 16 SMs and margin; module/linear.py v2.16.1 bulk_overlap_ag_with_external_gemm, module/base.py
     get_default_config), 2 input-gradient reduce-scatters in 16 bits (r the stage's recomputed share). An MLA model's attention pairs (their share f of
     the layer's pairs) move their latents on the column side instead (mla_latent_transfers); the routed experts'
-    pairs under expert TP (their share g, tp_routed_blocks_per_layer) gather in 16 bits and re-gather nothing.
+    pairs under expert TP (their share g, tp_routed_blocks_per_layer) move routed_pair_roles' bytes, no re-gather.
     Derived: docs/formulas.md#comm.tp"""
     q, a, q2 = gather_bytes(m, plan), ACT_BYTES, gather_bytes(m, plan, both_usages=True)
     # the output gradients' second (columnwise) copy runs as a bulk all-gather beside the dgrad GEMM
     roles = (2 + 2 * r) * q + 2 * q, (2 + 2 * r) * a, 2 * q + 2 * (q2 - q), 2 * a
     blocks = maximum(tp_blocks_per_layer(m, plan), 1e-9)
     g = tp_routed_blocks_per_layer(m, plan) / blocks
-    routed = (4 + 2 * r) * a, (2 + 2 * r) * a, 0 * a, 2 * a
+    routed = routed_pair_roles(m, plan, r)
     f = 0.0
     mla = roles  # an MLA attention pair's column side moves its latents (mla_latent_transfers), its row side sbh
     if m.mla is not None and not m.parallel_block:
@@ -1504,7 +1547,7 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     # and under moe_router_padding with the alltoall dispatcher the padded rows (moe.router_padding; DeepEP pads
     # after the dispatch)
     padded = where(plan.moe_dispatcher == "alltoall", router_padding_share(m, plan), 0.0)
-    S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * (routing_imbalance(m, plan) + padded)
+    S = ACT_BYTES * tokens * dispatch_rows(m, plan) * h * (routing_imbalance(m, plan) + padded) * flex_copies(plan)
     # the rank with the most MoE layers, as step_time's moe_max (Derived: docs/formulas.md#comm.ep_stage)
     dense_layers, moe_layers = most_moe_layers(m, plan, candidate_stages(m, plan))
     again = maximum(recomputed_share(plan, dense_layers + moe_layers), where(plan.recomputes("moe"), 1.0, 0.0))
@@ -1521,11 +1564,26 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
         out = [Transfer("all-to-all", calls * per_layer, S, group, deepep)]
     if deepep is not None and deepep.backend == "hybridep":  # a workload switch, as above
         out.append(Transfer("all-gather", plan.num_microbatches * moe_layers * (1 + again),
-                            routing_map_bytes(m, plan, tokens), group))
+                            routing_map_bytes(m, plan, tokens) * flex_copies(plan) ** 2, group))
     if deepep is None:  # the alltoall dispatcher's own call for the routing probabilities (comm.ep_probs)
         out.append(Transfer("all-to-all", calls * (2 + again),
                             ROUTER_PROB_BYTES * tokens * dispatch_rows(m, plan) * routing_imbalance(m, plan), group))
     return out
+
+
+def flex_copies(plan: ParallelPlan) -> Any:
+    """Copies of each dispatched row in the flex dispatcher's (deepep: DeepEP, HybridEP) dispatch and combine:
+    expert TP's degree. It dispatches over the expert-TP x EP group (tp_ep_group), the routing map expanded
+    over the expert-TP ranks (each of an EP rank's etp ranks receives the token; tp_size x E experts, top
+    tp_size x k), and each combine returns the etp partial outputs; no TP gather (tp_routed_blocks_per_layer).
+    HybridEP's gathered routing map grows by etp twice (etp x E columns, etp x ep ranks). 1 for the alltoall
+    dispatcher (its expert-TP gather is routed_pair_transfers'). The NVLink / network split (a2a_shares) is the EP
+    group's: across NVLink domains it takes the network share of the etp-fold buffer, where DeepEP sends a token
+    once a node (an overcount by up to etp of the network part). Source: NVIDIA/Megatron-LM d98e8a6
+    megatron/core/transformer/moe/token_dispatcher.py (MoEFlexTokenDispatcher.__init__: group=self.tp_ep_group,
+    router_topk=self.tp_size * moe_router_topk, num_experts=self.tp_size * num_moe_experts;
+    _initialize_metadata). Derived: docs/formulas.md#comm.etp_pair"""
+    return plan.etp_resolved if plan.moe_dispatcher == "deepep" else 1  # a workload switch: one for a search
 
 
 TOKEN_COUNT_BYTES = 8
