@@ -300,10 +300,11 @@ def test_targeted_search_with_the_switch_named_off_refuses_every_zero2(cli):
 
 
 def test_untargeted_zero2_first_without_the_switch(cli):
-    """Without --target a ZeRO-2 #1 priced without megatron_fsdp is not said to export to megatron: best_refusals
-    carries the rule's line; DeepSpeed's refusal of the same plan, if any, is for its own gather (#ds-gather: the
-    search's default overlapped weight gather, which DeepSpeed's step does not run), never for megatron_fsdp."""
-    doc = cli("search", *LLAMA, "--zero", "2", "--pp", "1", "--top", "1", "--json").json()
+    """Without --target a ZeRO-2 #1 priced without megatron_fsdp (--no-megatron-fsdp named) is not said to export
+    to megatron: best_refusals carries the rule's line; DeepSpeed's refusal of the same plan, if any, is for its own
+    gather (#ds-gather: the search's default overlapped weight gather, which DeepSpeed's step does not run), never
+    for megatron_fsdp."""
+    doc = cli("search", *LLAMA, "--zero", "2", "--pp", "1", "--top", "1", "--no-megatron-fsdp", "--json").json()
     assert doc["plans"][0]["plan"]["megatron_fsdp"] is False
     assert "megatron" not in doc["best_exports_to"] and "megatron-bridge" not in doc["best_exports_to"]
     for target in ("megatron", "megatron-bridge"):
@@ -311,6 +312,25 @@ def test_untargeted_zero2_first_without_the_switch(cli):
     ds = doc["best_refusals"].get("deepspeed", "")
     assert "deepspeed" in doc["best_exports_to"] or "overlap" in ds, ds
     assert "megatron_fsdp" not in ds, ds
+
+
+def test_untargeted_zero2_first_only_megatron_runs_is_priced_with_the_switch(cli, tmp_path):
+    """The switch left unnamed: the winning setting's ZeRO-2 #1 priced without megatron_fsdp is written by no target
+    (DeepSpeed refuses its overlapped gather, torchtitan its bf16 gradient reduction: reasons of the plan, not of
+    the setting, so as_run left the switch off; the previous test's refusals), and with the switch Megatron-LM
+    writes it: the setting is searched again with megatron_fsdp (cli.search megatron_for_the_first), its #1 carries
+    it, the switches line says so, and megatron writes the saved plan (docs/validation.md#mfsdp-plan)."""
+    saved = tmp_path / "plan.json"
+    r = cli("search", *LLAMA, "--zero", "2", "--pp", "1", "--top", "1", "--save", saved, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    p = doc["plans"][0]["plan"]
+    assert p["zero"] == 2 and p["megatron_fsdp"] is True, p
+    assert doc["switches"]["megatron_fsdp"] is True
+    assert "megatron" in doc["best_exports_to"]
+    assert cli("export", saved, "--to", "megatron", "-o", tmp_path / "out").code == 0
+    off = cli("search", *LLAMA, "--zero", "2", "--pp", "1", "--top", "1", "--no-megatron-fsdp", "--json").json()
+    assert off["best_exports_to"] == [], off["best_exports_to"]  # what the switch's absence left: no target
 
 
 # An untargeted search prices the ZeRO-2 of the settings only Megatron runs (export.megatron_only: DeepSpeed refuses

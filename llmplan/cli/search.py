@@ -408,6 +408,7 @@ class SettingSearch:
         cp_later = self.memory_settings(base)
         self.at_the_winner(cp_later)
         self.without_tp_overlap()
+        self.megatron_for_the_first()
         self.screens.clear()
 
     def memory_settings(self, base: Workload) -> list:
@@ -530,6 +531,45 @@ class SettingSearch:
                 added.append(({**v, "tp_comm_overlap": False}, ro, cluster, wo, chosen))
         if added:
             self.tried = [({**t[0], "tp_comm_overlap": t[3].tp_comm_overlap}, *t[1:]) for t in self.tried] + added
+
+    def needs_megatron(self, first: TrainingEstimate) -> bool:
+        """Whether `first`, a ZeRO-2 / 3 plan without a pipeline priced without megatron_fsdp, is one only
+        Megatron-LM / Megatron-Bridge run for a reason of its own axes (torchtitan's selective recompute, expert
+        TP, ...; DeepSpeed's EP, ...): no target writes it (export.exports) and, priced with megatron_fsdp, one of
+        MEGATRON_FSDP_TARGETS would (export.refusal)."""
+        from llmplan.export import MEGATRON_FSDP_TARGETS, exports, refusal
+        from llmplan.planfile import document_plan
+        p = first.plan
+        if p.megatron_fsdp or p.zero < 2 or p.pp > 1:
+            return False
+        pf = document_plan(self.doc_of(first))
+        if any(why is None for why in exports(pf).values()):
+            return False
+        on = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"megatron_fsdp": True}))
+        return any(refusal(on, t) is None for t in MEGATRON_FSDP_TARGETS)
+
+    def megatron_for_the_first(self) -> None:
+        """The per-plan part of as_run (docs/validation.md#mfsdp-plan): where the winning setting's #1 is a ZeRO-2 /
+        3 plan that only Megatron runs (needs_megatron) although the setting prices megatron_fsdp off, the setting
+        is searched again with it on and that search replaces it (its plans priced as the one launcher that runs
+        its best one runs them); then the first of the settings wins again. At most once per setting. Without
+        --target only, with auto_fsdp (the user named neither --megatron-fsdp nor --no-megatron-fsdp)."""
+        from llmplan.search.grid import Workload
+        from llmplan.search.run import first_setting
+        if not self.auto_fsdp:
+            return
+        redone: set[int] = set()
+        while True:
+            i = first_setting([t[1] for t in self.tried])
+            v, res, cluster, w, chosen = self.tried[i]
+            if i in redone or w.megatron_fsdp or not res.ranked or not self.needs_megatron(res.ranked[0]):
+                return
+            won = Workload(**{**w.fields(), "megatron_fsdp": True})
+            ro = self.run(cluster, won, full=self.full_of(cluster))
+            if ro is None or not ro.ranked:
+                return
+            self.tried[i] = (v, ro, cluster, won, chosen)
+            redone.add(i)
 
     def shown(self, tokens: float) -> TrainSearch:
         """The best setting tried (the first of equals: plain wins ties), as `search` shows it."""
