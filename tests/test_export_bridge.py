@@ -221,7 +221,9 @@ def test_precision_presets(dtype, recipe, fp8_params, bf16_layers, preset):
 
 @pytest.mark.parametrize("case,changes,needle", [
     ("moe_train", {}, "has no pretrain recipe for mixtral-8x7b"),
-    ("fsdp_train", {}, "ZeRO stage 3"),
+    ("fsdp_train", {}, r"ZeRO-3 \(Megatron-FSDP optim_grads_params\) with grad_accumulation add"),
+    ("fsdp_train", {"grad_accumulation": "fused"},
+     r"ZeRO-3 \(Megatron-FSDP optim_grads_params\) priced without megatron_fsdp \(zero 3"),
     ("dense_train", {"dtype": "fp8", "recipe": "tensorwise", "bf16_layers_start": 1, "bf16_layers_end": 1,
                      "fp8_scaling": "current"}, "re-plan with --fp8-params"),
     ("dense_train", {"dtype": "fp8", "recipe": "rowwise"}, "fp8 rowwise scaling"),

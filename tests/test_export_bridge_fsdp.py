@@ -52,6 +52,24 @@ def test_zero2_is_megatron_fsdp_optim_grads_in_the_ddp_config(as_dataclass):
     assert not re.search(r"^export CUDA_DEVICE_MAX_CONNECTIONS=1\b", text, re.M)
 
 
+@pytest.mark.parametrize("as_dataclass", [True, False])
+def test_zero3_is_megatron_fsdp_optim_grads_params_in_the_ddp_config(as_dataclass):
+    """ZeRO-3 priced with megatron_fsdp: DistributedDataParallelConfig.data_parallel_sharding_strategy
+    optim_grads_params (Megatron-LM cd4afffa6 distributed_data_parallel_config.py: 'no_shard', 'optim', 'optim_grads',
+    'optim_grads_params'; megatron_fsdp.py at cd4afffa6 turns overlap_param_gather on for it), the rest as ZeRO-2."""
+    _, text = bridge_script(zero=3)
+    args = overrides(text)
+    assert_recorded_fields_of_their_type(args)
+    assert "ddp.data_parallel_sharding_strategy=optim_grads_params" in args
+    cfg = hydra_applied(args, as_dataclass)
+    ddp = cfg["ddp"]
+    assert ddp["use_megatron_fsdp"] and ddp["data_parallel_sharding_strategy"] == "optim_grads_params"
+    assert ddp["use_distributed_optimizer"] and cfg["optimizer"]["use_distributed_optimizer"]
+    assert ddp["overlap_grad_reduce"] and ddp["overlap_param_gather"] is True
+    assert cfg["checkpoint"]["ckpt_format"] == "fsdp_dtensor"
+    assert re.search(r"^unset CUDA_DEVICE_MAX_CONNECTIONS\b", text, re.M)
+
+
 def test_zero2_prescaled_and_copied():
     _, text = bridge_script(grad_prescale=True, grad_accumulation="copy")
     cfg = hydra_applied(overrides(text), True)
@@ -73,7 +91,10 @@ def test_zero1_keeps_megatron_cores_ddp():
     ({"overlap_grad_reduce": False}, "without the overlapped gradient reduction"),
     ({"grad_accumulation": "add"}, "with grad_accumulation add"),
     ({"cuda_max_connections": 1}, "Megatron-Bridge asserts it is not 1"),
-    ({"zero": 3}, "not its optim_grads_params"),
+    ({"zero": 3, "overlap_param_gather": False},
+     r"ZeRO-3 \(Megatron-FSDP optim_grads_params\) without the overlapped weight gather"),
+    ({"zero": 3, "megatron_fsdp": False}, r"priced without megatron_fsdp \(zero 3, megatron_fsdp False"),
+    ({"zero": 3, "pp": 4, "vpp": 5, "dp": 2}, r"ZeRO-3 \(Megatron-FSDP optim_grads_params\) under a pipeline"),
     ({"megatron_fsdp": False}, r"priced without megatron_fsdp \(zero 2, megatron_fsdp False.*--megatron-fsdp"),
 ])
 def test_zero2_refusals(changes, needle):

@@ -68,7 +68,10 @@ def test_zero1_writes_no_fsdp_flag(cli, tmp_path):
      "--overlap-grad-reduce"),
     (["--grad-accumulation", "add", "--tp", "1"], "grad_accumulation add", "--grad-accumulation fused or copy"),
     (["--cuda-max-connections", "1", "--tp", "1"], "CUDA_DEVICE_MAX_CONNECTIONS 1", "without --cuda-max-connections"),
-    (["--tp", "2", "--tp-comm-overlap"], "userbuffer overlap on", "--no-tp-comm-overlap"),
+    # before Hopper (A100, compute capability 8.0): TE orders its TP overlap only at one queue, which Megatron-FSDP
+    # refuses (TransformerEngine PR #1308, 64126aa8c: the launch-order event on compute capability 9 only)
+    (["--tp", "2", "--tp-comm-overlap", "--hardware", "dgx-a100"], "userbuffer overlap on a100-80gb",
+     "re-plan with --no-tp-comm-overlap, or with --zero 1"),
 ])
 def test_zero2_refusals_are_one_line_exit_2(cli, tmp_path, extra, rule, fix):
     plan = tmp_path / "plan.json"
@@ -79,11 +82,61 @@ def test_zero2_refusals_are_one_line_exit_2(cli, tmp_path, extra, rule, fix):
     assert not (tmp_path / "out").exists()
 
 
-def test_zero3_refusal_names_zero2(cli, tmp_path):
+def test_zero2_beside_tp_overlap_on_hopper_runs_without_one_queue(cli, tmp_path):
+    """On H100 (compute capability 9.0) Megatron-LM d98e8a6 only warns about TP beside Megatron-FSDP and asserts
+    CUDA_DEVICE_MAX_CONNECTIONS is not 1; Transformer Engine launches the userbuffer communication ahead of its GEMM
+    by an event at more than one queue on Hopper (PR #1308): the script writes --tp-comm-overlap, leaves the
+    variable unset, and never sets it to 1."""
+    script = exported(cli, tmp_path, "--tp", "2", "--pp", "1", "--tp-comm-overlap")
+    ns, _ = parse_megatron(script)
+    assert ns.tp_comm_overlap and ns.use_megatron_fsdp and ns.data_parallel_sharding_strategy == "optim_grads"
+    assert re.search(r"^unset CUDA_DEVICE_MAX_CONNECTIONS\b", script, re.M)
+    assert not re.search(r"^export CUDA_DEVICE_MAX_CONNECTIONS=1\b", script, re.M)
+
+
+def test_zero3_is_megatron_fsdp_optim_grads_params(cli, tmp_path):
+    """ZeRO-3 priced with megatron_fsdp is written as Megatron-FSDP's optim_grads_params (Megatron-LM d98e8a6
+    arguments.py --data-parallel-sharding-strategy choices; megatron_fsdp.py turns overlap_param_gather on for it,
+    and the script writes the flag it priced), with the checkpoint format, distributed optimizer and dtypes of
+    ZeRO-2, and CUDA_DEVICE_MAX_CONNECTIONS unset."""
     plan = tmp_path / "plan.json"
-    assert cli("estimate", *BASE[:-1], "3", "--pp", "1", "--save", plan).code in (0, 3)
+    assert cli("estimate", *BASE[:-1], "3", "--tp", "1", "--pp", "1", "--megatron-fsdp", "--save",
+               plan).code in (0, 3)
+    assert cli("export", plan, "--to", "megatron", "-o", tmp_path / "out").code == 0
+    script = (tmp_path / "out" / "megatron_pretrain.sh").read_text()
+    ns, _ = parse_megatron(script)
+    assert ns.use_megatron_fsdp and ns.data_parallel_sharding_strategy == "optim_grads_params"
+    assert ns.ckpt_format == "fsdp_dtensor" and ns.use_distributed_optimizer
+    assert ns.overlap_grad_reduce and ns.overlap_param_gather
+    assert (ns.megatron_fsdp_main_grads_dtype, ns.megatron_fsdp_main_params_dtype) == ("fp32", "fp32")
+    assert "--data-parallel-sharding-strategy optim_grads_params" in script
+    assert re.search(r"^unset CUDA_DEVICE_MAX_CONNECTIONS\b", script, re.M)
+
+
+@pytest.mark.parametrize("extra, rule, fix", [
+    ([], "ZeRO-3 (Megatron-FSDP optim_grads_params) priced without megatron_fsdp (zero 3, megatron_fsdp False",
+     "with --megatron-fsdp"),
+    (["--megatron-fsdp", "--no-overlap-param-gather"], "without the overlapped weight gather",
+     "re-plan with --overlap-param-gather, or --zero 2 or 1"),
+    (["--megatron-fsdp", "--grad-accumulation", "add"], "ZeRO-3 (Megatron-FSDP optim_grads_params) with "
+     "grad_accumulation add", "--grad-accumulation fused or copy, or --zero 2 or 1"),
+])
+def test_zero3_refusals_are_one_line_exit_2(cli, tmp_path, extra, rule, fix):
+    plan = tmp_path / "plan.json"
+    assert cli("estimate", *BASE[:-1], "3", "--tp", "1", "--pp", "1", *extra, "--save", plan).code in (0, 3)
     line = cli("export", plan, "--to", "megatron", "-o", tmp_path / "out").refusal()
-    assert "ZeRO stage 3" in line and "re-plan with --zero 2 --megatron-fsdp, or --zero 1 or 0" in line
+    assert "megatron cannot express this plan" in line and rule in line and fix in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_zero3_under_a_pipeline_is_refused(cli, tmp_path):
+    """megatron_fsdp prices nothing under a pipeline (SwitchUse megatron_fsdp_zero), so a ZeRO-3 plan with PP 2 is
+    priced as DeepSpeed's / FSDP's ZeRO-3 and megatron refuses it."""
+    plan = tmp_path / "plan.json"
+    assert cli("estimate", *BASE[:-1], "3", "--tp", "1", "--pp", "2", "--save", plan).code in (0, 3)
+    line = cli("export", plan, "--to", "megatron", "-o", tmp_path / "out").refusal()
+    assert "ZeRO-3 (Megatron-FSDP optim_grads_params) under a pipeline (PP 2)" in line, line
+    assert "re-plan with --zero 1, or with --pp 1" in line, line
 
 
 def test_targeted_search_keeps_only_zero2_plans_megatron_runs(cli, tmp_path):
@@ -123,12 +176,30 @@ def test_untargeted_search_says_which_targets_write_its_first(cli, tmp_path):
 
 
 def test_untargeted_first_that_no_target_writes_is_labelled(cli):
-    """Pinned to ZeRO-3 a hybrid model's #1 is written by no target: the JSON's best_exports_to is empty and the
+    """Pinned to ZeRO-3 with the switch named off, a hybrid model's #1 is written by no target (Megatron-LM refuses
+    ZeRO-3 priced without megatron_fsdp, the others the hybrid stack): the JSON's best_exports_to is empty and the
     table says so, with each refusal."""
-    doc = cli(*NEMOTRON, "--zero", "3", "--json").json()
+    doc = cli(*NEMOTRON, "--zero", "3", "--no-megatron-fsdp", "--json").json()
     assert doc["best_exports_to"] == [] and doc["plans"][0]["plan"]["zero"] == 3
-    text = " ".join(cli(*NEMOTRON, "--zero", "3").out.split())
-    assert "#1 exports to no target" in text and "ZeRO stage 3" in text and "search --target NAME" in text
+    text = " ".join(cli(*NEMOTRON, "--zero", "3", "--no-megatron-fsdp").out.split())
+    assert "#1 exports to no target" in text and "priced without megatron_fsdp" in text
+    assert "search --target NAME" in text
+
+
+def test_untargeted_zero3_of_a_megatron_only_model_exports_to_megatron(cli, tmp_path):
+    """Pinned to ZeRO-3, a hybrid model (which only Megatron-LM runs: export.megatron_only) is priced as
+    Megatron-FSDP's optim_grads_params (cli.search as_run), and its #1 exports to megatron with that strategy
+    (docs/validation.md#mfsdp-plan; before, '#1 exports to no target')."""
+    saved = tmp_path / "plan.json"
+    r = cli(*NEMOTRON, "--zero", "3", "--save", saved, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    p = doc["plans"][0]["plan"]
+    assert p["zero"] == 3 and p["megatron_fsdp"] is True, p
+    assert "megatron" in doc["best_exports_to"] and "megatron-bridge" in doc["best_refusals"]
+    assert cli("export", saved, "--to", "megatron", "-o", tmp_path / "out").code == 0
+    script = (tmp_path / "out" / "megatron_pretrain.sh").read_text()
+    assert "--data-parallel-sharding-strategy optim_grads_params" in script
 
 
 # Price and export agree (docs/validation.md#mfsdp-follow): Megatron-LM and Megatron-Bridge run ZeRO-2 as
@@ -229,10 +300,11 @@ def test_targeted_search_with_the_switch_named_off_refuses_every_zero2(cli):
 
 
 def test_untargeted_zero2_first_without_the_switch(cli):
-    """Without --target a ZeRO-2 #1 priced without megatron_fsdp is not said to export to megatron: best_refusals
-    carries the rule's line; DeepSpeed's refusal of the same plan, if any, is for its own gather (#ds-gather: the
-    search's default overlapped weight gather, which DeepSpeed's step does not run), never for megatron_fsdp."""
-    doc = cli("search", *LLAMA, "--zero", "2", "--pp", "1", "--top", "1", "--json").json()
+    """Without --target a ZeRO-2 #1 priced without megatron_fsdp (--no-megatron-fsdp named) is not said to export
+    to megatron: best_refusals carries the rule's line; DeepSpeed's refusal of the same plan, if any, is for its own
+    gather (#ds-gather: the search's default overlapped weight gather, which DeepSpeed's step does not run), never
+    for megatron_fsdp."""
+    doc = cli("search", *LLAMA, "--zero", "2", "--pp", "1", "--top", "1", "--no-megatron-fsdp", "--json").json()
     assert doc["plans"][0]["plan"]["megatron_fsdp"] is False
     assert "megatron" not in doc["best_exports_to"] and "megatron-bridge" not in doc["best_exports_to"]
     for target in ("megatron", "megatron-bridge"):
@@ -240,6 +312,25 @@ def test_untargeted_zero2_first_without_the_switch(cli):
     ds = doc["best_refusals"].get("deepspeed", "")
     assert "deepspeed" in doc["best_exports_to"] or "overlap" in ds, ds
     assert "megatron_fsdp" not in ds, ds
+
+
+def test_untargeted_zero2_first_only_megatron_runs_is_priced_with_the_switch(cli, tmp_path):
+    """The switch left unnamed: the winning setting's ZeRO-2 #1 priced without megatron_fsdp is written by no target
+    (DeepSpeed refuses its overlapped gather, torchtitan its bf16 gradient reduction: reasons of the plan, not of
+    the setting, so as_run left the switch off; the previous test's refusals), and with the switch Megatron-LM
+    writes it: the setting is searched again with megatron_fsdp (cli.search megatron_for_the_first), its #1 carries
+    it, the switches line says so, and megatron writes the saved plan (docs/validation.md#mfsdp-plan)."""
+    saved = tmp_path / "plan.json"
+    r = cli("search", *LLAMA, "--zero", "2", "--pp", "1", "--top", "1", "--save", saved, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    p = doc["plans"][0]["plan"]
+    assert p["zero"] == 2 and p["megatron_fsdp"] is True, p
+    assert doc["switches"]["megatron_fsdp"] is True
+    assert "megatron" in doc["best_exports_to"]
+    assert cli("export", saved, "--to", "megatron", "-o", tmp_path / "out").code == 0
+    off = cli("search", *LLAMA, "--zero", "2", "--pp", "1", "--top", "1", "--no-megatron-fsdp", "--json").json()
+    assert off["best_exports_to"] == [], off["best_exports_to"]  # what the switch's absence left: no target
 
 
 # An untargeted search prices the ZeRO-2 of the settings only Megatron runs (export.megatron_only: DeepSpeed refuses

@@ -118,8 +118,8 @@ def _follow(fix: str, target: str) -> list[tuple[str, dict[str, str | None]]]:
 
 
 def test_refusals_of_a_zero3_megatron_fsdp_plan_name_fixes_that_export(cli, tmp_path):
-    # a ZeRO-3 plan priced with megatron_fsdp: no target runs it as priced (Megatron-LM / Megatron-Bridge export
-    # ZeRO-2 only, DeepSpeed / torchtitan shard their own way), so each refusal's fix must lead somewhere that
+    # a ZeRO-3 plan priced with megatron_fsdp: Megatron-LM / Megatron-Bridge write it (optim_grads_params),
+    # DeepSpeed / torchtitan shard their own way and refuse it; each refusal's fix must lead somewhere that
     # exports, never back to a target refusing the same plan (review: deepspeed -> megatron -> deepspeed)
     base = {"--model": "llama-3.1-8b", "--hardware": "dgx-h100", "--nodes": "1", "--tp": "1", "--pp": "1",
             "--zero": "3", "--global-batch": "64", "--megatron-fsdp": None}
@@ -134,8 +134,10 @@ def test_refusals_of_a_zero3_megatron_fsdp_plan_name_fixes_that_export(cli, tmp_
         return path
 
     plan = saved({}, "zero3")
+    for target in ("megatron", "megatron-bridge"):
+        assert cli("export", plan, "--to", target, "-o", tmp_path / target).code == 0, target
     followed = 0
-    for target in ("megatron", "megatron-bridge", "deepspeed", "torchtitan"):
+    for target in ("deepspeed", "torchtitan"):
         line = cli("export", plan, "--to", target, "-o", tmp_path / target).refusal()
         fix = line.rsplit("; ", 1)[1]
         for i, (to, flags) in enumerate(_follow(fix, target)):
@@ -143,7 +145,7 @@ def test_refusals_of_a_zero3_megatron_fsdp_plan_name_fixes_that_export(cli, tmp_
             result = cli("export", again, "--to", to, "-o", tmp_path / f"{target}-{i}-{to}")
             assert result.code == 0, (line, to, flags, result.err)
             followed += 1
-    assert followed >= 10
+    assert followed >= 4
 
 
 def test_per_tensor_units_are_refused_with_it(cli):

@@ -27,8 +27,10 @@ CASES = {  # name: (the search's flags, target, words the line must hold, the fi
                              "--optimizer-master-dtype fp32 --optimizer-moment-dtype fp32"),
     "deepspeed-cp": (["--nodes", "2", "--cp", "2"], "deepspeed",
                      ["2 switch settings", "--grad-dtype fp32", "context parallelism (cp 2)"], "--cp 1"),
-    "bridge-zero3": (["--nodes", "1", "--zero", "3"], "megatron-bridge",  # no rule refuses a setting whole
-                     ["2 switch settings", "--grad-dtype fp32", "refused most often", "ZeRO stage 3"], "--zero 1"),
+    # no rule refuses a setting whole; Megatron-FSDP's ZeRO-3 (optim_grads_params) is priced without a pipeline only
+    "bridge-zero3": (["--nodes", "1", "--zero", "3", "--pp", "2"], "megatron-bridge",
+                     ["2 switch settings", "--grad-dtype fp32", "refused most often",
+                      "ZeRO-3 (Megatron-FSDP optim_grads_params) under a pipeline (PP 2)"], "--zero 1"),
 }
 
 

@@ -267,12 +267,12 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     if target in UNFUSED_LOSS_TARGETS and "fused_loss" not in named:  # its tp > 1 loss is three all-reduces
         base = Workload(**{**base.fields(), "fused_loss": False})
     if target in MEGATRON_FSDP_TARGETS and "megatron_fsdp" not in named and base.zero3_unit == "tensor":
-        raise LlmplanError(f"--zero3-unit tensor with --target {target}: the unit acts only at ZeRO-3, which this "
-                           "target does not export, and its ZeRO-2 is Megatron-FSDP's (check rule megatron_fsdp_unit: "
-                           f"{MEGATRON_FSDP_UNITS}); drop --zero3-unit, or use --target deepspeed")
-    if target in MEGATRON_FSDP_TARGETS and "megatron_fsdp" not in named and pins.zero != 3:
-        base = Workload(**{**base.fields(), "megatron_fsdp": True})  # its ZeRO-2 is Megatron-FSDP's; settled
-        # off where it does nothing (ZeRO 0-1, a pipeline); the ZeRO-3 plans it also prices are refused by the stage
+        raise LlmplanError(f"--zero3-unit tensor with --target {target}: this target's ZeRO-3 is Megatron-FSDP's, "
+                           f"which gathers a layer at a time (check rule megatron_fsdp_unit: {MEGATRON_FSDP_UNITS}); "
+                           "drop --zero3-unit, or use --target deepspeed")
+    if target in MEGATRON_FSDP_TARGETS and "megatron_fsdp" not in named:
+        base = Workload(**{**base.fields(), "megatron_fsdp": True})  # its ZeRO-2 / 3 is Megatron-FSDP's; settled
+        # off where it does nothing (ZeRO 0-1, a pipeline)
     if target in WHOLE_EMBEDDING_TARGETS and "tp_whole_embedding" not in named:  # AutoTP leaves embed_tokens whole
         base = Workload(**{**base.fields(), "tp_whole_embedding": True})
     refuse_missing_format(m, base, cluster)
@@ -283,8 +283,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     ss = SettingSearch(m, c, cluster, pins, goal, s, search_pins(m, pins, split), allowance, order,
                        make_checkpoint(checkpoints), named, target,
                        lambda e: plan_document(e, allowance, order, report.estimate_json(e), refs),
-                       auto_fsdp=target is None and "megatron_fsdp" not in named and pins.zero != 3
-                       and base.zero3_unit == "layer")
+                       auto_fsdp=target is None and "megatron_fsdp" not in named and base.zero3_unit == "layer")
     with progress_bar(not output.json_mode) as say:
         ss.say = say
         ss.every_setting(base)
@@ -336,13 +335,13 @@ class SettingSearch:
     """Memory screens (with the comm seconds but EP's), shared by the searches that differ only in the MoE
     dispatcher, and each space's enumerated axes (search.run.search's screens)."""
     auto_fsdp: bool = False
-    """Whether the search settles megatron_fsdp per setting (as_run): no --target, --megatron-fsdp / --zero 3
-    not named, the ZeRO-3 unit per layer."""
+    """Whether the search settles megatron_fsdp per setting (as_run): no --target, --megatron-fsdp not named, the
+    ZeRO-3 unit per layer."""
 
     def as_run(self, wv: Workload) -> Workload:
         """`wv` with megatron_fsdp on where only Megatron-LM / Megatron-Bridge run its ZeRO-2 plans
         (export.megatron_only, read on one ZeRO-2 plan without a pipeline at an ep > 1 where its plans can take one):
-        their ZeRO-2 is Megatron-FSDP's optim_grads, priced so (docs/formulas.md#mem.megatron_fsdp); off
+        their ZeRO-2 / 3 is Megatron-FSDP's optim_grads / optim_grads_params, priced so (docs/formulas.md#mem.megatron_fsdp); off
         elsewhere (DeepSpeed's or torchtitan's ZeRO-2). With auto_fsdp only."""
         from llmplan.export import megatron_only
         from llmplan.search.grid import Workload
@@ -410,6 +409,7 @@ class SettingSearch:
         cp_later = self.memory_settings(base)
         self.at_the_winner(cp_later)
         self.without_tp_overlap()
+        self.megatron_for_the_first()
         self.screens.clear()
 
     def memory_settings(self, base: Workload) -> list:
@@ -532,6 +532,45 @@ class SettingSearch:
                 added.append(({**v, "tp_comm_overlap": False}, ro, cluster, wo, chosen))
         if added:
             self.tried = [({**t[0], "tp_comm_overlap": t[3].tp_comm_overlap}, *t[1:]) for t in self.tried] + added
+
+    def needs_megatron(self, first: TrainingEstimate) -> bool:
+        """Whether `first`, a ZeRO-2 / 3 plan without a pipeline priced without megatron_fsdp, is one only
+        Megatron-LM / Megatron-Bridge run for a reason of its own axes (torchtitan's selective recompute, expert
+        TP, ...; DeepSpeed's EP, ...): no target writes it (export.exports) and, priced with megatron_fsdp, one of
+        MEGATRON_FSDP_TARGETS would (export.refusal)."""
+        from llmplan.export import MEGATRON_FSDP_TARGETS, exports, refusal
+        from llmplan.planfile import document_plan
+        p = first.plan
+        if p.megatron_fsdp or p.zero < 2 or p.pp > 1:
+            return False
+        pf = document_plan(self.doc_of(first))
+        if any(why is None for why in exports(pf).values()):
+            return False
+        on = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"megatron_fsdp": True}))
+        return any(refusal(on, t) is None for t in MEGATRON_FSDP_TARGETS)
+
+    def megatron_for_the_first(self) -> None:
+        """The per-plan part of as_run (docs/validation.md#mfsdp-plan): where the winning setting's #1 is a ZeRO-2 /
+        3 plan that only Megatron runs (needs_megatron) although the setting prices megatron_fsdp off, the setting
+        is searched again with it on and that search replaces it (its plans priced as the one launcher that runs
+        its best one runs them); then the first of the settings wins again. At most once per setting. Without
+        --target only, with auto_fsdp (the user named neither --megatron-fsdp nor --no-megatron-fsdp)."""
+        from llmplan.search.grid import Workload
+        from llmplan.search.run import first_setting
+        if not self.auto_fsdp:
+            return
+        redone: set[int] = set()
+        while True:
+            i = first_setting([t[1] for t in self.tried])
+            v, res, cluster, w, chosen = self.tried[i]
+            if i in redone or w.megatron_fsdp or not res.ranked or not self.needs_megatron(res.ranked[0]):
+                return
+            won = Workload(**{**w.fields(), "megatron_fsdp": True})
+            ro = self.run(cluster, won, full=self.full_of(cluster))
+            if ro is None or not ro.ranked:
+                return
+            self.tried[i] = (v, ro, cluster, won, chosen)
+            redone.add(i)
 
     def shown(self, tokens: float) -> TrainSearch:
         """The best setting tried (the first of equals: plain wins ties), as `search` shows it."""

@@ -61,12 +61,15 @@ def overlap_queues(plan: ParallelPlan, compute_capability: float | None = None) 
     """Factor on the EP overlap's hidden share for the plan's hardware queue count: EP_OVERLAP_ONE_QUEUE at
     cuda_max_connections 1, else 1 (EP_OVERLAP_HIDDEN was read at 32 and 8: PR 5094, PR 3862). Unset, on a GPU
     before Blackwell (compute capability < 10) beside Transformer Engine's userbuffer TP overlap, the count is the
-    one queue that overlap needs (what the Megatron-LM export writes then): EP_OVERLAP_ONE_QUEUE. Elementwise on
-    plan arrays. Derived: docs/formulas.md#moe.overlap_queues"""
+    one queue that overlap needs (what the Megatron-LM export writes then): EP_OVERLAP_ONE_QUEUE; but not where
+    Megatron-FSDP runs the plan's ZeRO-2 / 3 (megatron_fsdp, no pipeline), which asserts more than one queue
+    (Megatron-LM d98e8a6 arguments.py; Transformer Engine orders its TP overlap behind them on Hopper, PR #1308).
+    Elementwise on plan arrays. Derived: docs/formulas.md#moe.overlap_queues"""
     if plan.cuda_max_connections == 1:  # a workload switch: one value for all plans of a search
         return EP_OVERLAP_ONE_QUEUE
     if plan.cuda_max_connections is None and compute_capability is not None and compute_capability < 10:
-        return where(userbuffers_on(plan), EP_OVERLAP_ONE_QUEUE, 1.0)
+        mfsdp = plan.megatron_fsdp & (plan.zero >= 2) & (plan.pp == 1)
+        return where(userbuffers_on(plan) & np.logical_not(mfsdp), EP_OVERLAP_ONE_QUEUE, 1.0)
     return 1.0
 
 

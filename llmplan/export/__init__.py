@@ -37,10 +37,10 @@ UNFUSED_LOSS_TARGETS = ("deepspeed",)
 DeepSpeed's AutoTP loss all-reduces three times): a targeted search searches them with fused_loss false
 (cli.search.train_search) unless the user named --fused-loss or --unfused-loss."""
 MEGATRON_FSDP_TARGETS = ("megatron", "megatron-bridge")
-"""Training targets whose export writes ZeRO-2 as Megatron-FSDP's optim_grads (megatron.fsdp_pairs,
-bridge.fsdp_overrides) and refuses a ZeRO-2 plan priced without megatron_fsdp (megatron.fsdp_zero2_refusals): a
-targeted search prices its ZeRO-2 plans with megatron_fsdp (cli.search.train_search) unless the user named
---megatron-fsdp / --no-megatron-fsdp. Neither exports ZeRO-3. Not torchrun / slurm: a search does not know
+"""Training targets whose export writes ZeRO-2 / ZeRO-3 as Megatron-FSDP's optim_grads / optim_grads_params
+(megatron.fsdp_pairs, bridge.fsdp_overrides) and refuses such a plan priced without megatron_fsdp
+(megatron.fsdp_zero2_refusals): a targeted search prices its ZeRO-2 / 3 plans with megatron_fsdp
+(cli.search.train_search) unless the user named --megatron-fsdp / --no-megatron-fsdp. Not torchrun / slurm: a search does not know
 which target their launch wraps (export --wrap; default_wrap: the first that accepts the plan), and the
 DeepSpeed and torchtitan wraps refuse megatron_fsdp (common.megatron_fsdp_refusal), so pricing it would keep
 only the plans Megatron-LM runs."""

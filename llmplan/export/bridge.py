@@ -13,13 +13,13 @@ from typing import Any
 
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (without_megatron_fsdp, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
+from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
                                    megatron_layout, pp_sync_notes, need_mode, op_fuser, refuse, refuse_first, rendezvous_lines, sh_header,
                                    squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
                                    parallel_block_refusal,
                                    torch_ring_refusal)
-from llmplan.export.megatron import MANUAL_GC_INTERVAL, balance_pairs, fsdp_zero2_refusals, precision_aware
+from llmplan.export.megatron import FSDP_STRATEGY, MANUAL_GC_INTERVAL, balance_pairs, fsdp_zero2_refusals, precision_aware
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
 
@@ -256,13 +256,6 @@ def _layout_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
         ("1F1B pipeline transfers one at a time (pp_unbatched_sends: DeepSpeed's pipeline engine; Megatron-Core "
          "pairs each send with a receive in one exchange)", p.pp_unbatched_sends and p.pp > 1,
          "re-plan with --no-pp-unbatched-sends, or export to deepspeed"),
-        (f"ZeRO stage {p.zero} (this export writes Megatron-Core's distributed optimizer, ZeRO-1, and Megatron-FSDP's "
-         "optim_grads, ZeRO-2; not its optim_grads_params, whose gathers llmplan does not price as Megatron-FSDP "
-         "runs them: docs/validation.md#mfsdp-zero3)", p.zero >= 3,
-         ("re-plan with --zero 1 or 0" if p.fp8_params  # check_plan megatron_fsdp_fp8_params: no fp8 at ZeRO-2
-          else "re-plan with --zero 2 --megatron-fsdp, or --zero 1 or 0" if p.megatron_fsdp else
-          "re-plan with --zero 1 (or 2 with --megatron-fsdp, or 0)") + without_megatron_fsdp(p)
-         + ", or export to torchtitan" + without_megatron_fsdp(p)),
         *fsdp_zero2_rules(pf),
         ("fp32 gradients reduced in bf16 (grad_reduce_dtype bf16: DeepSpeed's BF16_Optimizer cast; Megatron-Core's "
          "DDP reduces its gradient buffer in place in the buffer's dtype, DistributedDataParallelConfig "
@@ -345,19 +338,19 @@ the Megatron-LM commit it pins (cd4afffa6)."""
 
 
 def fsdp_overrides(pf: PlanFile) -> list[tuple[str, object]]:
-    """ZeRO-2 as Megatron-Bridge runs it: Megatron-FSDP's optim_grads through its DDP config (use_megatron_fsdp,
-    data_parallel_sharding_strategy: the main weights and the gradients sharded, the model weights whole; the
-    Megatron-LM export's fsdp_pairs), the plan's master and gradient dtypes (Megatron-FSDP's main_grads_dtype None
+    """ZeRO-2 / ZeRO-3 as Megatron-Bridge runs them: Megatron-FSDP's optim_grads / optim_grads_params through its DDP
+    config (use_megatron_fsdp, data_parallel_sharding_strategy, megatron.FSDP_STRATEGY: the main weights and the
+    gradients sharded, the model weights whole at ZeRO-2 and sharded at ZeRO-3; the Megatron-LM export's fsdp_pairs), the plan's master and gradient dtypes (Megatron-FSDP's main_grads_dtype None
     keeps the gradients in the weights' bf16), the checkpoint format Megatron-Bridge asserts when a run saves or
     loads, and, where the plan averages inside the collective (grad_prescale off), disable_symmetric_registration:
     Megatron-Bridge turns average_in_collective off under Megatron-FSDP unless it is set, and it acts only with
     nccl_ub, which the export leaves off. Source: FSDP_SOURCE. Nothing for other stages."""
     p = pf.plan
-    if p.zero != 2:
+    if p.zero < 2:
         return []
     grads = "bfloat16" if p.grad_dtype == "bf16" and p.dtype != "fp32" else "float32"
     out: list[tuple[str, object]] = [
-        ("ddp.data_parallel_sharding_strategy", "optim_grads"), ("checkpoint.ckpt_format", "fsdp_dtensor"),
+        ("ddp.data_parallel_sharding_strategy", FSDP_STRATEGY[p.zero]), ("checkpoint.ckpt_format", "fsdp_dtensor"),
         ("ddp.megatron_fsdp_main_params_dtype", TORCH_DTYPES[p.optimizer_master_dtype]),
         ("ddp.megatron_fsdp_main_grads_dtype", grads), ("ddp.megatron_fsdp_grad_comm_dtype", grads)]
     if not p.grad_prescale:
@@ -366,23 +359,24 @@ def fsdp_overrides(pf: PlanFile) -> list[tuple[str, object]]:
 
 
 def fsdp_zero2_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
-    """(what, whether the plan has it, fix) for the ZeRO-2 plans that Megatron-FSDP's optim_grads under
-    Megatron-Bridge (fsdp_overrides) refuses or does not run as priced: the Megatron-LM export's reasons
-    (megatron.fsdp_zero2_refusals: a pipeline, no overlapped reduction, hybrid sharding, an added gradient, a plan
-    priced without megatron_fsdp), and
+    """(what, whether the plan has it, fix) for the ZeRO-2 / 3 plans that Megatron-FSDP's optim_grads /
+    optim_grads_params under Megatron-Bridge (fsdp_overrides) refuses or does not run as priced: the Megatron-LM
+    export's reasons (megatron.fsdp_zero2_refusals: a pipeline, no overlapped reduction or (ZeRO-3) weight gather,
+    hybrid sharding, an added gradient, a plan priced without megatron_fsdp), and
     CUDA_DEVICE_MAX_CONNECTIONS 1, which _validate_and_apply_megatron_fsdp_configs asserts against (FSDP_SOURCE;
     TE's TP overlap, which wants 1 before Blackwell, is refused on its own). Derived: docs/formulas.md#comm.dp"""
     p = pf.plan
-    on = p.zero == 2
-    z2 = "ZeRO-2 (Megatron-FSDP optim_grads)"
+    on = p.zero >= 2
+    z2 = f"ZeRO-{p.zero} (Megatron-FSDP {FSDP_STRATEGY[p.zero]})" if on else "ZeRO-2"
     # Megatron-LM's rules Megatron-Bridge shares, by id (its own CUDA_DEVICE_MAX_CONNECTIONS rule below; the TP
     # userbuffer one is refused on its own)
-    keep = ("pipeline", "no_overlap", "hybrid", "grad_accumulation", "unpriced")
+    keep = ("pipeline", "no_overlap", "no_gather_overlap", "hybrid", "grad_accumulation", "unpriced")
     shared = fsdp_zero2_refusals(pf)
     return [
         *(shared[k] for k in keep),
         (f"{z2} with CUDA_DEVICE_MAX_CONNECTIONS 1 (Megatron-Bridge asserts it is not 1 under Megatron-FSDP)",
-         on and p.cuda_max_connections == 1, "re-plan without --cuda-max-connections, or with --zero 1"),
+         on and p.cuda_max_connections == 1,
+         "re-plan without --cuda-max-connections, or with " + ("--zero 1" if p.zero == 2 else "--zero 2 or 1")),
     ]
 
 
@@ -524,9 +518,9 @@ def ddp_optimizer_overrides(pf: PlanFile) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = [
         # Muon's layer-wise optimizer runs beside an all-reducing DDP (muon_overrides)
         # ZeRO-2 too: Megatron-FSDP's v1 sets both (fsdp_overrides), written so that it does not print
-        ("ddp.use_distributed_optimizer", p.zero in (1, 2) and p.optimizer != "muon"),
-        ("optimizer.use_distributed_optimizer", p.zero in (1, 2) and p.optimizer != "muon"),
-        ("ddp.use_megatron_fsdp", p.zero == 2), *fsdp_overrides(pf),
+        ("ddp.use_distributed_optimizer", p.zero >= 1 and p.optimizer != "muon"),
+        ("optimizer.use_distributed_optimizer", p.zero >= 1 and p.optimizer != "muon"),
+        ("ddp.use_megatron_fsdp", p.zero >= 2), *fsdp_overrides(pf),
         ("ddp.overlap_grad_reduce", p.overlap_grad_reduce),
         # DistributedDataParallelConfig: the NaN check's bucket norms and the 1/dp pre-scaling the plan prices
         ("ddp.check_for_nan_in_grad", p.grad_nan_check), ("ddp.average_in_collective", not p.grad_prescale),
@@ -536,8 +530,9 @@ def ddp_optimizer_overrides(pf: PlanFile) -> list[tuple[str, object]]:
         # without overlap_grad_reduce too: Megatron-Bridge calls no validate_args, and Megatron-Core runs the
         # gather overlap with one bucket a chunk (the DeepSeek-V3 H100 card, perf_recipes/deepseek/h100/
         # deepseek_v3.py at 79308d0d9; docs/formulas.md#step.dp_one_bucket)
-        # ZeRO-2 (Megatron-FSDP): the updated weights gathered per bucket ahead of the next forward
-        ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero in (1, 2)),
+        # ZeRO-2 (Megatron-FSDP): the updated weights gathered per bucket ahead of the next forward; ZeRO-3: each
+        # unit's gather prefetched (optim_grads_params turns it on itself; fsdp_zero2_rules no_gather_overlap)
+        ("ddp.overlap_param_gather", p.overlap_param_gather and p.zero >= 1),
         # the plan's master weights and Adam moments (DeepSeek-V3's recipe keeps bf16 moments), through
         # Transformer Engine's precision-aware FusedAdam when either is below fp32
         ("optimizer.use_precision_aware_optimizer", low_states),
@@ -624,8 +619,9 @@ def connections_env(pf: PlanFile) -> list[str]:
     if p.cuda_max_connections is not None:
         return [f"export CUDA_DEVICE_MAX_CONNECTIONS={p.cuda_max_connections}   # the plan's cuda_max_connections"]
     if not (pf.model.is_moe and p.ep_comm_overlap and p.ep > 1):
-        # Megatron-FSDP (ZeRO-2): Megatron-Bridge asserts the variable is not 1 (fsdp_zero2_rules)
-        return ["unset CUDA_DEVICE_MAX_CONNECTIONS   # Megatron-FSDP (ZeRO-2) asserts it is not 1"] if p.zero == 2 else []
+        # Megatron-FSDP (ZeRO-2 / 3): Megatron-Bridge asserts the variable is not 1 (fsdp_zero2_rules)
+        return ([f"unset CUDA_DEVICE_MAX_CONNECTIONS   # Megatron-FSDP (ZeRO-{p.zero}) asserts it is not 1"]
+                if p.zero >= 2 else [])
     n = 32 if p.moe_dispatcher == "deepep" else 8
     return [f"export CUDA_DEVICE_MAX_CONNECTIONS={n}   # the EP all-to-all overlap's streams (not 1)"]
 

@@ -164,17 +164,10 @@ def cast_add_refusal(pf: PlanFile) -> tuple[str, bool, str]:
 def megatron_fsdp_refusal(p: Any) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for a plan priced as Megatron-FSDP runs ZeRO-2 / 3
     (plan.megatron_fsdp), on a launcher whose sharding is DeepSpeed's or FSDP's."""
-    # Megatron-LM and Megatron-Bridge export ZeRO-2 only (optim_grads): naming them for a ZeRO-3 plan would send
-    # it back here (their ZeRO-3 refusal names this launcher)
+    # Megatron-LM and Megatron-Bridge export ZeRO-2 (optim_grads) and ZeRO-3 (optim_grads_params)
     return ("ZeRO priced as Megatron-FSDP runs it (megatron_fsdp: its gradient-bucket queue and prefetch; "
             "Megatron-LM / Megatron-Bridge)", bool(p.megatron_fsdp), "re-plan with --no-megatron-fsdp"
-            + (", or export to megatron" if p.zero == 2 else ""))
-
-
-def without_megatron_fsdp(p: Any) -> str:
-    """The words a ZeRO-3 refusal adds where it names DeepSpeed or torchtitan for a plan priced with megatron_fsdp:
-    their own refusal (megatron_fsdp_refusal) wants the switch off first."""
-    return " with --no-megatron-fsdp" if p.megatron_fsdp else ""
+            + (", or export to megatron" if p.zero >= 2 else ""))
 
 
 def swiglu_fp8_refusal(p: Any) -> tuple[str, bool, str]:

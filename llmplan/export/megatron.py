@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (without_megatron_fsdp, as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
+from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, need_mode, refuse, refuse_first, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
@@ -322,12 +322,12 @@ def ddp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     instances, the reduction and gather overlaps, TP overlap, the in-collective average, the bucket and the
     gradient accumulation fusion."""
     p = pf.plan
-    return [("--use-distributed-optimizer", p.zero in (1, 2)), ("--overlap-grad-reduce", p.overlap_grad_reduce),
+    return [("--use-distributed-optimizer", p.zero >= 1), ("--overlap-grad-reduce", p.overlap_grad_reduce),
             *fsdp_pairs(pf),
             # megatron/training/arguments.py (2a75ac12c): the distributed optimizer sharded within each of N
             # partial data-parallel groups, the gradients all-reduced across them (docs/formulas.md#mem.hsdp)
             ("--num-distributed-optimizer-instances", p.dp_replicate if p.dp_replicate > 1 else None),
-            ("--overlap-param-gather", p.overlap_param_gather and p.zero in (1, 2) and p.overlap_grad_reduce),
+            ("--overlap-param-gather", p.overlap_param_gather and p.zero >= 1 and p.overlap_grad_reduce),
             # core_v0.14.0 arguments.py: needs the distributed optimizer, --overlap-param-gather and
             # --num-layers-per-virtual-pipeline-stage (check_plan: param_gather_optstep_interleaved); and since
             # --overlap-param-gather asserts --overlap-grad-reduce there, written only beside both (a plan with
@@ -678,15 +678,9 @@ def _check_model_builds(pf: PlanFile) -> None:
 
 
 def _check_parallel(pf: PlanFile) -> None:
-    """Refuse the ZeRO stage, Megatron-FSDP's ZeRO-2 rules, a second RoPE scaling, the fused loss, the dtype and
+    """Refuse Megatron-FSDP's ZeRO-2 / ZeRO-3 rules, a second RoPE scaling, the fused loss, the dtype and
     the pipeline transfers and schedule that the Megatron-LM script does not run as priced."""
     p = pf.plan
-    if p.zero >= 3:
-        raise refuse(TARGET, f"ZeRO stage {p.zero} (this export writes the distributed optimizer, ZeRO-1, and "
-                     "Megatron-FSDP's optim_grads, ZeRO-2; not its optim_grads_params)",
-                     ("re-plan with --zero 1 or 0" if p.fp8_params  # check_plan megatron_fsdp_fp8_params
-                      else "re-plan with --zero 2 --megatron-fsdp, or --zero 1 or 0") + without_megatron_fsdp(p) + ("" if pf.model.is_hybrid else ", or export to deepspeed / "
-                     "torchtitan" + without_megatron_fsdp(p)))  # they refuse hybrids
     refuse_first(TARGET, fsdp_zero2_refusals(pf).values())
     if context_pairs(pf) and (pf.model.is_mla or pf.model.rope_scaling):
         raise refuse(TARGET, f"seq_len {p.seq_len} past max_position_embeddings {pf.model.max_position_embeddings} "
@@ -772,60 +766,81 @@ def _check_optimizer(pf: PlanFile) -> None:
 
 
 FSDP_SOURCE = "NVIDIA/Megatron-LM@d98e8a6"
-"""The Megatron-LM commit whose Megatron-FSDP the ZeRO-2 export is read from (tests/data/launchers/megatron-lm.json's
+"""The Megatron-LM commit whose Megatron-FSDP the ZeRO-2 / ZeRO-3 export is read from (tests/data/launchers/megatron-lm.json's
 parser): megatron/training/arguments.py validate_args and megatron/core/distributed/fsdp/src/megatron_fsdp/."""
 
 
+FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+"""Megatron-FSDP's --data-parallel-sharding-strategy (Megatron-LM d98e8a6 arguments.py: choices no_shard, optim,
+optim_grads, optim_grads_params; Megatron-Core DistributedDataParallelConfig.data_parallel_sharding_strategy, the
+same values) for each ZeRO stage it runs: 2 shards the main weights and gradients, 3 the model weights too."""
+
+
 def fsdp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
-    """ZeRO-2 as Megatron-LM runs it: Megatron-FSDP with the optim_grads sharding strategy (param_and_grad_buffer.py
-    _init_each_parameter_group_buffers at d98e8a6: the optimizer's main weights and the gradient buffer sharded over
-    DP x CP, the model weights whole), with the checkpoint format validate_args asserts beside it (fsdp_dtensor),
+    """ZeRO-2 / ZeRO-3 as Megatron-LM runs them: Megatron-FSDP with the optim_grads / optim_grads_params sharding
+    strategy (FSDP_STRATEGY; param_and_grad_buffer.py _init_each_parameter_group_buffers at d98e8a6: the optimizer's
+    main weights and the gradient buffer sharded over DP x CP, the model weights whole under optim_grads and
+    sharded, gathered unit by unit, under optim_grads_params), with the checkpoint format validate_args asserts beside it (fsdp_dtensor),
     the distributed optimizer its v1 requires (validate_args sets it; written so that it is not a warning), and the
     plan's gradient and master dtypes (Megatron-FSDP's own: 'auto' keeps the gradients in the weights' dtype).
-    Nothing for other stages (fsdp_zero2_refusals: the ZeRO-2 plans it does not run as priced)."""
+    Nothing for other stages (fsdp_zero2_refusals: the ZeRO-2 / 3 plans it does not run as priced)."""
     p = pf.plan
-    if p.zero != 2:
+    if p.zero < 2:
         return []
     grads = "bf16" if p.grad_dtype == "bf16" and p.dtype != "fp32" else "fp32"
-    return [("--use-megatron-fsdp", True), ("--data-parallel-sharding-strategy", "optim_grads"),
+    return [("--use-megatron-fsdp", True), ("--data-parallel-sharding-strategy", FSDP_STRATEGY[p.zero]),
             ("--ckpt-format", "fsdp_dtensor"), ("--megatron-fsdp-main-params-dtype", p.optimizer_master_dtype),
             ("--megatron-fsdp-main-grads-dtype", grads), ("--megatron-fsdp-grad-comm-dtype", grads)]
 
 
 def fsdp_zero2_refusals(pf: PlanFile) -> dict[str, tuple[str, bool, str]]:
-    """Rule id -> (what, whether the plan has it, fix) for the ZeRO-2 plans that Megatron-FSDP's optim_grads (fsdp_pairs)
-    refuses or does not run as llmplan priced them. Source: NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py
-    validate_args (under --use-megatron-fsdp: `assert os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1"`; its
+    """Rule id -> (what, whether the plan has it, fix) for the ZeRO-2 / ZeRO-3 plans that Megatron-FSDP's optim_grads /
+    optim_grads_params (fsdp_pairs) refuses or does not run as llmplan priced them. Source: NVIDIA/Megatron-LM@d98e8a6
+    megatron/training/arguments.py validate_args (under --use-megatron-fsdp: `assert os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1"`; its
     `assert args.optimizer in ('sgd', 'adam')` is check_plan's muon_zero rule, met before any export); megatron/core/distributed/fsdp/src/megatron_fsdp/
-    megatron_fsdp.py (optim_grads forces overlap_grad_reduce on; its backward hook reduces every backward,
+    megatron_fsdp.py (optim_grads forces overlap_grad_reduce on, optim_grads_params overlap_param_gather too; its
+    backward hook reduces every backward,
     grad_reduce_every_bprop; param.overwrite_main_grad: each micro-batch's gradient written, not added, into the
-    bucket). Derived: docs/formulas.md#comm.dp (a pipeline's ZeRO-2 priced once per step); the last: a plan priced
-    without Megatron-FSDP's memory (docs/formulas.md#mem.megatron_fsdp), so that price and export agree."""
+    bucket); NVIDIA/TransformerEngine 64126aa8c (PR #1308, comm_gemm_overlap.cpp CommOverlapCore: with
+    CUDA_DEVICE_MAX_CONNECTIONS > 1 an event launches the userbuffer communication ahead of its GEMM on compute
+    capability 9 only; tests/pytorch/distributed/test_comm_gemm_overlap.py at d0067d0 runs the 8-connection case on
+    Hopper only). Derived: docs/formulas.md#comm.dp (a pipeline's ZeRO-2 priced once per step; megatron_fsdp priced
+    without a pipeline only); the last: a plan priced without Megatron-FSDP's memory (docs/formulas.md#mem.megatron_fsdp),
+    so that price and export agree."""
     p, gpu = pf.plan, pf.cluster.system.gpu.name
-    on = p.zero == 2
-    z2 = "ZeRO-2 (Megatron-FSDP optim_grads)"
+    on = p.zero >= 2
+    z2 = (f"ZeRO-{p.zero} (Megatron-FSDP {FSDP_STRATEGY[p.zero]})" if on else "ZeRO-2 (Megatron-FSDP optim_grads)")
+    lower = "--zero 1" if p.zero == 2 else "--zero 2 or 1"
     return {
-        "pipeline": (f"{z2} under a pipeline (PP {p.pp}): llmplan prices its gradients reduced once per step and Megatron-FSDP "
-         "reduce-scatters them after every micro-batch's backward", on and p.pp > 1,
-         "re-plan with --zero 1, or with --pp 1"),
+        "pipeline": (f"{z2} under a pipeline (PP {p.pp}): " + (
+            "llmplan prices its gradients reduced once per step and Megatron-FSDP reduce-scatters them after every "
+            "micro-batch's backward" if p.zero == 2 else "llmplan prices Megatron-FSDP (megatron_fsdp) only "
+            "without a pipeline: its ZeRO-3 under one is DeepSpeed's / FSDP's"), on and p.pp > 1,
+         "re-plan with --zero 1, or with --pp 1"),  # ZeRO-2 under a pipeline is refused alike
         "no_overlap": (f"{z2} without the overlapped gradient reduction (Megatron-FSDP turns it on for sharded "
-         "gradients)", on and not p.overlap_grad_reduce, "re-plan with --overlap-grad-reduce, or --zero 1"),
-        "hybrid": (f"{z2} with hybrid sharding (dp_replicate {p.dp_replicate}: this export writes optim_grads over "
-         "the whole data-parallel group only)", on and p.dp_replicate > 1, "re-plan with --dp-replicate 1, or --zero 1"),
+         "gradients)", on and not p.overlap_grad_reduce, f"re-plan with --overlap-grad-reduce, or {lower}"),
+        "no_gather_overlap": (f"{z2} without the overlapped weight gather (Megatron-FSDP turns it on for sharded "
+         "weights)", p.zero == 3 and not p.overlap_param_gather,
+         "re-plan with --overlap-param-gather, or --zero 2 or 1"),
+        "hybrid": (f"{z2} with hybrid sharding (dp_replicate {p.dp_replicate}: this export writes {z2.split()[-1][:-1]} over "
+         "the whole data-parallel group only)", on and p.dp_replicate > 1, f"re-plan with --dp-replicate 1, or {lower}"),
         "grad_accumulation": (f"{z2} with grad_accumulation {p.grad_accumulation} (Megatron-FSDP writes each "
          "micro-batch's sharded gradient into its bucket: fused in the GEMM, or copied)", on and p.grad_accumulation in ("add", "cast-add"),
-         "re-plan with --grad-accumulation fused or copy, or --zero 1"),
+         f"re-plan with --grad-accumulation fused or copy, or {lower}"),
         "max_connections": (f"{z2} with CUDA_DEVICE_MAX_CONNECTIONS 1 (Megatron-LM asserts it is not 1 with "
          "--use-megatron-fsdp)",
-         on and p.cuda_max_connections == 1, "re-plan without --cuda-max-connections, or with --zero 1"),
-        "tp_userbuffers": (f"{z2} beside TP {p.tp}'s userbuffer overlap on {gpu} (Transformer Engine's TP overlap "
-         "wants CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell; Megatron-LM asserts it is not 1 with Megatron-FSDP)",
-         on and tp_userbuffers_before_blackwell(pf), "re-plan with --no-tp-comm-overlap, or with --zero 1"),
+         on and p.cuda_max_connections == 1, f"re-plan without --cuda-max-connections, or with {lower}"),
+        "tp_userbuffers": (f"{z2} beside TP {p.tp}'s userbuffer overlap on {gpu} (Megatron-LM asserts "
+         "CUDA_DEVICE_MAX_CONNECTIONS is not 1 with Megatron-FSDP, and Transformer Engine orders its TP overlap "
+         "behind more than one queue only from Hopper on, compute capability 9)",
+         on and tp_userbuffers_before_hopper(pf), f"re-plan with --no-tp-comm-overlap, or with {lower}"),
         "unpriced": (f"{z2} priced without megatron_fsdp (zero {p.zero}, megatron_fsdp {p.megatron_fsdp}: the "
-         "plan's memory omits Megatron-FSDP's queue of unsharded gradient buckets, docs/formulas.md#mem.megatron_fsdp, so the run "
+         "plan's memory omits Megatron-FSDP's queue of unsharded gradient buckets" + (
+             "" if p.zero == 2 else " and its prefetched units") + ", docs/formulas.md#mem.megatron_fsdp, so the run "
          "may hold more than priced)", on and not p.megatron_fsdp,
          "set \"megatron_fsdp\": true in the plan file's plan (estimate --plan FILE prices it so), or re-run the "
-         "estimate or search that saved it with --megatron-fsdp (a search: or --target megatron / megatron-bridge)"),
+         "estimate or search that saved it with --megatron-fsdp (a search: or --target megatron / megatron-bridge)"
+         + ("" if p.zero != 3 or pf.model.is_hybrid else ", or export to deepspeed / torchtitan (their ZeRO-3)")),
     }
 
 
@@ -840,17 +855,20 @@ def connections_lines(pf: PlanFile) -> list[str]:
     queue (megatron/core/transformer/moe/README.md at core_v0.16.0: "CUDA_DEVICE_MAX_CONNECTIONS > 1"; arguments.py
     at core_v0.14.0 ... v0.16.0 only warns then, "1 or 32"): 32, the queues llmplan's overlap share was read at
     (cost.moe.overlap_queues); but 1 beside Transformer Engine's TP overlap before Blackwell
-    (tp_userbuffers_before_blackwell), where cost.moe.overlap_queues prices the EP overlap at one queue."""
+    (tp_userbuffers_before_blackwell), where cost.moe.overlap_queues prices the EP overlap at one queue. Under
+    Megatron-FSDP (ZeRO-2 / 3), which asserts it is not 1: 32 under the EP overlap, else unset."""
     p = pf.plan
     if p.cuda_max_connections is not None:
         return [f"export CUDA_DEVICE_MAX_CONNECTIONS={p.cuda_max_connections}   # the plan's cuda_max_connections"]
+    if p.zero >= 2:  # Megatron-FSDP asserts it is not 1 (fsdp_zero2_refusals); with TP / CP Megatron-LM only warns
+        return (["export CUDA_DEVICE_MAX_CONNECTIONS=32   # the EP overlap's streams; Megatron-FSDP: not 1"]
+                if ep_overlap_on(pf) else
+                [f"unset CUDA_DEVICE_MAX_CONNECTIONS   # Megatron-FSDP (ZeRO-{p.zero}) asserts it is not 1"])
     if ep_overlap_on(pf) and tp_userbuffers_before_blackwell(pf):
         return ["export CUDA_DEVICE_MAX_CONNECTIONS=1   # TE's TP overlap before Blackwell; the EP overlap priced "
                 "at one queue (docs/formulas.md#moe.overlap_queues)"]
     if ep_overlap_on(pf):
         return ["export CUDA_DEVICE_MAX_CONNECTIONS=32   # the EP overlap's streams side by side (Megatron-Core: > 1)"]
-    if p.zero == 2:  # Megatron-FSDP asserts it is not 1 (fsdp_zero2_refusals); with TP / CP Megatron-LM only warns
-        return ["unset CUDA_DEVICE_MAX_CONNECTIONS   # Megatron-FSDP (ZeRO-2) asserts it is not 1"]
     if p.tp > 1 or p.cp > 1:
         return ["export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron-LM expects it with TP/CP before Blackwell"]
     return []
@@ -863,7 +881,7 @@ def connections_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     p, cc = pf.plan, pf.cluster.system.gpu.compute_capability
     n = p.cuda_max_connections
     bad = (n is not None and n > 1 and (p.tp > 1 or p.cp > 1) and cc is not None and cc < 10
-           and not ep_overlap_on(pf) and p.zero != 2)  # under Megatron-FSDP (ZeRO-2) it only warns
+           and not ep_overlap_on(pf) and p.zero < 2)  # under Megatron-FSDP (ZeRO-2 / 3) it only warns
     return (f"CUDA_DEVICE_MAX_CONNECTIONS {n} with TP {p.tp} / CP {p.cp} on {pf.cluster.system.gpu.name} (Megatron-LM "
             "asserts 1 with TP or CP > 1 before Blackwell unless the EP overlap runs)", bad,
             "re-plan with --cuda-max-connections 1 (or leave it unset)")
@@ -877,6 +895,15 @@ def tp_userbuffers_before_blackwell(pf: PlanFile) -> bool:
     return bool(userbuffers_on(pf.plan)) and cc is not None and cc < 10
 
 
+def tp_userbuffers_before_hopper(pf: PlanFile) -> bool:
+    """Whether the script runs Transformer Engine's userbuffer TP overlap on a GPU before Hopper (compute capability
+    < 9), where TE orders its communication kernels ahead of the GEMMs only with one CUDA work queue
+    (TransformerEngine 64126aa8c, PR #1308: the launch-order event is created for compute capability 9 only;
+    Blackwell needs neither, Megatron-LM arguments.py at d98e8a6)."""
+    cc = pf.cluster.system.gpu.compute_capability
+    return bool(userbuffers_on(pf.plan)) and cc is not None and cc < 9
+
+
 def tp_overlap_queues_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for a cuda_max_connections above 1 beside Transformer Engine's
     userbuffer TP overlap before Blackwell (tp_userbuffers_before_blackwell). TE's TP overlap there wants one queue
@@ -886,7 +913,8 @@ def tp_overlap_queues_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     count: the script would not run what was priced. Unset, the export writes 1 there and llmplan prices the EP
     overlap at one queue (cost.moe.overlap_queues, docs/formulas.md#moe.overlap_queues)."""
     p, n = pf.plan, pf.plan.cuda_max_connections
-    bad = n is not None and n > 1 and tp_userbuffers_before_blackwell(pf)
+    # under Megatron-FSDP (ZeRO-2 / 3) the queues are more than one anyway: fsdp_zero2_refusals' tp_userbuffers
+    bad = n is not None and n > 1 and tp_userbuffers_before_blackwell(pf) and p.zero < 2
     return (f"CUDA_DEVICE_MAX_CONNECTIONS {n} beside TP {p.tp}'s userbuffer overlap on {pf.cluster.system.gpu.name} "
             "(Transformer Engine's TP overlap before Blackwell needs 1 queue; llmplan prices it as if it had it)", bad,
             "re-plan with --cuda-max-connections 1 (or unset: favours the TP overlap, the EP overlap priced at one "
