@@ -451,7 +451,7 @@ def test_torchtitan_moe_args_parsed_by_torchtitan(cli, tmp_path, monkeypatch):
     pf = saved_plan(cli, tmp_path, "--model", "deepseek-v3", "--hardware", "dgx-h800", "--nodes", "64", "--tp", "1",
                     "--pp", "8", "--pp-first-layers", "7", "--pp-last-layers", "6", "--ep", "64", "--etp", "1", "--zero", "2", "--recompute", "full",
                     "--global-batch", "512", "--seq-len", "4096", "--precision", "fp8-rowwise",
-                    "--grad-accumulation", "add")
+                    "--grad-accumulation", "add", "--mtp-layers", "0")  # torchtitan.mtp_refusal
     argv = torchtitan_argv(render_all(pf, "torchtitan")[0]["torchtitan_train.sh"])
     assert argv[:4] == ["--module", "deepseek_v3", "--config", "deepseek_v3_671b_float8"]
     cfg = manager.ConfigManager().parse_args(argv)
@@ -521,7 +521,8 @@ def test_torchtitan_refusals(cli, tmp_path):
             tmp_path / "d")
     assert r.code == 2 and "mixed_precision_reduce takes float32 only" in r.err
     pf = saved_plan(cli, tmp_path, "--model", "deepseek-v3", "--hardware", "dgx-h800", "--nodes", "64", "--tp", "2",
-                    "--pp", "8", "--pp-first-layers", "7", "--pp-last-layers", "6", "--ep", "32", "--etp", "2", "--zero", "2", "--recompute", "full", "--global-batch", "512")
+                    "--pp", "8", "--pp-first-layers", "7", "--pp-last-layers", "6", "--ep", "32", "--etp", "2", "--zero", "2", "--recompute", "full", "--global-batch", "512",
+                    "--mtp-layers", "0")  # else torchtitan.mtp_refusal comes first
     with pytest.raises(CannotExpress, match="has no expert TP"):
         render_all(pf, "torchtitan")
 
@@ -604,7 +605,9 @@ def test_megatron_refuses_rowwise_fp8():
 @pytest.mark.parametrize("update,backend", [
     ({}, None),  # the native kernel is Megatron-Core's default backend choice: no flag
     ({"attention_kernel": "flash2"}, "AttnBackend.flash"),
-    ({"flash_attention": False}, "AttnBackend.unfused"),
+    # at 4,096 tokens, where Megatron-Core's and Transformer Engine's softmax both fuse (export.common.
+    # te_softmax_refusal refuses dense_train's 8,192 unfused)
+    ({"flash_attention": False, "seq_len": 4096}, "AttnBackend.unfused"),
 ])
 def test_megatron_attention_backend(update, backend):
     # The plan's attention kernel reaches Megatron-LM as --attention-backend, parsed by its recorded parser

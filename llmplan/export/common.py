@@ -9,6 +9,7 @@ from typing import Any
 from llmplan import __version__
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.compute import runs_per_expert
+from llmplan.cost.elementwise import FUSED_SOFTMAX_MAX_KEYS, fused_softmax_fits
 from llmplan.cost.gemm import squared_relu_mlp
 from llmplan.errors import LlmplanError
 from llmplan.planfile import PlanFile
@@ -267,6 +268,45 @@ def softmax_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
                           "Megatron-DeepSpeed's fallback; this launcher runs the fused softmax kernel)"}
     return [(text, p.softmax_kernel == kernel and not p.flash_attention, "re-plan with --softmax-kernel fused")
             for kernel, text in what.items()]
+
+
+TE_SOFTMAX_KEYS = (16, 16384, 8)
+"""Transformer Engine's FusedScaleMaskSoftmax.is_kernel_available by length: 16 < sk < 16384 and sk % 8 == 0 (besides
+Megatron-Core's sq % 4 == 0), else forward_torch_softmax, fp32 by default. Source: NVIDIA/TransformerEngine@
+d0067d0da6 transformer_engine/pytorch/attention/dot_product_attention/softmax.py."""
+
+
+def te_softmax_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for an unfused attention whose softmax llmplan priced by Megatron-Core's
+    length rule (softmax_kernel fused: its causal kernel for 16 < keys <= 4,096 with keys % 4 == 0, else the fp32
+    torch fallback: cost.elementwise.fused_softmax_fits) on a launcher that runs Transformer Engine's instead:
+    Megatron-LM's --attention-backend unfused under the default TE layer spec (NVIDIA/Megatron-LM@d98e8a64dd
+    gpt_builders.py; language_module.py _set_attention_backend sets NVTE_UNFUSED_ATTN only) runs TE's
+    UnfusedDotProductAttention and its FusedScaleMaskSoftmax, whose kernel takes 16 < keys < 16,384 with keys % 8
+    == 0 (TE_SOFTMAX_KEYS). Refused where the two rules disagree: TE fuses 4,096 < keys < 16,384 (priced as the
+    fp32 fallback) and falls back at keys % 8 == 4 (priced fused). (Megatron-Bridge refuses every unfused plan:
+    bridge.attention_kernel_refusal.) docs/formulas.md#compute.softmax_fallback."""
+    p = pf.plan
+    keys = p.seq_len / p.cp
+    low, high, multiple = TE_SOFTMAX_KEYS
+    te_fuses = low < keys < high and keys % multiple == 0
+    priced = bool(fused_softmax_fits(p))
+    unfused = p.softmax_kernel == "fused" and not p.flash_attention
+    shown = f"{keys:g}"
+    if priced:
+        what = (f"an unfused attention softmax over {shown} keys a row priced as Megatron-Core's fused causal kernel, "
+                f"which Transformer Engine's unfused attention (this export's) runs as fp32 PyTorch ops: its kernel "
+                f"takes {low} < keys < {high} with keys a multiple of {multiple}")
+        fix = (f"re-plan with --seq-len a multiple of {multiple * p.cp} up to {FUSED_SOFTMAX_MAX_KEYS * p.cp}, or "
+               "with flash attention")
+    else:
+        what = (f"an unfused attention softmax over {shown} keys a row priced as Megatron-Core's fp32 PyTorch "
+                f"fallback (its fused kernel takes {low} < keys <= {FUSED_SOFTMAX_MAX_KEYS}), which Transformer "
+                f"Engine's unfused attention (this export's) runs in its fused kernel ({low} < keys < {high}, "
+                f"a multiple of {multiple})")
+        fix = (f"re-plan with flash attention, or with --seq-len at most {FUSED_SOFTMAX_MAX_KEYS * p.cp} or from "
+               f"{high * p.cp}")
+    return what, unfused and te_fuses != priced, fix
 
 
 EP_OVERLAP_RULES = ("ep_comm_overlap_ep", "recompute_moe_overlap", "ep_overlap_vpp", "ep_overlap_full_recompute",

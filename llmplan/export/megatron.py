@@ -10,7 +10,8 @@ from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, need_mode, refuse, refuse_first, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
-                                   norm_kernel_refusals, softmax_kernel_refusals, pp_sync_notes, op_fuser,
+                                   norm_kernel_refusals, softmax_kernel_refusals, te_softmax_refusal,
+                                   pp_sync_notes, op_fuser,
                                    parallel_block_refusal, squared_relu,
                                    torch_ring_refusal, tp_refusals)
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count, pattern_variable
@@ -52,13 +53,17 @@ def model_flags(pf: PlanFile) -> list[str]:
 
 
 def mtp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
-    """The MTP depths run one module's weights (ModelSpec.mtp_repeated_layer, as priced: cost.stages.
-    mtp_weight_sets): --mtp-use-repeated-layer, the flag Megatron-LM's ArgumentGroupFactory makes of
+    """The trained model's MTP modules, dense or MoE, hybrid or not: --mtp-num-layers (TransformerConfig.
+    mtp_num_layers; a hybrid's unified pattern gives the same count after '/', which arguments.py checks it
+    against), and whether its depths run one module's weights (ModelSpec.mtp_repeated_layer, as priced:
+    cost.stages.mtp_weight_sets): --mtp-use-repeated-layer, the flag Megatron-LM's ArgumentGroupFactory makes of
     TransformerConfig.mtp_use_repeated_layer (NVIDIA/Megatron-LM@d98e8a64dd transformer_config.py;
     MultiTokenPredictionBlock builds one layer under it, a hybrid pattern's MTP depths too; NVIDIA's Nemotron-3.5
     Lightning functional test passes it with the pattern's "/*E/*E"). pf.model is the trained model
-    (specs.plan.trained_model), whose switch is off at --mtp-layers 0."""
-    return [("--mtp-use-repeated-layer", pf.model.mtp_repeated_layer and pf.model.num_nextn_predict_layers > 0)]
+    (specs.plan.trained_model), whose MTP depth is 0 at --mtp-layers 0: neither flag."""
+    m = pf.model
+    return [("--mtp-num-layers", m.num_nextn_predict_layers or None),
+            ("--mtp-use-repeated-layer", m.mtp_repeated_layer and m.num_nextn_predict_layers > 0)]
 
 
 def attention_pairs(pf: PlanFile) -> list[tuple[str, object]]:
@@ -180,7 +185,7 @@ def glu_pairs(pf: PlanFile) -> list[tuple[str, object]]:
 
 
 def router_pairs(pf: PlanFile) -> list[tuple[str, object]]:
-    """The model's router and multi-token prediction as Megatron-Core routes (moe_utils.py,
+    """The model's router as Megatron-Core routes (moe_utils.py,
     topk_routing_with_score_function): softmax after top-k renormalises, --moe-router-pre-softmax keeps the
     softmax over all experts; sigmoid scores are renormalised whenever top-k > 1; the expert bias picks
     experts only; the group limit sums each group's top k/t scores (DeepSeek-V3's rule)."""
@@ -200,8 +205,7 @@ def router_pairs(pf: PlanFile) -> list[tuple[str, object]]:
             # plan.moe_router_padding (cost.moe.router_padding_share; TransformerConfig at cd4afffa6)
             ("--moe-router-padding-for-quantization", pf.plan.moe_router_padding),
             ("--moe-permute-fusion", True),
-            *balance_pairs(pf),
-            ("--mtp-num-layers", m.num_nextn_predict_layers or None)]
+            *balance_pairs(pf)]
 
 
 AUX_LOSS_COEFF_DEFAULT = 1e-3
@@ -719,7 +723,8 @@ def _check_kernels(pf: PlanFile) -> None:
         raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
     refuse_first(TARGET, [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
-                          *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf), parallel_block_refusal(pf),
+                          *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf), te_softmax_refusal(pf),
+                          parallel_block_refusal(pf),
                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf),
                           whole_embedding_refusal(pf), connections_refusal(pf), tp_overlap_queues_refusal(pf)])
 

@@ -182,6 +182,7 @@ def _check_common(pf: PlanFile, target: str) -> None:
     if pf.model.moe_latent_size:
         raise refuse(target, f"the latent MoE of {pf.model.name} (moe_latent_size {pf.model.moe_latent_size}: "
                      "torchtitan's MoE has no latent projections around its experts)", "export to megatron")
+    refuse_first(target, [mtp_refusal(pf)])
     p = pf.plan
     refuse_first(target, [muon_refusal(p)])
     if p.zero == 1:
@@ -256,6 +257,19 @@ def _check_recompute_moe(pf: PlanFile, target: str) -> None:
                      "export to megatron")
     refuse_first(target, (dp_outer_optimizer_refusal(p), offload_moe_act_refusal(p), offload_modules_refusal(p),
                           offload_layers_refusal(p), recompute_layers_refusal(p)))
+
+
+def mtp_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for MTP modules the estimate priced (the trained model's
+    num_nextn_predict_layers, 0 at --mtp-layers 0). v0.2.2 has no MTP; 0.3.0 (0.3.0rc1, pytorch/torchtitan@1fdf90d)
+    has DeepSeek-V3's since #3392 (f59c215e), built only from model_registry(..., num_mtp_layers=N) with an MTPLoss
+    in a config function (deepseek_v3_debugmodel_mtp); deepseek_v3_671b builds none, num_mtp_layers is no config
+    field a command-line override reaches, and MTPDecoder rejects PP and CP (models/deepseek_v3/MTP.md)."""
+    n = pf.model.num_nextn_predict_layers
+    return (f"the {n} MTP module{'s' if n > 1 else ''} the estimate priced for {pf.model.name} (torchtitan "
+            f"{LEGACY_VERSION} has none; {TORCHTITAN_VERSION} builds DeepSeek-V3's only from model_registry's "
+            "num_mtp_layers with MTPLoss in a config function, which its deepseek_v3_671b does not set and no "
+            "command-line field reaches)", n > 0, "re-plan with --mtp-layers 0, or export to megatron")
 
 
 def converter_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
