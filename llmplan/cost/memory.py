@@ -28,6 +28,7 @@ from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home 
     model_state_bytes,
 )
 from llmplan.cost.model_states import (after_backward_peak, bf16_gathered_params, bf16_kept_params, fresh_grad_bytes,
+                                       hp_grad_cast_bytes,
                                        churned_gradients, lp_grad_bytes,
                                        bf16_parts_extra_bytes, fp32_embedding_grad_bytes, fp32_shards_are_master,
                                        gradient_params,
@@ -310,7 +311,9 @@ class TrainingMemory(Breakdown):
     fresh_grad: Any = 0.0
     """Not a part: bytes inside `other` by which the backward's peak exceeds the priced activations while a
     micro-batch's fresh weight gradient waits to be added into the accumulated one (grad_accumulation add;
-    cost.model_states.fresh_grad_bytes, docs/formulas.md#mem.fresh_grads); 0 otherwise."""
+    cost.model_states.fresh_grad_bytes, docs/formulas.md#mem.fresh_grads) or, under DeepSpeed's BF16_Optimizer,
+    while the largest bf16 gradient's fp32 copy is added into the fp32 one (cost.model_states.hp_grad_cast_bytes,
+    docs/formulas.md#mem.hp_grad_cast); 0 otherwise."""
     muon_saving: Any = 0.0
     """Not a part: the Adam moment bytes `optimizer` leaves out under Muon (cost.muon.muon_moment_saving;
     docs/formulas.md#optim.muon_memory); 0 under adam."""
@@ -386,8 +389,11 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     states = dense.weights + dense.gradients + expert.weights + expert.gradients + optimizer + cache
     # Autograd's add of each micro-batch's fresh weight gradient (grad_accumulation add): the largest one beside
     # what its moment holds. Derived: docs/formulas.md#mem.fresh_grads
-    fresh = fresh_grad_bytes(m, plan, stage, act.recompute_working,
-                             act.layers / maximum(inflight_microbatches(plan, stage), 1))
+    # DeepSpeed's BF16_Optimizer: the fp32 copy of the largest bf16 gradient after each micro-batch's backward
+    # (grad_accumulation cast-add; 0 under add). Derived: docs/formulas.md#mem.hp_grad_cast
+    one_mb = act.layers / maximum(inflight_microbatches(plan, stage), 1)
+    fresh = fresh_grad_bytes(m, plan, stage, act.recompute_working, one_mb) \
+        + hp_grad_cast_bytes(m, plan, stage, act.recompute_working, one_mb)
     tensors = states + act.total + fresh
     layers = maximum(stage_layer_count(m, plan, stage), 1)
     # ZeRO-3: the layer in use whole, and the next one prefetched up to stage3_max_live_parameters (the cap

@@ -305,6 +305,21 @@ def fresh_grad_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any, working: Any,
     return maximum(maximum(layer, first), maximum(last, 0.0))
 
 
+def hp_grad_cast_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any, working: Any, per_microbatch: Any) -> Any:
+    """Bytes by which one rank's peak exceeds the priced activations under DeepSpeed's BF16_Optimizer
+    (bf16_optimizer): after each micro-batch's backward, update_hp_grads adds every bf16 param.grad into the fp32
+    flat gradient through an fp32 copy (`hp_grad.add_(lp.grad.to(fp32))`), one parameter at a time, so the
+    largest parameter's 4-byte copy lives once the micro-batch's working set and layer activations are freed:
+    the word embedding (V/t x h) on the first stage, the tied or untied output weight on the last, fc2's
+    elsewhere. `working`, `per_microbatch` as in fresh_grad_bytes. Source: deepspeedai/DeepSpeed
+    deepspeed/runtime/bf16_optimizer.py update_hp_grads at 15293139f (2022-02-28) and 56c522386, called by
+    pipe/engine.py _exec_backward_pass after torch.autograd.backward. Derived: docs/formulas.md#mem.hp_grad_cast"""
+    largest = where(stage == 0, input_embedding_params(m, plan),
+                    where(stage == plan.pp - 1, vocab_shard_params(m, plan.tp),
+                          m.intermediate_size * m.hidden_size / plan.tp))
+    return where(bf16_optimizer(plan), maximum(4.0 * largest - working - per_microbatch, 0.0), 0.0)
+
+
 LOW_PRECISION_WEIGHT_CACHE = {"tensorwise": 2.0, "rowwise": 0.0, "blockwise": 2.0 + 8 / 128**2,
                               "mxfp8": 2.0 + 2 / 32, "nvfp4": 1.0 + 2 / 16}
 """Bytes per linear-layer weight of the low-precision copies a recipe keeps across the micro-batches of a

@@ -438,7 +438,7 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
                  ("  TP-overlap userbuffers", mem.runtime.userbuffers, "mem.userbuffers")]
     # the excess of the reduction / step peak (ZeRO-1 copies) over the backward's, not the copies themselves
     rows += [("  ZeRO-1 step peak excess", mem.after_backward, "mem.optimizer_copies"),
-             ("  fresh weight gradient", mem.fresh_grad, "mem.fresh_grads"),
+             ("  fresh weight gradient", mem.fresh_grad, "mem.fresh_grads, mem.hp_grad_cast"),
              ("  fragmentation (churned)", mem.fragmentation, "mem.fragmentation")]
     for name, val, ref in rows:
         if name.startswith("  ") and val == 0:
