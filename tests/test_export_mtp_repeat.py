@@ -78,5 +78,33 @@ def test_bridge_writes_the_providers_field(repeated):
     text = render_all(dataclasses.replace(pf, model=m), "megatron-bridge")[0][SCRIPT]
     cfg = hydra_applied(overrides(text), True)["model"]
     assert cfg["mtp_num_layers"] == 2
-    # unwritten, the recipe's own value stays (the record's base is None: Megatron-Core's default False)
-    assert cfg["mtp_use_repeated_layer"] == (True if repeated else None)
+    # written both ways (the record's base is None): a recipe that sets True itself is overridden where the model
+    # has one module per depth
+    assert cfg["mtp_use_repeated_layer"] is repeated
+    assert f"model.mtp_use_repeated_layer={str(repeated).lower()}" in text.replace("'", "")
+
+
+def test_bridge_overrides_a_recipe_that_repeats_the_module():
+    """A recipe that sets mtp_use_repeated_layer True (Megatron-Bridge@067f987 nemotron_3_super.py) under a model
+    whose depths have their own weights: the override puts it back to False."""
+    pf = load_plan(PLANS / "deepseek_train.json")
+    m = pf.model.model_copy(update={"num_nextn_predict_layers": 2, "mtp_repeated_layer": False})
+    text = render_all(dataclasses.replace(pf, model=m), "megatron-bridge")[0][SCRIPT]
+    omegaconf = pytest.importorskip("omegaconf", reason="hydra-core not installed: pip install '.[launchers]'")
+    pytest.importorskip("hydra")
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    cfg = omegaconf.OmegaConf.create(hydra_applied([], True))  # every recorded field, as test_export_bridge
+    cfg.model.mtp_use_repeated_layer = True  # the recipe's own value
+    omegaconf.OmegaConf.set_struct(cfg, True)
+    ConfigLoaderImpl._apply_overrides_to_config(overrides=OverridesParser.create().parse_overrides(overrides(text)),
+                                                cfg=cfg)
+    assert cfg.model.mtp_use_repeated_layer is False and cfg.model.mtp_num_layers == 2
+
+
+def test_no_mtp_writes_no_repeat_switch():
+    pf = load_plan(PLANS / "deepseek_train.json")
+    m = pf.model.model_copy(update={"num_nextn_predict_layers": 0})
+    text = render_all(dataclasses.replace(pf, model=m), "megatron-bridge")[0][SCRIPT]
+    assert "mtp_use_repeated_layer" not in text

@@ -1,6 +1,7 @@
 """Megatron's fused causal softmax falls back to PyTorch ops where its kernel does not take the scores (stop 65 #7):
 priced as the fp32 torch chain (EAGER_FP32_SOFTMAX_BYTES, its launches, its saved fp32 output), not as the fused
-kernel, past 4,096 keys and where b x heads/tp is off the kernel's rows per block.
+kernel, past 4,096 keys. Where b x heads/tp is off the kernel's rows per block Megatron falls back too, but that
+rule is held back (docs/validation.md#export-mtp), so such shapes are priced fused here.
 
 The rule is replayed here from the source, not from llmplan: NVIDIA/Megatron-LM@d98e8a64dd
 megatron/core/fusions/fused_softmax.py FusedScaleMaskSoftmax.is_kernel_available (16 < sk <= 4096, sq % 4 == 0,
@@ -9,6 +10,13 @@ megatron/fused_kernels/scaled_masked_softmax.h@7a77abd9b6 computes it (128 threa
 min(next_pow2(sk), 32) lanes, 2 rows a warp while next_pow2(sk) <= 128); forward_torch_softmax with
 softmax_in_fp32 (TransformerConfig.attention_softmax_in_fp32 defaults to True) casts to fp32, scales, masks,
 softmaxes (autograd keeps the fp32 result for _softmax_backward_data) and casts back.
+
+Saved bytes per score, by hand from megatron/core/transformer/dot_product_attention.py@d98e8a64dd (probs =
+attention_dropout(scale_mask_softmax(scores)); bmm(probs, V)) and PyTorch's derivatives.yaml (_softmax keeps
+its result, native_dropout its bool mask, bmm its inputs, casts nothing): fused, no dropout: the 16-bit
+probabilities (2); fused with dropout: those (the kernel's backward), the mask (1) and the dropout output the
+bmm keeps (2) = 5; fallback, no dropout: the fp32 softmax output (4) and its 16-bit cast the bmm keeps (2) = 6;
+fallback with dropout: 4 + 1 + 2 = 7, the 16-bit cast kept by nothing.
 
 Of the check, llmplan applies the lengths; the row counts (b*np) are held back (docs/validation.md#export-mtp: the
 only benchmark rows they reach measured as if fused), so a shape that fails only them is priced fused here."""
@@ -44,10 +52,14 @@ def kernel_available(b: int, np_: int, s: int) -> bool:
     return 16 < s <= 4096 and s % 4 == 0
 
 
-def model(heads: int) -> ModelSpec:
+def model(heads: int, dropout: float = 0.0) -> ModelSpec:
     return ModelSpec(name="tiny", hidden_size=64 * heads, num_attention_heads=heads, num_key_value_heads=heads,
                      intermediate_size=512, num_hidden_layers=2, vocab_size=1000, max_position_embeddings=65536,
-                     attention_dropout=0.0)
+                     attention_dropout=dropout)
+
+
+# saved bytes per score (module docstring): {(fallback, attention dropout): bytes}
+SAVED = {(False, False): 2, (False, True): 5, (True, False): 6, (True, True): 7}
 
 
 CASES = [  # (heads, tp, micro-batch, seq): the limit, the rows, the short-row blocks
@@ -56,16 +68,24 @@ CASES = [  # (heads, tp, micro-batch, seq): the limit, the rows, the short-row b
     (32, 8, 1, 128), (32, 4, 1, 128), (16, 1, 1, 16)]
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
 @pytest.mark.parametrize("heads,tp,mb,s", CASES)
-def test_fused_softmax_is_priced_only_where_megatrons_kernel_takes_the_scores(heads, tp, mb, s):
-    m, plan = model(heads), ParallelPlan(seq_len=s, micro_batch=mb, tp=tp, flash_attention=False)
+def test_fused_softmax_is_priced_only_where_megatrons_kernel_takes_the_scores(heads, tp, mb, s, dropout):
+    m, plan = model(heads, dropout), ParallelPlan(seq_len=s, micro_batch=mb, tp=tp, flash_attention=False)
     fused = kernel_available(mb, heads // tp, s)
     assert softmax_bytes(plan) == (CAUSAL_SOFTMAX_BYTES if fused else EAGER_FP32_SOFTMAX_BYTES)
     assert softmax_launches(plan) == (0 if fused else EAGER_FP32_SOFTMAX_KERNELS)
-    # the fallback keeps the fp32 softmax output (4 bytes a score) beside the 16-bit probabilities (2)
-    per_score = 2 + (0 if fused else 4)
+    per_score = SAVED[(not fused, dropout > 0)]
     scores = layer_activation_parts(m, plan, False).scores
     assert scores == pytest.approx(per_score * heads / tp * s * s * mb)
+
+
+def test_eager_fp32_plans_keep_the_same_saved_bytes():
+    """softmax_kernel eager-fp32 (the 2020-22 chain at any length) keeps what the fallback keeps."""
+    plan = ParallelPlan(seq_len=2048, micro_batch=1, tp=8, flash_attention=False, softmax_kernel="eager-fp32")
+    for dropout in (0.0, 0.1):
+        scores = layer_activation_parts(model(32, dropout), plan, False).scores
+        assert scores == pytest.approx(SAVED[(True, dropout > 0)] * 4 * 2048 * 2048)
 
 
 def test_the_cases_cover_both_sides():

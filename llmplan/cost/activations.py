@@ -92,19 +92,24 @@ class LayerActivationParts(Breakdown):
     the output projection's input (cp_a2a_saved_bytes); 0 otherwise."""
 
 
-FP32_SOFTMAX_SAVED_BYTES = 4.0
-"""Bytes per score Megatron's fp32 torch softmax (cost.elementwise.fp32_softmax) keeps for backward beyond the
-16-bit probabilities the fused kernel keeps: torch softmax saves its fp32 output (_softmax_backward_data reads it);
-the casts and the scalar scale save nothing, masked_fill_ only the one s x s bool mask shared by the batch and heads.
-Source: NVIDIA/Megatron-LM@d98e8a64dd megatron/core/fusions/fused_softmax.py (forward_torch_softmax); PyTorch
-tools/autograd/derivatives.yaml (_softmax: result; _to_copy, mul by a scalar: none). Derived:
-docs/formulas.md#compute.softmax_fallback"""
+FP32_SOFTMAX_SAVED_BYTES = (4.0, 2.0)
+"""Bytes per score Megatron's fp32 torch softmax (cost.elementwise.fp32_softmax) keeps for backward beyond what
+the fused kernel's path keeps, without and with attention dropout. torch softmax saves its fp32 output
+(_softmax_backward_data reads it: 4); the casts and the scalar scale save nothing, masked_fill_ only the one
+s x s bool mask shared by the batch and heads. Without dropout the matmul over V keeps the 16-bit cast of the
+probabilities, as it keeps the fused kernel's output (2 either way): 4 more. With dropout the matmul keeps the
+dropout's output and dropout its 1-byte mask, as on the fused path, where the kernel's backward also keeps its
+16-bit output (2 + 1 + 2 = 5); the fallback's 16-bit cast is kept by nothing (4 + 1 + 2 = 7): 2 more.
+Source: NVIDIA/Megatron-LM@d98e8a64dd megatron/core/fusions/fused_softmax.py (forward_torch_softmax),
+megatron/core/transformer/dot_product_attention.py (attention_dropout of scale_mask_softmax's output, then
+bmm with V); PyTorch tools/autograd/derivatives.yaml (_softmax: result; native_dropout: the mask; bmm: both
+inputs; _to_copy, mul by a scalar: none). Derived: docs/formulas.md#compute.softmax_fallback"""
 
 
-def fp32_softmax_saved_bytes(plan: ParallelPlan) -> Any:
-    """FP32_SOFTMAX_SAVED_BYTES where the scores' softmax runs as fp32 torch ops (cost.elementwise.fp32_softmax),
-    else 0. Derived: docs/formulas.md#compute.softmax_fallback"""
-    return where(fp32_softmax(plan), FP32_SOFTMAX_SAVED_BYTES, 0.0)
+def fp32_softmax_saved_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """FP32_SOFTMAX_SAVED_BYTES (without or with the model's attention dropout) where the scores' softmax runs as
+    fp32 torch ops (cost.elementwise.fp32_softmax), else 0. Derived: docs/formulas.md#compute.softmax_fallback"""
+    return where(fp32_softmax(plan), FP32_SOFTMAX_SAVED_BYTES[m.attention_dropout > 0], 0.0)
 
 
 def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: bool = True) -> LayerActivationParts:
@@ -117,8 +122,8 @@ def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: 
     linear_in = (2.0 - saved) * s * b * h / linear_input_split(plan)
     no_scores = plan.flash_attention | plan.recomputes("core_attn") if scores else plan.flash_attention
     # Softmax output (2 bytes per score), and with attention dropout its mask (1) and output (2); Megatron's fp32
-    # torch softmax keeps its fp32 output too (4: fp32_softmax_saved_bytes)
-    per_score = (5 if m.attention_dropout > 0 else 2) + fp32_softmax_saved_bytes(plan)
+    # torch softmax keeps its fp32 output too, and with dropout no 16-bit one (4 or 2: fp32_softmax_saved_bytes)
+    per_score = (5 if m.attention_dropout > 0 else 2) + fp32_softmax_saved_bytes(m, plan)
     f = token_ffn_width(m, moe)
     # The core's output, the output projection's input: kept once at 2 bytes where linear_proj saves the core's
     # own bf16 tensor (proj_saves_original_input), else as the projection's quantised copy, beside the fused

@@ -460,9 +460,9 @@ def model_overrides(pf: PlanFile) -> list[tuple[str, object]]:
         out.append(("model.mtp_num_layers", m.num_nextn_predict_layers))
         # one module's weights at every depth, as priced (cost.stages.mtp_weight_sets): GPTModelProvider's
         # TransformerConfig.mtp_use_repeated_layer (NVIDIA-NeMo/Megatron-Bridge@067f987 recipes/nemotronh/h100/
-        # nemotron_3_super.py sets it with mtp_num_layers 2); Megatron-Core's default False builds one per depth
-        if m.mtp_repeated_layer:
-            out.append(("model.mtp_use_repeated_layer", True))
+        # nemotron_3_super.py sets it with mtp_num_layers 2); False, Megatron-Core's default, builds one per
+        # depth: written either way, since a recipe may set True itself
+        out.append(("model.mtp_use_repeated_layer", bool(m.mtp_repeated_layer)))
     elif p.mtp_layers == 0:  # --mtp-layers 0 turns off a recipe's own MTP (deepseek_v3_pretrain_config sets 1:
         out.append(("model.mtp_num_layers", None))  # "Set to 0 or None to disable MTP")
     if p.swiglu_fp8_input:  # TransformerConfig.activation_func_fp8_input_store (Megatron-Core, SwiGLU only)

@@ -435,6 +435,26 @@ def _sglang_replicas_over_nodes(pf: PlanFile) -> NodeLaunch:
                       endpoints=[[('"$PORT"', '"$BOOTSTRAP_PORT"' if prefill else "")] for _ in shares])
 
 
+def _vllm_rank_over_nodes(pf: PlanFile, unit: int, ranks: int) -> NodeLaunch:
+    """_vllm_nodes for a DP rank of tp x pp = unit GPUs over more than one node: --nnodes / --node-rank /
+    --master-addr, --headless but on node 0 (dp 1); refused where several such ranks share experts."""
+    p, per_node = pf.plan, pf.cluster.gpus_per_node_used
+    n = _span(unit, per_node, "vllm", "a DP rank (tp x pp)")
+    if ranks > 1 and (p.ep > 1 or p.dp_attention):
+        raise refuse("vllm", f"{ranks} DP ranks sharing their experts, each of tp x pp = {unit} GPUs over {n} "
+                     "nodes: vLLM starts a DP rank that spans nodes only with its Ray backend "
+                     "(--data-parallel-backend ray, VLLM_RAY_DP_PACK_STRATEGY=span), which llmplan does not write",
+                     f"re-plan with tp x pp at most {per_node}, or one replica")
+    nodes = [[[f"--nnodes {n}", f"--node-rank {k}", '--master-addr "$HEAD_ADDR"', '--master-port "$MASTER_PORT"',
+               *(["--headless"] if k else ['--port "$PORT"'])]] for k in range(n)]
+    note = _head_note(n, per_node, p.copies, "the head, which serves the API") + _groups_note(
+        p.copies, "DP-attention servers" if p.dp_attention else "replicas", p.gpus_per_copy, n)
+    ports, checks = vllm_head_ports("MASTER_PORT", MASTER_PORT, "the workers' torch.distributed rendezvous")
+    return NodeLaunch(nodes, note, head=True, drop=("--data-parallel-size",), ports=ports, checks=checks,
+                      endpoints=[[('"$PORT"', "")]] * p.copies, per_server=True,
+                      binds=(bound_block("MASTER_PORT", "MASTER_PORT", "the head's --master-port"),))
+
+
 def _vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
     """vLLM's commands when one command on one node does not run the plan's launch (one DP deployment: dp
     replicas, or under DP attention one server's attention ranks; None: it fits a node). A DP rank over n nodes
@@ -448,20 +468,7 @@ def _vllm_nodes(pf: PlanFile) -> NodeLaunch | None:
     if unit * ranks <= per_node:
         return None
     if unit > per_node:
-        n = _span(unit, per_node, "vllm", "a DP rank (tp x pp)")
-        if ranks > 1 and (p.ep > 1 or p.dp_attention):
-            raise refuse("vllm", f"{ranks} DP ranks sharing their experts, each of tp x pp = {unit} GPUs over {n} "
-                         "nodes: vLLM starts a DP rank that spans nodes only with its Ray backend "
-                         "(--data-parallel-backend ray, VLLM_RAY_DP_PACK_STRATEGY=span), which llmplan does not write",
-                         f"re-plan with tp x pp at most {per_node}, or one replica")
-        nodes = [[[f"--nnodes {n}", f"--node-rank {k}", '--master-addr "$HEAD_ADDR"', '--master-port "$MASTER_PORT"',
-                   *(["--headless"] if k else ['--port "$PORT"'])]] for k in range(n)]
-        note = _head_note(n, per_node, p.copies, "the head, which serves the API") + _groups_note(
-            p.copies, "DP-attention servers" if p.dp_attention else "replicas", p.gpus_per_copy, n)
-        ports, checks = vllm_head_ports("MASTER_PORT", MASTER_PORT, "the workers' torch.distributed rendezvous")
-        return NodeLaunch(nodes, note, head=True, drop=("--data-parallel-size",), ports=ports, checks=checks,
-                          endpoints=[[('"$PORT"', "")]] * p.copies, per_server=True,
-                          binds=(bound_block("MASTER_PORT", "MASTER_PORT", "the head's --master-port"),))
+        return _vllm_rank_over_nodes(pf, unit, ranks)
     if per_node % unit:
         raise refuse("vllm", f"DP ranks of tp x pp = {unit} GPUs on nodes of {per_node} would straddle nodes",
                      f"re-plan with tp x pp dividing {per_node}")

@@ -102,6 +102,17 @@ def _cp_mask_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
             "any mask) or --cp 1")
 
 
+def _cp_unfused_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
+    """Context parallelism runs only inside a fused attention kernel. Source: NVIDIA/Megatron-LM@d98e8a64dd
+    megatron/core/transformer/dot_product_attention.py (DotProductAttention.__init__: "Context parallelism is only
+    supported by TEDotProductAttention!"); pytorch/pytorch v2.13 torch/distributed/tensor/experimental/
+    _context_parallel/_attention.py (the ring replaces only the flash, efficient and cuDNN SDPA kernels)."""
+    return (f"cp {p.cp} with flash_attention off: context parallelism runs only inside a fused attention kernel "
+            "(Megatron-Core's unfused DotProductAttention asserts context_parallel_size == 1, 'only supported by "
+            "TEDotProductAttention'; PyTorch's ring replaces only the fused SDPA kernels); use --flash-attention "
+            "or --cp 1")
+
+
 def _cp_sparse_message(m: ModelSpec, p: ParallelPlan, c: object = None) -> str:
     return (f"cp_impl {p.cp_impl}{f' cp_comm_type {p.cp_comm_type}' * (p.cp_impl == 'te')} with cp {p.cp} cannot "
             f"run {m.name}'s DeepSeek Sparse Attention (top-{m.index_topk} keys per query from its lightning "
@@ -186,6 +197,7 @@ RULES: tuple[Rule, ...] = (
     Rule("cp_seq", lambda m, p, c: (p.cp == 1) | (p.seq_len % (2 * p.cp) == 0),
          lambda m, p, c: f"seq_len ({p.seq_len}) must be divisible by 2*cp ({2 * p.cp}) for context parallelism; "
                          f"valid cp: {bounded_list([x for x in divisors(p.seq_len // 2) if x > 1][:8])}"),
+    Rule("cp_fused_attention", lambda m, p, c: (p.cp == 1) | as_bool(p.flash_attention), _cp_unfused_message),
     Rule("cp_attention_mask", lambda m, p, c: (p.cp == 1) | cp_masks_ok(m, p), _cp_mask_message),
     Rule("cp_hierarchical_sizes", _hierarchical_ok, _hierarchical_message),
     Rule("cp_a2a_heads", _a2a_heads_ok, _a2a_heads_message),

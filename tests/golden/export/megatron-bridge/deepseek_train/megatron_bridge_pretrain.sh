@@ -55,6 +55,7 @@ OVERRIDES=(
     'model.overlap_moe_expert_parallel_comm=false'
     'model.delay_wgrad_compute=false'
     'model.mtp_num_layers=1'
+    'model.mtp_use_repeated_layer=false'
     'model.recompute_granularity=full'
     'model.recompute_method=uniform'
     'model.recompute_num_layers=1'
