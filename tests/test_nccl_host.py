@@ -3,8 +3,8 @@
 from NVIDIA/nccl v2.21.5-1 (ab2b89c4) src/graph/tuning.cc: baseLat LL / LL128 / Simple 6.6 / 14 / 8.4 us;
 ring hwLat NVLink 0.6 / 1.9 / 3.4 us, PCI 1.0 / 2.5 / 5.7 us, NET 2.7 / 4.0 / 14 us; getNetOverhead 1 us on
 x86 Intel and other hosts, 2 us on x86 AMD, x3 for Simple, the floor of an intra-node step across nodes;
-llMaxBws across nodes (Intel row 39 / 20.4 GB/s, AMD row 22.5 / 19.0 GB/s at 2 / more nodes);
-ncclTopoGetAlgoTime's multi-node ring Simple all-reduce latency x (minCompCap < 80 ?
+llMaxBws across nodes (Intel row 39 / 20.4 GB/s, AMD row 22.5 / 19.0 GB/s at 2 / more nodes); ring LL128 busBw
+x (ppn < 2 ? 0.7 : 0.92); ncclTopoGetAlgoTime's multi-node ring Simple all-reduce latency x (minCompCap < 80 ?
 1.9 : 1.4)."""
 
 from __future__ import annotations
@@ -82,6 +82,20 @@ def test_amd_host_dgx_a100_ring_by_hand(op):
     cands = _by_alpha(collective_coeffs(op, _span(intel, 4, 8), intel))
     assert [c.alpha for c in cands] == pytest.approx([42.7e-6, 79.2e-6, 145.6e-6])
     assert cands[0].beta == pytest.approx(31 / 32 / 20.4e9)
+
+
+def test_ll128_ring_at_one_rank_per_node_is_priced_at_0_7():
+    """v2.21.5-1 tuning.cc: ring LL128 busBw x (ppn < 2 ? 0.7 : 0.92), ppn = nRanks / nNodes: a DP ring under TP8
+    (one GPU a node) gets 0.7, two or more GPUs a node 0.92."""
+    s = SYS["dgx-h100"]
+    for per_node, factor in ((1, 0.7), (2, 0.92), (8, 0.92)):
+        sp = _span(s, 4, per_node)
+        n = 4 * per_node
+        cands = collective_coeffs("all-gather", sp, s)
+        # LL128: 14 + (n - 4) x 1.9 + 3 x 4.0 us
+        ll128 = next(c for c in cands if c.alpha == pytest.approx(14e-6 + (n - 4) * 1.9e-6 + 12e-6))
+        simple = next(c for c in cands if c.alpha == pytest.approx(8.4e-6 + (n - 4) * 3.4e-6 + 42e-6))
+        assert ll128.beta == pytest.approx(simple.beta / factor)
 
 
 def test_ring_plateau_by_compute_capability():

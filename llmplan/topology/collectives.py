@@ -26,7 +26,7 @@ NET_FILL_PER_LEVEL_S = 80e-6
 # NCCL's own ring latency model, per protocol (LL, LL128, Simple), seconds: baseLat once a call, hwLat a step by
 # link type, netOverhead (getNetOverhead: 2 us on an x86 AMD host, 1 us on any other, x3 for Simple) as the floor
 # of an NVLink step across nodes, and each protocol's busbw against Simple's (ring LL busBw x .5 up to llMaxBw,
-# by host CPU; LL128 x .92; per-channel caps left out); the multi-node ring
+# by host CPU; LL128 x .92, x .7 with under 2 ranks a node; per-channel caps left out); the multi-node ring
 # Simple all-reduce's latency x1.4 from sm80, x1.9 below ("Plateau effect of ring").
 # Source: NVIDIA/nccl v2.21.5-1 (ab2b89c4) src/graph/tuning.cc ncclTopoTuneModel (same ring values in v2.18.3-1).
 # Derived: docs/formulas.md#comm.nccl_latency
@@ -39,6 +39,7 @@ NCCL_NET_OVERHEAD_S = {"intel": 1.0e-6, "amd": 2.0e-6, "arm": 1.0e-6, None: 1.0e
 NCCL_LL_MAX_BUSBW = {"amd": (22.5e9, 19.0e9)}  # llMaxBws AMD row, 2 nodes / more; any other host: Intel row
 NCCL_LL_MAX_BUSBW_OTHER = (39.0e9, 20.4e9)
 NCCL_RING_BW_FACTOR = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
+NCCL_RING_LL128_ONE_PPN = 0.7  # ring LL128 busBw factor when nRanks / nNodes < 2 (v2.21.5-1, dropped in v2.23.4-1)
 NCCL_RING_PLATEAU = {True: 1.4, False: 1.9}  # ncclTopoGetAlgoTime: x1.4 if minCompCap >= 80, else x1.9
 # LL128 on by default (tuning.cc): compute capability 7.0 / 8.0 / 9.0 in v2.21.5-1; Blackwell (10.x) from NCCL
 # 2.25, where sm100 is on and sm103 off (v2.25.1-1, v2.26.6-1 switch (minCompCap)), and every cc >= 7.0 from
@@ -192,15 +193,17 @@ def nccl_ring_latency(op: str, n: int, k: int, proto: str, intra_hw: str = "nvli
 def nccl_ring_coeffs(op: str, n: int, k: int, bw: float, L: Links, fill: float = 0.0) -> tuple[Coeff, ...]:
     """A ring call as NCCL's tuner prices it, one candidate per protocol it enables (LL, LL128 where L.ll128,
     Simple); the cheapest at the message size is the one NCCL picks. Each: `fill` + nccl_ring_latency, and
-    Simple's time per byte over the protocol's busbw share (LL's capped at L.ll_max_busbw). Source: NVIDIA/nccl
-    v2.21.5-1 src/graph/tuning.cc (ring busBw LL x .5 up to llMaxBw, LL128 x .92; min time over protocols in
-    enqueue.cc topoGetAlgoInfo). Derived: docs/formulas.md#comm.nccl_latency"""
+    Simple's time per byte over the protocol's busbw share (LL's capped at L.ll_max_busbw; LL128's .7 where the
+    ring has under 2 ranks a domain, ppn = n / k). Source: NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc (ring
+    busBw LL x .5 up to llMaxBw, LL128 x (ppn < 2 ? .7 : .92); min time over protocols in enqueue.cc
+    topoGetAlgoInfo). Derived: docs/formulas.md#comm.nccl_latency"""
     beta = bus_factor(op, n) / bw
     out = []
     for p in NCCL_PROTOCOLS:
         if p == "LL128" and not L.ll128:
             continue
-        b = beta / NCCL_RING_BW_FACTOR[p]
+        f = NCCL_RING_LL128_ONE_PPN if p == "LL128" and n < 2 * k else NCCL_RING_BW_FACTOR[p]
+        b = beta / f
         if p == "LL":
             b = max(b, bus_factor(op, n) / L.ll_max_busbw)
         lat = nccl_ring_latency(op, n, k, p, L.nccl_intra, L.net_overhead, L.sm80)
