@@ -480,6 +480,14 @@ class SystemSpec(Spec):
     known, and the host capacity is not checked. docs/formulas.md#mem.host"""
     host_memory_source: str = ""
     """Where host_memory_gb comes from (vendor guide, datasheet, cloud instance page); required with it."""
+    host_cpu: Literal["intel", "amd", "arm"] | None = None
+    """The node's host CPU vendor / architecture (x86 Intel, x86 AMD, ARM such as Grace), which NCCL's tuner
+    reads: on an x86 AMD host a network post costs 2 us (1 us on Intel, ARM and any other host) and the LL
+    protocol's busbw ceiling across nodes is 22.5 GB/s at 2 nodes, 19.0 beyond (39 / 20.4 otherwise). None:
+    not stated, priced as NCCL's non-AMD default (1 us, 39 / 20.4 GB/s). Source: NVIDIA/nccl v2.21.5-1
+    src/graph/tuning.cc getNetOverhead, llMaxBws. docs/formulas.md#comm.nccl_latency"""
+    host_cpu_source: str = ""
+    """Where host_cpu comes from (vendor user guide, datasheet, cloud instance page); required with it."""
     host_memory_usable_fraction: float = Field(default=0.9, gt=0, le=1)
     """Share of host_memory_gb the job's offloaded activations may take; the rest is left to the OS, the
     framework's pinned staging buffers, the data loader's workers and an asynchronous checkpoint's host copy.
@@ -554,6 +562,9 @@ class SystemSpec(Spec):
         if self.host_memory_gb is not None and not self.host_memory_source.strip():
             raise ValueError("host_memory_gb needs host_memory_source: the vendor guide, datasheet or instance page it "
                              "was read from")
+        if self.host_cpu is not None and not self.host_cpu_source.strip():
+            raise ValueError(f"host_cpu ({self.host_cpu}) needs host_cpu_source: the vendor guide, datasheet or "
+                             "instance page it was read from")
         if self.nics_per_node and self.nic_gbit_per_s <= 0:
             raise ValueError(f"nic_gbit_per_s must be > 0 when nics_per_node is {self.nics_per_node}")
         for i, j in self.intra_node_links or ():

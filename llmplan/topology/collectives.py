@@ -24,17 +24,29 @@ OPS: tuple[str, ...] = ("all-reduce", "all-gather", "reduce-scatter", "all-to-al
 NET_FILL_S = 120e-6
 NET_FILL_PER_LEVEL_S = 80e-6
 # NCCL's own ring latency model, per protocol (LL, LL128, Simple), seconds: baseLat once a call, hwLat a step by
-# link type, netOverhead (x86 Intel: 1 us, x3 for Simple) as the floor of an NVLink step across nodes, and each
-# protocol's busbw against Simple's (ring LL busBw x .5 up to llMaxBw, LL128 x .92; per-channel caps left out).
+# link type, netOverhead (getNetOverhead: 2 us on an x86 AMD host, 1 us on any other, x3 for Simple) as the floor
+# of an NVLink step across nodes, and each protocol's busbw against Simple's (ring LL busBw x .5 up to llMaxBw,
+# by host CPU; LL128 x .92, x .7 with under 2 ranks a node; per-channel caps left out); the multi-node ring
+# Simple all-reduce's latency x1.4 from sm80, x1.9 below ("Plateau effect of ring").
 # Source: NVIDIA/nccl v2.21.5-1 (ab2b89c4) src/graph/tuning.cc ncclTopoTuneModel (same ring values in v2.18.3-1).
+# Derived: docs/formulas.md#comm.nccl_latency
 NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
 NCCL_RING_BASE_S = {"LL": 6.6e-6, "LL128": 14.0e-6, "Simple": 8.4e-6}
 NCCL_RING_HW_S = {"nvlink": {"LL": 0.6e-6, "LL128": 1.9e-6, "Simple": 3.4e-6},
                   "pci": {"LL": 1.0e-6, "LL128": 2.5e-6, "Simple": 5.7e-6},
                   "net": {"LL": 2.7e-6, "LL128": 4.0e-6, "Simple": 14.0e-6}}
-NCCL_NET_OVERHEAD_S = 1.0e-6
+NCCL_NET_OVERHEAD_S = {"intel": 1.0e-6, "amd": 2.0e-6, "arm": 1.0e-6, None: 1.0e-6}  # getNetOverhead
+NCCL_LL_MAX_BUSBW = {"amd": (22.5e9, 19.0e9)}  # llMaxBws AMD row, 2 nodes / more; any other host: Intel row
+NCCL_LL_MAX_BUSBW_OTHER = (39.0e9, 20.4e9)
 NCCL_RING_BW_FACTOR = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
-NCCL_RING_PLATEAU = 1.4  # ncclTopoGetAlgoTime: multi-node ring Simple all-reduce latency x1.4 from sm80
+NCCL_RING_LL128_ONE_PPN = 0.7  # ring LL128 busBw factor when nRanks / nNodes < 2 (v2.21.5-1, dropped in v2.23.4-1)
+NCCL_RING_PLATEAU = {True: 1.4, False: 1.9}  # ncclTopoGetAlgoTime: x1.4 if minCompCap >= 80, else x1.9
+# LL128 on by default (tuning.cc): compute capability 7.0 / 8.0 / 9.0 in v2.21.5-1; Blackwell (10.x) from NCCL
+# 2.25, where sm100 is on and sm103 off (v2.25.1-1, v2.26.6-1 switch (minCompCap)), and every cc >= 7.0 from
+# v2.27.3-1 (sm103 on): Blackwell follows 2.27+, the release its published runs carry (nccl 2.27.7 in the
+# dgx-b200 busbw reading, docs/validation.md#lat-mend).
+NCCL_LL128_CC = (7.0, 8.0, 9.0)
+NCCL_LL128_CC_FROM = 10.0
 NVLS_MIN_GPUS = 5  # NCCL uses NVLink SHARP for all-reduce from 5 GPUs (H200) / 6 (B200) up; nccl-tests busbw measurements in ml-engineering network/README.md
 
 
@@ -85,9 +97,14 @@ class Links:
     nccl_intra: str = "nvlink"
     """NCCL's link type inside the domain for its latency table: "nvlink" or "pci" (nccl_ring_latency)."""
     ll128: bool = False
-    """Whether NCCL enables its LL128 protocol by default: NVIDIA GPUs with NVLink inside the domain."""
+    """Whether NCCL enables its LL128 protocol by default: NVIDIA GPUs with NVLink inside the domain and a
+    compute capability NCCL enables it on (nccl_ll128_enabled)."""
     ll_max_busbw: float = 20.4e9
-    """NCCL's LL busbw ceiling (llMaxBws, bytes/s) across nodes: by node count (ll_max_busbw)."""
+    """NCCL's LL busbw ceiling (llMaxBws, bytes/s) across nodes: by node count and host CPU (ll_max_busbw)."""
+    net_overhead: float = 1.0e-6
+    """NCCL's network post overhead (getNetOverhead, s) by host CPU: the floor of an NVLink step across nodes."""
+    sm80: bool = True
+    """Whether the GPU's compute capability is 8.0 or more (NCCL's ring plateau factor x1.4, else x1.9)."""
 
 
 def ring_share(ring: float | None, base: float) -> float:
@@ -115,19 +132,32 @@ def group_links(system: SystemSpec, span: GroupSpan, nvls: bool = True) -> Links
     share = ring_share(system.allreduce_nic_efficiency, system.nic_efficiency)
     use_nvls = nvls and system.nvls and g >= NVLS_MIN_GPUS
     nvlink, nvidia = system.intra_node_fabric != "pcie", system.gpu.vendor == "nvidia"
+    cc = system.gpu.compute_capability
     return Links(intra_bw=intra, intra_alpha=prof.intra.latency, inter_bw=inter,
                  inter_alpha=inter_path.latency if inter_path else 0.0,
                  nvls_bw=prof.intra.bw * system.nvls_factor if use_nvls else None,
                  ring_inter_bw=inter_path.bw * share if inter_path else 0.0,
-                 nccl=nvidia, nccl_intra="nvlink" if nvlink else "pci", ll128=nvlink and nvidia,
-                 ll_max_busbw=ll_max_busbw(span.domains))
+                 nccl=nvidia, nccl_intra="nvlink" if nvlink else "pci",
+                 ll128=nvlink and nvidia and nccl_ll128_enabled(cc),
+                 ll_max_busbw=ll_max_busbw(span.domains, system.host_cpu),
+                 net_overhead=NCCL_NET_OVERHEAD_S[system.host_cpu], sm80=cc is None or cc >= 8.0)
 
 
-def ll_max_busbw(k: int) -> float:
-    """NCCL's LL busbw ceiling across k > 1 nodes, bytes/s (x86 Intel hosts: 39 GB/s at 2 nodes, 20.4 beyond;
-    one node's, by GPU generation, is not needed: rings inside a domain keep the profile's latency). Source:
-    NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc llMaxBws. Derived: docs/formulas.md#comm.nccl_latency"""
-    return (39.0 if k <= 2 else 20.4) * 1e9
+def nccl_ll128_enabled(cc: float | None) -> bool:
+    """Whether NCCL turns LL128 on by default for GPUs of compute capability `cc` (None: not stated, taken as
+    on): 7.0, 8.0, 9.0 (v2.21.5-1), and Blackwell 10.x as NCCL 2.27+ does (every cc >= 7.0; 2.25-2.26 left
+    sm103 out). Source: NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel at v2.21.5-1, v2.26.6-1, v2.27.3-1.
+    Derived: docs/formulas.md#comm.nccl_latency"""
+    return cc is None or cc in NCCL_LL128_CC or cc >= NCCL_LL128_CC_FROM
+
+
+def ll_max_busbw(k: int, host_cpu: str | None = None) -> float:
+    """NCCL's LL busbw ceiling across k > 1 nodes, bytes/s, by host CPU (x86 AMD: 22.5 GB/s at 2 nodes, 19.0
+    beyond; any other host: 39 and 20.4; one node's, by GPU generation, is not needed: rings inside a domain
+    keep the profile's latency). Source: NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc llMaxBws (index1 = AMD ? 1 :
+    0 for nNodes > 1). Derived: docs/formulas.md#comm.nccl_latency"""
+    two, more = NCCL_LL_MAX_BUSBW.get(host_cpu or "", NCCL_LL_MAX_BUSBW_OTHER)
+    return two if k <= 2 else more
 
 
 @dataclass(frozen=True)
@@ -142,45 +172,50 @@ class Coeff:
         return self.alpha + S * self.beta
 
 
-def nccl_ring_latency(op: str, n: int, k: int, proto: str, intra_hw: str = "nvlink") -> float:
+def nccl_ring_latency(op: str, n: int, k: int, proto: str, intra_hw: str = "nvlink",
+                      net_overhead: float = 1.0e-6, sm80: bool = True) -> float:
     """NCCL's modelled latency of one ring call over n ranks in k NVLink domains with protocol `proto`: baseLat
     + (nsteps - nInterSteps)·intraLat + nInterSteps·interLat, nsteps = n - 1 (all-gather, reduce-scatter) or
     2(n - 1) (all-reduce), nInterSteps = k - 1 or 2k (0 in one domain); across nodes an NVLink step costs at
-    least the network post overhead (x3 for Simple), and a Simple all-reduce's latency is x1.4 (sm80+,
-    "Plateau effect of ring"). Source: NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc ncclTopoTuneModel,
+    least the network post overhead `net_overhead` (getNetOverhead by host CPU, x3 for Simple), and a Simple
+    all-reduce's latency is x1.4 (`sm80`, else x1.9: "Plateau effect of ring"). Source: NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc ncclTopoTuneModel,
     ncclTopoGetAlgoTime. Derived: docs/formulas.md#comm.nccl_latency"""
     ar = op == "all-reduce"
     nsteps = 2 * (n - 1) if ar else n - 1
     inter = (2 * k if k > 1 else 0) if ar else k - 1
     intra = NCCL_RING_HW_S[intra_hw][proto]
     if k > 1:
-        intra = max(intra, NCCL_NET_OVERHEAD_S * (3 if proto == "Simple" else 1))
+        intra = max(intra, net_overhead * (3 if proto == "Simple" else 1))
     lat = NCCL_RING_BASE_S[proto] + (nsteps - inter) * intra + inter * NCCL_RING_HW_S["net"][proto]
-    return lat * (NCCL_RING_PLATEAU if ar and k > 1 and proto == "Simple" else 1.0)
+    return lat * (NCCL_RING_PLATEAU[sm80] if ar and k > 1 and proto == "Simple" else 1.0)
 
 
 def nccl_ring_coeffs(op: str, n: int, k: int, bw: float, L: Links, fill: float = 0.0) -> tuple[Coeff, ...]:
     """A ring call as NCCL's tuner prices it, one candidate per protocol it enables (LL, LL128 where L.ll128,
     Simple); the cheapest at the message size is the one NCCL picks. Each: `fill` + nccl_ring_latency, and
-    Simple's time per byte over the protocol's busbw share (LL's capped at L.ll_max_busbw). Source: NVIDIA/nccl
-    v2.21.5-1 src/graph/tuning.cc (ring busBw LL x .5 up to llMaxBw, LL128 x .92; min time over protocols in
-    enqueue.cc topoGetAlgoInfo). Derived: docs/formulas.md#comm.nccl_latency"""
+    Simple's time per byte over the protocol's busbw share (LL's capped at L.ll_max_busbw; LL128's .7 where the
+    ring has under 2 ranks a domain, ppn = n / k). Source: NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc (ring
+    busBw LL x .5 up to llMaxBw, LL128 x (ppn < 2 ? .7 : .92); min time over protocols in enqueue.cc
+    topoGetAlgoInfo). Derived: docs/formulas.md#comm.nccl_latency"""
     beta = bus_factor(op, n) / bw
     out = []
     for p in NCCL_PROTOCOLS:
         if p == "LL128" and not L.ll128:
             continue
-        b = beta / NCCL_RING_BW_FACTOR[p]
+        f = NCCL_RING_LL128_ONE_PPN if p == "LL128" and n < 2 * k else NCCL_RING_BW_FACTOR[p]
+        b = beta / f
         if p == "LL":
             b = max(b, bus_factor(op, n) / L.ll_max_busbw)
-        out.append(Coeff("ring", fill + nccl_ring_latency(op, n, k, p, L.nccl_intra), b))
+        lat = nccl_ring_latency(op, n, k, p, L.nccl_intra, L.net_overhead, L.sm80)
+        out.append(Coeff("ring", fill + lat, b))
     return tuple(out)
 
 
 def _ring(op: str, n: int, bw: float, L: Links) -> tuple[Coeff, ...]:
     """Ring in one NVLink domain: (n-1) steps per phase, each moving S/n (all-reduce has two phases), at the
     profile's per-step latency (NCCL's in-domain constants made the TP-bound rows worse: docs/validation.md
-    #nccl-latency)."""
+    #nccl-latency). Source: NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc (ring nsteps). Derived:
+    docs/formulas.md#comm.collective"""
     phases = 2 if op == "all-reduce" else 1
     return (Coeff("ring", phases * (n - 1) * L.intra_alpha, bus_factor(op, n) / bw),)
 
