@@ -221,8 +221,13 @@ def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool,
     current scaling after delayed: a target that runs only one of them (torchtitan's dynamic scaling) keeps its
     plans, and delayed, cheaper by its amax passes, wins wherever both export. With more than one
     `cp_comm_types` (variants.cp_comm_settings: cp_comm_type, and cp_a2a_size under a2a+p2p) each setting is
-    tried under each."""
+    tried under each. A switch that acts under one gradient dtype only keeps the search to it, so that its other
+    try, where no plan can use the switch, does not refuse the search (refuse_unused_switches): grad_reduce_dtype
+    bf16 to fp32 gradients (check_switches grad_reduce_dtype_bf16_optimizer), fp32_embedding_grads to bf16 ones
+    (fp32_embedding_grads_zero)."""
     grads = [w.grad_dtype] if grad_pinned or w.dtype == "fp32" else ["fp32", "bf16"]
+    if len(grads) > 1 and (w.grad_reduce_dtype == "bf16") != bool(w.fp32_embedding_grads):
+        grads = ["fp32"] if w.grad_reduce_dtype == "bf16" else ["bf16"]
     # param_remainders completes bf16 weights: no low-precision primary weights beside it (check_plan)
     allowed = fp8_params_allowed(w.base) and not w.param_remainders
     params = [w.fp8_params] if params_pinned or not allowed else [False, True]
