@@ -104,3 +104,18 @@ def test_vectorised_search_prices_the_bf16_gradients_as_the_scalar_estimate() ->
         if bool(bf16_optimizer(p)):  # 4 + 2 bytes a parameter of the rank (ZeRO 1 keeps them whole)
             assert float(one.gradients) == pytest.approx(6 * float(one.params_on_rank), rel=1e-12)
     assert kinds == {True, False}
+
+
+def test_muon_plans_do_not_run_the_bf16_optimizer() -> None:
+    # BF16_Optimizer wraps an Adam-family optimizer; a Muon plan with the same switches is Megatron's layer-wise
+    # optimizer: no kept bf16 param.grad, no bf16 reduction copy. Tolerance: exact
+    from llmplan.cost.model_states import bf16_reduction, lp_grad_bytes
+    from llmplan.cost.params import RankParams
+
+    switches = dict(dp=8, zero=1, grad_reduce="all-reduce", grad_dtype="fp32", grad_accumulation="cast-add",
+                    grad_reduce_dtype="bf16")
+    adam, muon = ParallelPlan(**switches), ParallelPlan(**switches, optimizer="muon")
+    rp = RankParams(dense=1.5e9, expert=0.0)
+    assert float(lp_grad_bytes(adam, rp)) == 3e9 and bool(bf16_reduction(adam))
+    assert not bf16_optimizer(muon) and not bf16_reduction(muon)
+    assert float(lp_grad_bytes(muon, rp)) == 0.0

@@ -184,7 +184,7 @@ def test_refusal_advice_does_not_lead_into_another_refusal() -> None:
     bad = ParallelPlan(dp=8, zero=1, grad_dtype="bf16", grad_reduce="all-reduce", grad_accumulation="cast-add",
                        grad_reduce_dtype="bf16", global_batch=64, seq_len=2048)
     msg = [v.message for v in check_plan(m, bad, cluster) if v.rule == "grad_reduce_dtype_bf16_optimizer"][0]
-    assert msg.endswith("so it acts only with dtype bf16, grad_dtype fp32, zero 1, grad_reduce all-reduce and "
+    assert msg.endswith("so it acts only with optimizer adam, dtype bf16, grad_dtype fp32, zero 1, grad_reduce all-reduce and "
                         "grad_accumulation cast-add; set those, or drop --grad-reduce-dtype (with --grad-dtype bf16 "
                         "the gradients are already reduced in bf16)"), msg
     assert "use --grad-dtype bf16" not in msg

@@ -356,12 +356,13 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         "1.x never ran DualPipe); use --zero 1 with --grad-reduce reduce-scatter, --grad-dtype bf16 "
                         "and --pp-schedule 1f1b or zero-bubble, or drop --fp32-embedding-grads"),
     SwitchUse("grad_reduce_dtype_bf16_optimizer", ("grad_reduce_dtype",), bf16_optimizer,
-              lambda p: f"grad_reduce_dtype {p.grad_reduce_dtype} with dtype {p.dtype}, grad_dtype {p.grad_dtype}, "
-                        f"zero {p.zero}, grad_reduce {p.grad_reduce}, grad_accumulation {p.grad_accumulation}: a bf16 "
-                        "reduction of fp32-accumulated gradients is DeepSpeed's BF16_Optimizer's (its "
-                        "communication_data_type bf16), so it acts only with dtype bf16, grad_dtype fp32, zero 1, "
-                        "grad_reduce all-reduce and grad_accumulation cast-add; set those, or drop --grad-reduce-dtype "
-                        "(with --grad-dtype bf16 the gradients are already reduced in bf16)"),
+              lambda p: f"grad_reduce_dtype {p.grad_reduce_dtype} with optimizer {p.optimizer}, dtype {p.dtype}, "
+                        f"grad_dtype {p.grad_dtype}, zero {p.zero}, grad_reduce {p.grad_reduce}, grad_accumulation "
+                        f"{p.grad_accumulation}: a bf16 reduction of fp32-accumulated gradients is DeepSpeed's "
+                        "BF16_Optimizer's (its communication_data_type bf16), so it acts only with optimizer adam, "
+                        "dtype bf16, grad_dtype fp32, zero 1, grad_reduce all-reduce and grad_accumulation cast-add; "
+                        "set those, or drop --grad-reduce-dtype (with --grad-dtype bf16 the gradients are already "
+                        "reduced in bf16)"),
     SwitchUse("pp_blocking_sends_pp", ("pp_blocking_sends",), lambda p: p.pp > 1,
               lambda p: f"pp_blocking_sends with pp {p.pp}: it makes the sends between pipeline stages wait, so it "
                         "acts only with pp > 1; use --pp 2 or more or drop --pp-blocking-sends"),
