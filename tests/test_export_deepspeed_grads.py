@@ -104,6 +104,29 @@ def test_deepspeed_refuses_gradients_it_runs_otherwise(cli, tmp_path, plan, need
     assert not (tmp_path / "out").exists()
 
 
+def test_bf16_pipeline_at_dp_1_is_refused(cli, tmp_path):
+    # deepspeedai/DeepSpeed edaa72212 runtime/engine.py _do_optimizer_sanity_check: bf16 weights and bf16
+    # gradient accumulation under a PipelineModule return BFLOAT16 whatever the DP size; BF16_Optimizer keeps its
+    # bf16 flat gradient beside each param.grad (4 B a parameter, 2 priced), so dp 1 is refused as dp > 1 is
+    common = ("-m", "gpt-1.7b", "--hardware", "dgx-a100", "--nodes", "1", "--gpus-per-node", "2", "--pp", "2",
+              "--dp", "1", "--grad-dtype", "bf16")
+    r = cli("estimate", *common, "--zero", "0", "--save", tmp_path / "z0.json")
+    assert r.code == 0, r.err
+    r = cli("export", tmp_path / "z0.json", "--to", "deepspeed", "-o", tmp_path / "out")
+    assert r.code == 2 and "Traceback" not in r.err
+    line = " ".join(r.err.split())
+    assert ("ZeRO stage 0 with bf16 under the pipeline engine (pp 2, dp 1; DeepSpeed 0.19.8 runtime/engine.py "
+            "_do_optimizer_sanity_check: this runs BF16_Optimizer, whose bf16 flat gradient sits beside the kept "
+            "bf16 param.grad, 4 bytes a parameter where 2 are priced); re-plan with --zero 1 --grad-reduce "
+            "all-reduce") in line, line
+    assert not (tmp_path / "out").exists()
+    # the fix it names exports (DeepSpeed's ZeRO-1 optimizer: bf16 weights and gradients)
+    r = cli("estimate", *common, "--zero", "1", "--grad-reduce", "all-reduce", "--save", tmp_path / "z1.json")
+    assert r.code == 0, r.err
+    r = cli("export", tmp_path / "z1.json", "--to", "deepspeed", "-o", tmp_path / "out")
+    assert r.code == 0, r.err
+
+
 def test_search_then_export_deepspeed(cli, tmp_path):
     # The search tries fp32 and bf16 gradients; a ZeRO-1 plan with pinned fp32 gradients reduce-scatters by
     # default, which DeepSpeed runs as BF16_Optimizer's all-reduce: refused, and the fix the line names works.
