@@ -59,6 +59,8 @@ def test_bloom_final_run_copy_and_wire_bytes(published_runs, acc) -> None:
 def test_rebalancing_layers_tp4_pp6_attempts_do_not_fit(published_runs, acc) -> None:
     # chronicles-prequel.md 'Rebalancing layers' (2022-02-28): 100 layers of h 12,288 at DP16 TP4 PP6 ran out
     # of memory at micro-batch 2 and at micro-batch 1; the 17 logged layouts ran. Tolerance: the verdicts.
+    # Micro-batch 2 fails with the kept bf16 gradients alone (docs/formulas.md#mem.bf16_optimizer_grads: 0.8 GiB
+    # over 79.15 GiB with them, 7.2 GiB under without), micro-batch 1 only with the reduction's bf16 copy too.
     from llmplan.estimate import estimate_training
 
     for mbs in (1, 2):
