@@ -36,13 +36,15 @@ def plan_file(tmp_path: Path, **plan: object) -> Path:
 
 PIPE = {"pp": 2, "dp": 8}
 CAST = {"grad_accumulation": "cast-add"}
+# DeepSpeed's BF16_Optimizer all-reduces after the backward (check_switches bf16_optimizer_overlap)
+BF16_OPT = {**CAST, "overlap_grad_reduce": False}
 
 
 @pytest.mark.parametrize("plan,grad,reduce_scatter,optimizer", [
     # bf16 + fp32 accumulation + ZeRO-1: BF16_Optimizer, the whole fp32 gradient all-reduced in fp32
     # (and casts each micro-batch's bf16 gradient to fp32 before adding it: update_hp_grads, cast-add)
-    ({"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce", **CAST}, "fp32", False, "BF16_Optimizer"),
-    ({"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce", **PIPE, **CAST}, "fp32", False,
+    ({"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce", **BF16_OPT}, "fp32", False, "BF16_Optimizer"),
+    ({"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce", **PIPE, **BF16_OPT}, "fp32", False,
      "BF16_Optimizer"),
     # bf16 gradients with ZeRO-1: the ZeRO optimizer, reduce-scatter or all-reduce as planned
     ({"zero": 1, "grad_dtype": "bf16"}, "bf16", True, "ZeRO"),
@@ -71,6 +73,8 @@ def test_deepspeed_writes_the_gradient_dtype(cli, tmp_path, plan, grad, reduce_s
     picked = ("BF16_Optimizer" if zero == 1 and model == "bf16" and grad == "fp32" else "ZeRO") if zero else (
         "DDP_BFLOAT16" if model == grad == "bf16" and plan.get("pp", 1) == 1 else "other")
     assert picked == optimizer
+    if optimizer == "BF16_Optimizer":  # it reduces after the backward: overlap_comm off, as priced
+        assert cfg["zero_optimization"]["overlap_comm"] is False
 
 
 def test_deepspeed_fp32_training_keeps_the_defaults(cli, tmp_path):

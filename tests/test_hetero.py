@@ -587,7 +587,8 @@ def test_cross_pool_reduction_sends_the_bf16_copy_under_grad_reduce_dtype():
     m = resolve_model("gpt-1.7b")
     pc = cluster(("dgx-h100", 1), ("dgx-a100", 1))
     bf16_opt = dict(tp=1, pp=1, dp=16, zero=1, grad_dtype="fp32", grad_reduce="all-reduce",
-                    grad_accumulation="cast-add", micro_batch=1, global_batch=64, seq_len=2048)
+                    grad_accumulation="cast-add", overlap_grad_reduce=False, micro_batch=1, global_batch=64,
+                    seq_len=2048)
     for reduce_dtype, wire in (("bf16", 2.0), ("grad_dtype", 4.0)):
         plan = ParallelPlan(**bf16_opt, grad_reduce_dtype=reduce_dtype)
         hp = HeteroPlan(plan=plan, assignment="replicas", replica_pools=(8, 8), replica_batches=(32, 32))

@@ -25,7 +25,9 @@ from llmplan.specs.registry import builtin_models
 
 FINAL = "bloom-176b-final-run"
 REBALANCING = "bloom-prequel-rebalancing-layers-"
-BF16_OPT = {"dp": 8, "zero": 1, "grad_reduce": "all-reduce", "grad_dtype": "fp32", "grad_accumulation": "cast-add"}
+# DeepSpeed's BF16_Optimizer reduces after the backward (check_switches bf16_optimizer_overlap)
+BF16_OPT = {"dp": 8, "zero": 1, "grad_reduce": "all-reduce", "grad_dtype": "fp32", "grad_accumulation": "cast-add",
+            "overlap_grad_reduce": False}
 
 
 def test_bloom_final_run_copy_and_wire_bytes(published_runs, acc) -> None:
@@ -84,6 +86,13 @@ def test_check_plan_keeps_it_to_the_bf16_optimizer() -> None:
     bad = ParallelPlan(dp=8, zero=1, grad_dtype="fp32", grad_reduce_dtype="bf16", global_batch=64, seq_len=2048)
     names = [v.rule for v in check_plan(m, bad, cluster)]
     assert "grad_reduce_dtype_bf16_optimizer" in names
+    # BF16_Optimizer's reduction runs after the backward (DeepSpeed edaa72212 engine.py allreduce_gradients ->
+    # buffered_allreduce_fallback; it has no reduce_gradients): the overlap is refused, named
+    overlapped = ok.model_copy(update={"overlap_grad_reduce": True})
+    msgs = [v.message for v in check_plan(m, overlapped, cluster) if v.rule == "bf16_optimizer_overlap"]
+    assert msgs and "use --no-overlap-grad-reduce" in msgs[0]
+    plain = overlapped.model_copy(update={"grad_accumulation": "fused"})
+    assert not [v for v in check_plan(m, plain, cluster) if v.rule == "bf16_optimizer_overlap"]
 
 
 def test_vectorised_search_agrees_with_the_estimate() -> None:
@@ -98,7 +107,7 @@ def test_vectorised_search_agrees_with_the_estimate() -> None:
     m = builtin_models()["gpt-1.7b"]
     cluster = ClusterSpec(system=builtin_systems()["dgx-a100"], num_nodes=2)
     w = Workload(global_batch=64, seq_len=2048, grad_dtype="fp32", grad_reduce="all-reduce",
-                 grad_accumulation="cast-add", grad_reduce_dtype="bf16")
+                 grad_accumulation="cast-add", grad_reduce_dtype="bf16", overlap_grad_reduce=False)
     space = dataclasses.replace(default_space(m, cluster, w), zero=(0, 1))
     plans = enumerate_plans(space, cluster, w)
     idx = valid_sample(m, cluster, plans, seed=3, scan=600, n=24, keep=lambda p: bool(bf16_reduction(p)))
@@ -168,6 +177,9 @@ def test_search_with_the_switch_and_no_grad_dtype(cli) -> None:
     best = json.loads(r.out)["plans"][0]["plan"]
     assert (best["grad_dtype"], best["grad_reduce_dtype"], best["zero"]) == ("fp32", "bf16", 1)
     assert best["grad_reduce"] == "all-reduce" and best["grad_accumulation"] == "cast-add" and best["dp"] > 1
+    # DeepSpeed all-reduces the BF16_Optimizer's gradients after the backward (check_switches
+    # bf16_optimizer_overlap): the search's fp32 try turns the overlap off
+    assert best["overlap_grad_reduce"] is False
 
 
 def test_search_with_fp32_embedding_grads_and_no_grad_dtype(cli) -> None:

@@ -553,6 +553,15 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          f"{', an attention bias' if m.attention_bias or m.qkv_bias else ''}: Megatron-LM asserts "
                          "gradient_accumulation_fusion and no attention bias for graphed delayed weight gradients "
                          "(arguments.py); use --grad-accumulation fused, --cuda-graphs none or --no-delay-wgrad"),
+    # deepspeedai/DeepSpeed edaa72212 (and 56c522386): BF16_Optimizer has no reduce_gradients, so the engine
+    # all-reduces its fp32 groups in buffered_allreduce_fallback after the backward (engine.py allreduce_gradients
+    # at the accumulation boundary; pipe/engine.py _exec_reduce_grads -> _bf16_reduce_grads), beside no compute
+    Rule("bf16_optimizer_overlap",
+         lambda m, p, c: ~as_bool(bf16_optimizer(p)) | ~as_bool(p.overlap_grad_reduce),
+         lambda m, p, c: "overlap_grad_reduce with DeepSpeed's BF16_Optimizer (dtype bf16, grad_dtype fp32, zero 1, "
+                         "grad_reduce all-reduce, grad_accumulation cast-add): it all-reduces the gradients after "
+                         "the backward, not beside it (engine.py buffered_allreduce_fallback); use "
+                         "--no-overlap-grad-reduce, or change one of those"),
     Rule("recompute_moe_overlap", lambda m, p, c: ("moe" not in p.recompute_modules) | (not p.ep_comm_overlap),
          lambda m, p, c: "recompute_modules moe (recomputing the whole MoE layer) with ep_comm_overlap: Megatron "
                          "refuses --overlap-moe-expert-parallel-comm with it (TransformerConfig); drop one"),
