@@ -489,9 +489,11 @@ GRAD_ACCUMULATION = {"narayanan2021": {"fp16 mixed precision": "add"},
 precision (ParallelPlan.grad_accumulation): Megatron-LM at 50a4b5fa02 (Narayanan et al. 2021) adds each
 micro-batch's gradient into main_grad in its DDP hook (fp16 main grads; gradient accumulation fusion arrived
 2022-02-16, 83b1e42f30); DeepSpeed's BF16_Optimizer under the pipeline engine casts the bf16 gradient to fp32 and
-adds it after every backward (bf16_optimizer.py update_hp_grads, pipe/engine.py, v0.6.x; BLOOM's bf16 runs, and
-MT-NLG's bf16 run with fp32 accumulation, the only public DeepSpeed code that accumulates so), and its fp16 ZeRO-1
-leaves autograd to add into the fp16 param.grad (BLOOM's fp16 runs)."""
+adds it after every backward (bf16_optimizer.py update_hp_grads, pipe/engine.py, v0.6.x; BLOOM's bf16 runs), and
+its fp16 ZeRO-1 leaves autograd to add into the fp16 param.grad (BLOOM's fp16 runs). MT-NLG's bf16 run accumulated
+in fp32 (cast-add, the only public DeepSpeed code that accumulates so), but its rows are priced at zero 0 with
+reduce-scatter, not as BF16_Optimizer plans (cost.model_states.bf16_optimizer holds for the 21 BLOOM bf16 rows
+only): no kept bf16 param.grad, no bf16 reduction copy (docs/validation.md#rdt-mend)."""
 
 BLOOM_BF16_OPTIMIZER = "bloom-prequel-rebalancing-layers-"
 """BLOOM's prequel rows of 2022-02-28 (chronicles-prequel.md 'Rebalancing layers': "from now on the testing is
@@ -2116,7 +2118,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # and no communication_data_type (bigscience tr11-200B-ml.slurm at fd075b7, 2022-02-28;
         # tr11-176B-ml.slurm at 9e64edec2a: "bf16 must use z0!"), whose default is then bf16 (DeepSpeed
         # 56c522386 .. v0.7.0 engine.py communication_data_type; allreduce_bucket casts to it). settle drops it
-        # from the fp16 prequel rows (not a BF16_Optimizer plan). MT-NLG's communication dtype is not public.
+        # from the fp16 prequel rows (not a BF16_Optimizer plan). MT-NLG's rows (zero 0, not BF16_Optimizer
+        # plans) keep the default; their communication dtype is not public.
         grad_reduce_dtype="bf16" if fam == "bloom" else "grad_dtype",
         grad_reduce="all-reduce" if (fam in DEEPSPEED_PIPE and (precision == "bf16" or fam == "bloom") and zero == 1)
         or mbridge_muon(rec) else "reduce-scatter",

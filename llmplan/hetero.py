@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from llmplan.cost.comm import comm_seconds, pp_sends, step_comm
+from llmplan.cost.comm import comm_seconds, pp_sends, reduce_wire_bytes, step_comm
 from llmplan.cost.compute import stage_compute
 from llmplan.cost.hybrid_stage import priced_stage_compute
 from llmplan.cost.goodput import plan_goodput
@@ -167,7 +167,8 @@ def _replicas(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAl
     if len(parts) == 1:
         e = parts[0][1]
         return HeteroEstimate(e, hp, (pool_use(pc, parts[0][0], e, tuple(range(plan.pp)), plan.dp, plan.global_batch),))
-    grad = max(float(e.memory.params_on_rank) for _, e in parts) * plan.grad_bytes
+    # the bytes on the wire: 2 an element under grad_reduce_dtype bf16 (comm.reduce_wire_bytes)
+    grad = max(float(e.memory.params_on_rank) for _, e in parts) * float(reduce_wire_bytes(plan))
     cross = cross_pool_reduce_seconds(grad, list(hp.replica_pools or ()), pc.fabric)
     _, slow = max(parts, key=lambda x: float(x[1].time.total))
     st = slow.time

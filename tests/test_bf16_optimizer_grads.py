@@ -23,7 +23,6 @@ from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models
 
 FINAL = "bloom-176b-final-run"
-REBALANCING = "bloom-prequel-rebalancing-layers-"
 
 
 def test_which_plans_run_the_bf16_optimizer() -> None:
@@ -56,20 +55,8 @@ def test_bloom_final_run_first_stage_holds_both_gradients(published_runs, acc) -
     assert float(mem.optimizer) == pytest.approx(12 * params / 8, rel=1e-12)
 
 
-def test_rebalancing_layers_runs_fit_and_the_tp4_pp6_attempt_does_not(published_runs, acc) -> None:
-    # chronicles-prequel.md 'Rebalancing layers' (2022-02-28, the BF16 optimizer): 17 layouts ran (a logged
-    # nvidia-smi peak), and 100 layers of h 12,288 at DP16 TP4 PP6 micro-batch 2 ran out of memory.
-    # Tolerance: the verdicts only (the attempt is priced 0.8 GiB over 79.15 GiB with the kept bf16 gradients;
-    # 7.2 GiB under without them).
-    from llmplan.estimate import estimate_training
-
-    ran = [r for rid, r in published_runs.items() if rid.startswith(REBALANCING) and "memory_gb_max" in r["measured"]]
-    assert len(ran) == 17
-    for r in ran:
-        assert estimate_training(*acc.record_setup(r, "bloom", None)).memory.fits, r["id"]
-    oom = published_runs[REBALANCING + "L100h12288a64-dp16tp4pp6mbs2gbs2048z1"]
-    assert oom["measured"]["outcome"] == "OOM"
-    assert not estimate_training(*acc.record_setup(oom, "bloom", None)).memory.fits
+# The 02-28 'Rebalancing layers' verdicts (17 layouts fit, the DP16 TP4 PP6 attempts do not) are checked once, with
+# both mechanisms priced: tests/test_reduce_dtype.py::test_rebalancing_layers_tp4_pp6_attempts_do_not_fit.
 
 
 def test_vectorised_search_prices_the_bf16_gradients_as_the_scalar_estimate() -> None:
@@ -87,7 +74,7 @@ def test_vectorised_search_prices_the_bf16_gradients_as_the_scalar_estimate() ->
     m, cluster = builtin_models()["llama-3.1-8b"], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=1)
     gpu = cluster.system.gpu
     w = Workload(global_batch=64, seq_len=2048, grad_dtype="fp32", grad_reduce="all-reduce",
-                 grad_accumulation="cast-add")
+                 grad_accumulation="cast-add", overlap_grad_reduce=False)  # check_switches bf16_optimizer_overlap
     space = dataclasses.replace(default_space(m, cluster, w), zero=(0, 1))
     plans = enumerate_plans(space, cluster, w)
     ok = (i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster))
@@ -104,3 +91,18 @@ def test_vectorised_search_prices_the_bf16_gradients_as_the_scalar_estimate() ->
         if bool(bf16_optimizer(p)):  # 4 + 2 bytes a parameter of the rank (ZeRO 1 keeps them whole)
             assert float(one.gradients) == pytest.approx(6 * float(one.params_on_rank), rel=1e-12)
     assert kinds == {True, False}
+
+
+def test_muon_plans_do_not_run_the_bf16_optimizer() -> None:
+    # BF16_Optimizer wraps an Adam-family optimizer; a Muon plan with the same switches is Megatron's layer-wise
+    # optimizer: no kept bf16 param.grad, no bf16 reduction copy. Tolerance: exact
+    from llmplan.cost.model_states import bf16_reduction, lp_grad_bytes
+    from llmplan.cost.params import RankParams
+
+    switches = dict(dp=8, zero=1, grad_reduce="all-reduce", grad_dtype="fp32", grad_accumulation="cast-add",
+                    grad_reduce_dtype="bf16")
+    adam, muon = ParallelPlan(**switches), ParallelPlan(**switches, optimizer="muon")
+    rp = RankParams(dense=1.5e9, expert=0.0)
+    assert float(lp_grad_bytes(adam, rp)) == 3e9 and bool(bf16_reduction(adam))
+    assert not bf16_optimizer(muon) and not bf16_reduction(muon)
+    assert float(lp_grad_bytes(muon, rp)) == 0.0

@@ -17,7 +17,7 @@ from test_switch_cli import edited  # a shipped plan file with some plan fields 
 def test_eager_module_loading_is_exported(cli, tmp_path, target, script):
     case = "dense_train" if target in ("megatron", "megatron-bridge", "torchrun", "slurm") else "fsdp_train"
     extra = {"zero": 1, "grad_reduce": "all-reduce", "grad_accumulation": "cast-add",  # gathered in the step
-             "overlap_param_gather": False} if target == "deepspeed" else {}
+             "overlap_param_gather": False, "overlap_grad_reduce": False} if target == "deepspeed" else {}
     for lazy in (True, False):
         out = tmp_path / f"out-{lazy}"
         r = cli("export", edited(tmp_path, case, cuda_lazy_loading=lazy, **extra), "--to", target, "-o", out)
@@ -34,7 +34,8 @@ def test_eager_module_loading_is_exported(cli, tmp_path, target, script):
 
 def test_deepspeed_env_holds_every_exported_variable(cli, tmp_path):
     plan = edited(tmp_path, "fsdp_train", cuda_lazy_loading=False, launch_blocking=True, zero=1,
-                  grad_reduce="all-reduce", grad_accumulation="cast-add", overlap_param_gather=False)
+                  grad_reduce="all-reduce", grad_accumulation="cast-add", overlap_param_gather=False,
+                  overlap_grad_reduce=False)  # BF16_Optimizer reduces after the backward
     r = cli("export", plan, "--to", "deepspeed", "-o", tmp_path / "out")
     assert r.code == 0, r.err
     assert (tmp_path / "out" / ".deepspeed_env").read_text() == "CUDA_LAUNCH_BLOCKING=1\nCUDA_MODULE_LOADING=EAGER\n"

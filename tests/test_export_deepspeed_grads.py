@@ -36,13 +36,15 @@ def plan_file(tmp_path: Path, **plan: object) -> Path:
 
 PIPE = {"pp": 2, "dp": 8}
 CAST = {"grad_accumulation": "cast-add"}
+# DeepSpeed's BF16_Optimizer all-reduces after the backward (check_switches bf16_optimizer_overlap)
+BF16_OPT = {**CAST, "overlap_grad_reduce": False}
 
 
 @pytest.mark.parametrize("plan,grad,reduce_scatter,optimizer", [
     # bf16 + fp32 accumulation + ZeRO-1: BF16_Optimizer, the whole fp32 gradient all-reduced in fp32
     # (and casts each micro-batch's bf16 gradient to fp32 before adding it: update_hp_grads, cast-add)
-    ({"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce", **CAST}, "fp32", False, "BF16_Optimizer"),
-    ({"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce", **PIPE, **CAST}, "fp32", False,
+    ({"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce", **BF16_OPT}, "fp32", False, "BF16_Optimizer"),
+    ({"zero": 1, "grad_dtype": "fp32", "grad_reduce": "all-reduce", **PIPE, **BF16_OPT}, "fp32", False,
      "BF16_Optimizer"),
     # bf16 gradients with ZeRO-1: the ZeRO optimizer, reduce-scatter or all-reduce as planned
     ({"zero": 1, "grad_dtype": "bf16"}, "bf16", True, "ZeRO"),
@@ -71,6 +73,8 @@ def test_deepspeed_writes_the_gradient_dtype(cli, tmp_path, plan, grad, reduce_s
     picked = ("BF16_Optimizer" if zero == 1 and model == "bf16" and grad == "fp32" else "ZeRO") if zero else (
         "DDP_BFLOAT16" if model == grad == "bf16" and plan.get("pp", 1) == 1 else "other")
     assert picked == optimizer
+    if optimizer == "BF16_Optimizer":  # it reduces after the backward: overlap_comm off, as priced
+        assert cfg["zero_optimization"]["overlap_comm"] is False
 
 
 def test_deepspeed_fp32_training_keeps_the_defaults(cli, tmp_path):
@@ -102,6 +106,29 @@ def test_deepspeed_refuses_gradients_it_runs_otherwise(cli, tmp_path, plan, need
     for needle in needles:
         assert needle in line, line
     assert not (tmp_path / "out").exists()
+
+
+def test_bf16_pipeline_at_dp_1_is_refused(cli, tmp_path):
+    # deepspeedai/DeepSpeed edaa72212 runtime/engine.py _do_optimizer_sanity_check: bf16 weights and bf16
+    # gradient accumulation under a PipelineModule return BFLOAT16 whatever the DP size; BF16_Optimizer keeps its
+    # bf16 flat gradient beside each param.grad (4 B a parameter, 2 priced), so dp 1 is refused as dp > 1 is
+    common = ("-m", "gpt-1.7b", "--hardware", "dgx-a100", "--nodes", "1", "--gpus-per-node", "2", "--pp", "2",
+              "--dp", "1", "--grad-dtype", "bf16")
+    r = cli("estimate", *common, "--zero", "0", "--save", tmp_path / "z0.json")
+    assert r.code == 0, r.err
+    r = cli("export", tmp_path / "z0.json", "--to", "deepspeed", "-o", tmp_path / "out")
+    assert r.code == 2 and "Traceback" not in r.err
+    line = " ".join(r.err.split())
+    assert ("ZeRO stage 0 with bf16 under the pipeline engine (pp 2, dp 1; DeepSpeed 0.19.8 runtime/engine.py "
+            "_do_optimizer_sanity_check: this runs BF16_Optimizer, whose bf16 flat gradient sits beside the kept "
+            "bf16 param.grad, 4 bytes a parameter where 2 are priced); re-plan with --zero 1 --grad-reduce "
+            "all-reduce") in line, line
+    assert not (tmp_path / "out").exists()
+    # the fix it names exports (DeepSpeed's ZeRO-1 optimizer: bf16 weights and gradients)
+    r = cli("estimate", *common, "--zero", "1", "--grad-reduce", "all-reduce", "--save", tmp_path / "z1.json")
+    assert r.code == 0, r.err
+    r = cli("export", tmp_path / "z1.json", "--to", "deepspeed", "-o", tmp_path / "out")
+    assert r.code == 0, r.err
 
 
 def test_search_then_export_deepspeed(cli, tmp_path):

@@ -576,3 +576,23 @@ def test_the_cross_pool_reduction_takes_a_set_ring_share():
     unset = InterPoolFabric(gb_per_s=50, latency_s=1e-5, efficiency=0.75)
     assert math.isclose(cross_pool_reduce_seconds(8e9, [4, 2], unset), 4e9 / 37.5e9 + 2e-5)
     assert ring_share(None, 0.75) == 0.75 and ring_share(0.9, 0.75) == 0.9
+
+
+def test_cross_pool_reduction_sends_the_bf16_copy_under_grad_reduce_dtype():
+    """grad_reduce_dtype bf16 (DeepSpeed's BF16_Optimizer, engine.py allreduce_bucket at 56c522386: the fp32
+    gradients cast to bf16 for the all-reduce) sends 2 bytes an element between pools as inside them, not the
+    fp32 gradients' 4 (comm.reduce_wire_bytes); tolerance 1e-9."""
+    from llmplan.cost.hetero import cross_pool_reduce_seconds
+
+    m = resolve_model("gpt-1.7b")
+    pc = cluster(("dgx-h100", 1), ("dgx-a100", 1))
+    bf16_opt = dict(tp=1, pp=1, dp=16, zero=1, grad_dtype="fp32", grad_reduce="all-reduce",
+                    grad_accumulation="cast-add", overlap_grad_reduce=False, micro_batch=1, global_batch=64,
+                    seq_len=2048)
+    for reduce_dtype, wire in (("bf16", 2.0), ("grad_dtype", 4.0)):
+        plan = ParallelPlan(**bf16_opt, grad_reduce_dtype=reduce_dtype)
+        hp = HeteroPlan(plan=plan, assignment="replicas", replica_pools=(8, 8), replica_batches=(32, 32))
+        got = estimate_hetero(m, pc, hp)
+        params = float(got.estimate.memory.params_on_rank)
+        assert got.cross_pool_s > 0
+        assert close(got.cross_pool_s, cross_pool_reduce_seconds(params * wire, [8, 8], pc.fabric)), reduce_dtype

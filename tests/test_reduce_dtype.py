@@ -25,7 +25,9 @@ from llmplan.specs.registry import builtin_models
 
 FINAL = "bloom-176b-final-run"
 REBALANCING = "bloom-prequel-rebalancing-layers-"
-BF16_OPT = {"dp": 8, "zero": 1, "grad_reduce": "all-reduce", "grad_dtype": "fp32", "grad_accumulation": "cast-add"}
+# DeepSpeed's BF16_Optimizer reduces after the backward (check_switches bf16_optimizer_overlap)
+BF16_OPT = {"dp": 8, "zero": 1, "grad_reduce": "all-reduce", "grad_dtype": "fp32", "grad_accumulation": "cast-add",
+            "overlap_grad_reduce": False}
 
 
 def test_bloom_final_run_copy_and_wire_bytes(published_runs, acc) -> None:
@@ -59,6 +61,8 @@ def test_bloom_final_run_copy_and_wire_bytes(published_runs, acc) -> None:
 def test_rebalancing_layers_tp4_pp6_attempts_do_not_fit(published_runs, acc) -> None:
     # chronicles-prequel.md 'Rebalancing layers' (2022-02-28): 100 layers of h 12,288 at DP16 TP4 PP6 ran out
     # of memory at micro-batch 2 and at micro-batch 1; the 17 logged layouts ran. Tolerance: the verdicts.
+    # Micro-batch 2 fails with the kept bf16 gradients alone (docs/formulas.md#mem.bf16_optimizer_grads: 0.8 GiB
+    # over 79.15 GiB with them, 7.2 GiB under without), micro-batch 1 only with the reduction's bf16 copy too.
     from llmplan.estimate import estimate_training
 
     for mbs in (1, 2):
@@ -82,6 +86,13 @@ def test_check_plan_keeps_it_to_the_bf16_optimizer() -> None:
     bad = ParallelPlan(dp=8, zero=1, grad_dtype="fp32", grad_reduce_dtype="bf16", global_batch=64, seq_len=2048)
     names = [v.rule for v in check_plan(m, bad, cluster)]
     assert "grad_reduce_dtype_bf16_optimizer" in names
+    # BF16_Optimizer's reduction runs after the backward (DeepSpeed edaa72212 engine.py allreduce_gradients ->
+    # buffered_allreduce_fallback; it has no reduce_gradients): the overlap is refused, named
+    overlapped = ok.model_copy(update={"overlap_grad_reduce": True})
+    msgs = [v.message for v in check_plan(m, overlapped, cluster) if v.rule == "bf16_optimizer_overlap"]
+    assert msgs and "use --no-overlap-grad-reduce" in msgs[0]
+    plain = overlapped.model_copy(update={"grad_accumulation": "fused"})
+    assert not [v for v in check_plan(m, plain, cluster) if v.rule == "bf16_optimizer_overlap"]
 
 
 def test_vectorised_search_agrees_with_the_estimate() -> None:
@@ -96,7 +107,7 @@ def test_vectorised_search_agrees_with_the_estimate() -> None:
     m = builtin_models()["gpt-1.7b"]
     cluster = ClusterSpec(system=builtin_systems()["dgx-a100"], num_nodes=2)
     w = Workload(global_batch=64, seq_len=2048, grad_dtype="fp32", grad_reduce="all-reduce",
-                 grad_accumulation="cast-add", grad_reduce_dtype="bf16")
+                 grad_accumulation="cast-add", grad_reduce_dtype="bf16", overlap_grad_reduce=False)
     space = dataclasses.replace(default_space(m, cluster, w), zero=(0, 1))
     plans = enumerate_plans(space, cluster, w)
     idx = valid_sample(m, cluster, plans, seed=3, scan=600, n=24, keep=lambda p: bool(bf16_reduction(p)))
@@ -125,11 +136,69 @@ def test_exports(cli, tmp_path) -> None:
     # fp32 accumulation (BF16_Optimizer), bf16 on the wire (engine.allreduce_bucket casts to it)
     assert cfg["data_types"] == {"grad_accum_dtype": "fp32"}
     assert cfg["communication_data_type"] == "bf16"
-    # Megatron-LM (d98e8a6 arguments.py: one dtype for accumulation and reduction) and torchtitan (float32
-    # mixed_precision_reduce) refuse it: one line, exit 2 (Megatron may name another rule of the plan first)
-    for target in ("megatron", "torchtitan"):
-        r = cli("export", f, "--to", target, "-o", tmp_path / target)
-        assert r.code == 2 and "Traceback" not in r.err and "cannot express" in r.err
+    # each launcher refuses it: one line, exit 2, the first rule of its own the plan breaks
+    plain = {"COLUMNS": "1000"}
+    expected = {
+        # check_plan holds grad_reduce_dtype bf16 to cast-add, which Megatron-LM's export refuses first
+        "megatron": "megatron cannot express this plan: gradients cast and then added after each micro-batch "
+                    "(grad_accumulation cast-add, DeepSpeed's BF16_Optimizer; Megatron-Core fuses the accumulation "
+                    "or adds into main_grad); re-plan with --grad-accumulation fused or add",
+        # and to zero 1, which torchtitan's FSDP2 refuses before its float32-only reduction
+        "torchtitan": "torchtitan cannot express this plan: ZeRO-1 (FSDP2 shards gradients and weights too); "
+                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3",
+        # Megatron-Bridge names the reduction itself (Megatron-Core's DDP reduces in the buffer's dtype)
+        "megatron-bridge": "megatron-bridge cannot express this plan: fp32 gradients reduced in bf16 "
+                           "(grad_reduce_dtype bf16: DeepSpeed's BF16_Optimizer cast; Megatron-Core's DDP reduces "
+                           "its gradient buffer in place in the buffer's dtype, DistributedDataParallelConfig "
+                           "grad_reduce_in_fp32); re-plan with --grad-reduce-dtype grad_dtype (with --grad-dtype "
+                           "bf16 for gradients reduced in bf16), or export to deepspeed",
+    }
+    import os
+    from unittest import mock
+    for target, line in expected.items():
+        with mock.patch.dict(os.environ, plain):
+            r = cli("export", f, "--to", target, "-o", tmp_path / target)
+        assert r.code == 2 and "Traceback" not in r.err, (target, r.err)
+        assert " ".join(r.err.split()) == f"error: {line}", target
     from llmplan.export import torchtitan
     assert torchtitan.grad_reduce_refusal(ParallelPlan(**BF16_OPT, grad_reduce_dtype="bf16"))[1]
     assert not torchtitan.grad_reduce_refusal(ParallelPlan(**BF16_OPT))[1]
+
+
+SEARCH = ("search", "-m", "gpt-7.5b", "--hardware", "dgx-a100", "--nodes", "2", "--global-batch", "128",
+          "--seq-len", "2048", "--zero", "1", "--top", "1", "--json")
+
+
+def test_search_with_the_switch_and_no_grad_dtype(cli) -> None:
+    # the search tries fp32 and bf16 gradients where --grad-dtype is not given; grad_reduce_dtype bf16 acts
+    # only on fp32 ones, so the bf16 try (no plan can use it) must not refuse the whole search
+    r = cli(*SEARCH, "--grad-reduce", "all-reduce", "--grad-accumulation", "cast-add", "--grad-reduce-dtype", "bf16")
+    assert r.code == 0, r.err
+    best = json.loads(r.out)["plans"][0]["plan"]
+    assert (best["grad_dtype"], best["grad_reduce_dtype"], best["zero"]) == ("fp32", "bf16", 1)
+    assert best["grad_reduce"] == "all-reduce" and best["grad_accumulation"] == "cast-add" and best["dp"] > 1
+    # DeepSpeed all-reduces the BF16_Optimizer's gradients after the backward (check_switches
+    # bf16_optimizer_overlap): the search's fp32 try turns the overlap off
+    assert best["overlap_grad_reduce"] is False
+
+
+def test_search_with_fp32_embedding_grads_and_no_grad_dtype(cli) -> None:
+    # fp32_embedding_grads acts only on 2-byte gradients: the fp32 try must not refuse the search
+    r = cli(*SEARCH, "--grad-reduce", "reduce-scatter", "--fp32-embedding-grads")
+    assert r.code == 0, r.err
+    best = json.loads(r.out)["plans"][0]["plan"]
+    assert (best["grad_dtype"], best["fp32_embedding_grads"], best["grad_reduce"]) == ("bf16", True, "reduce-scatter")
+
+
+def test_refusal_advice_does_not_lead_into_another_refusal() -> None:
+    m = builtin_models()["gpt-1.7b"]
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_systems
+    cluster = ClusterSpec(system=builtin_systems()["dgx-a100"], num_nodes=1)
+    bad = ParallelPlan(dp=8, zero=1, grad_dtype="bf16", grad_reduce="all-reduce", grad_accumulation="cast-add",
+                       grad_reduce_dtype="bf16", global_batch=64, seq_len=2048)
+    msg = [v.message for v in check_plan(m, bad, cluster) if v.rule == "grad_reduce_dtype_bf16_optimizer"][0]
+    assert msg.endswith("so it acts only with optimizer adam, dtype bf16, grad_dtype fp32, zero 1, grad_reduce all-reduce and "
+                        "grad_accumulation cast-add; set those, or drop --grad-reduce-dtype (with --grad-dtype bf16 "
+                        "the gradients are already reduced in bf16)"), msg
+    assert "use --grad-dtype bf16" not in msg

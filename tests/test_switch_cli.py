@@ -89,6 +89,7 @@ def test_pp_scatter_gather_with_sp_is_refused_as_doing_nothing(cli, tmp_path):
 def test_launch_blocking_exports_the_variable_after_the_sbatch_lines(cli, tmp_path, target, script):
     case = "fsdp_train" if target == "deepspeed" else "dense_train"
     plan = edited(tmp_path, case, launch_blocking=True, **({"zero": 1, "grad_reduce": "all-reduce", "grad_accumulation": "cast-add",
+                                                                     "overlap_grad_reduce": False,
                                                                  "overlap_param_gather": False}
                                                               if target == "deepspeed" else {}))
     r = cli("export", plan, "--to", target, "-o", tmp_path / "out")

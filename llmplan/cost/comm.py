@@ -1144,14 +1144,23 @@ gradient after it. Source: deepspeedai/DeepSpeed deepspeed/runtime/engine.py at 
 docs/formulas.md#comm.reduce_dtype"""
 
 
+def reduce_wire_bytes(plan: ParallelPlan) -> Any:
+    """Bytes a gradient element takes on the wire of the data-parallel reduction: reduce_bytes (2, the bf16 copy)
+    where grad_reduce_dtype bf16 acts (cost.model_states.bf16_reduction, as settle shows the plan), else
+    grad_bytes. The one rule sync_bytes and the cross-pool reduction of hetero replicas price.
+    Derived: docs/formulas.md#comm.reduce_dtype"""
+    return where(bf16_reduction(plan), plan.reduce_bytes, plan.grad_bytes)
+
+
 def sync_bytes(plan: ParallelPlan, params: Any, kept: Any) -> tuple[Any, Any]:
     """(bytes reduced, bytes gathered) when a rank's gradients of `params` parameters are reduced (all-reduce or
-    reduce-scatter) and their updated weights all-gathered, `kept` of them bf16 under fp8_params: the gradients at
-    reduce_bytes (grad_bytes, or 2 under grad_reduce_dtype bf16: comm.reduce_dtype); the weights at param_gather_bytes, the kept ones 2 (kept_gather_extra_bytes more). The one split
-    dp_transfers and hsdp_transfers price.
-    Derived: docs/formulas.md#comm.dp, docs/formulas.md#mem.fp8_param_bf16_parts"""
-    wire = where(bf16_reduction(plan), plan.reduce_bytes, plan.grad_bytes)  # the switch where it acts (settle)
-    return wire * params, param_gather_bytes(plan) * params + kept_gather_extra_bytes(plan) * kept
+    reduce-scatter) and their updated weights all-gathered, `kept` of them bf16 under fp8_params: the gradients
+    at reduce_wire_bytes (grad_bytes, or 2 under grad_reduce_dtype bf16); the weights at param_gather_bytes, the
+    kept ones 2 (kept_gather_extra_bytes more). The one split dp_transfers and hsdp_transfers price.
+    Derived: docs/formulas.md#comm.dp, docs/formulas.md#comm.reduce_dtype,
+    docs/formulas.md#mem.fp8_param_bf16_parts"""
+    return (reduce_wire_bytes(plan) * params,
+            param_gather_bytes(plan) * params + kept_gather_extra_bytes(plan) * kept)
 
 
 STAGED_GATHER_BYTES = 2.0

@@ -245,11 +245,13 @@ def bf16_optimizer(plan: ParallelPlan) -> Any:
     """Whether a plan runs DeepSpeed's BF16_Optimizer: bf16 weights with fp32 gradients at ZeRO 1 (its own
     partition of the fp32 master and moments), each micro-batch's gradient cast and added into the fp32 flat
     gradient (grad_accumulation cast-add) and that gradient all-reduced whole (grad_reduce all-reduce), as the
-    DeepSpeed export runs such a plan (export.deepspeed.accumulation) and BLOOM trained.
+    DeepSpeed export runs such a plan (export.deepspeed.accumulation) and BLOOM trained; under Adam (AdamW) only:
+    BF16_Optimizer wraps a DeepSpeed/torch Adam-family optimizer, and a Muon plan is Megatron's (its layer-wise
+    optimizer keeps no bf16 param.grad beside an fp32 flat gradient).
     Source: deepspeedai/DeepSpeed deepspeed/runtime/bf16_optimizer.py at 56c522386 (bf16_groups_flat,
     fp32_groups_gradients_flat, update_hp_grads)."""
     return (plan.grad_accumulation == "cast-add") & (plan.zero == 1) & (plan.grad_reduce == "all-reduce") \
-        & (plan.dtype == "bf16") & (plan.grad_bytes == 4.0)
+        & (plan.dtype == "bf16") & (plan.grad_bytes == 4.0) & (plan.optimizer == "adam")
 
 
 def lp_grad_bytes(plan: ParallelPlan, rp: RankParams) -> Any:

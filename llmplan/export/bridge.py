@@ -260,7 +260,8 @@ def _layout_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
         ("fp32 gradients reduced in bf16 (grad_reduce_dtype bf16: DeepSpeed's BF16_Optimizer cast; Megatron-Core's "
          "DDP reduces its gradient buffer in place in the buffer's dtype, DistributedDataParallelConfig "
          "grad_reduce_in_fp32)", p.grad_reduce_dtype == "bf16",
-         "re-plan with --grad-reduce-dtype grad_dtype, or --grad-dtype bf16, or export to deepspeed"),
+         "re-plan with --grad-reduce-dtype grad_dtype (with --grad-dtype bf16 for gradients reduced in bf16), "
+         "or export to deepspeed"),
         ("ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's distributed optimizer "
          "reduce-scatters them)", p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon",
          "re-plan with --grad-reduce reduce-scatter"),

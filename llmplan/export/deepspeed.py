@@ -390,10 +390,15 @@ def check_grad_dtype(pf: PlanFile) -> None:
         raise refuse(TARGET, f"{g} gradients with {p.dtype} weights and ZeRO stage 0 ({_RULE}: without ZeRO the "
                      "gradient accumulation dtype must equal the model dtype, else 'unsupported mix')",
                      "re-plan with --grad-dtype bf16 (16-bit gradients), or --zero 1 --grad-reduce all-reduce")
-    if p.zero == 0 and p.dtype == "bf16" and p.pp > 1 and p.dp > 1:
+    # edaa72212 engine.py _do_optimizer_sanity_check: model_dtype == grad_accum_dtype == bf16 under a
+    # PipelineModule returns BFLOAT16 at any DP size; bf16_optimizer.py keeps a flat gradient in grad_acc_dtype
+    # (bf16 here) beside each param.grad, which update_hp_grads(clear_lp_grads=False) leaves
+    if p.zero == 0 and p.dtype == "bf16" and p.pp > 1:
+        why = ("which partitions the fp32 master over DP and all-gathers the weights after each step, i.e. ZeRO-1"
+               if p.dp > 1 else "whose bf16 flat gradient sits beside the kept bf16 param.grad, 4 bytes a "
+               "parameter where 2 are priced")
         raise refuse(TARGET, f"ZeRO stage 0 with bf16 under the pipeline engine (pp {p.pp}, dp {p.dp}; {_RULE}: "
-                     "this runs BF16_Optimizer, which partitions the fp32 master over DP and all-gathers the "
-                     "weights after each step, i.e. ZeRO-1)", "re-plan with --zero 1 --grad-reduce all-reduce")
+                     f"this runs BF16_Optimizer, {why})", "re-plan with --zero 1 --grad-reduce all-reduce")
     if p.zero == 1 and p.dtype == "bf16" and g == "fp32" and p.grad_reduce != "all-reduce":
         raise refuse(TARGET, f"ZeRO-1 fp32 gradients reduce-scattered (grad_dtype fp32, grad_reduce "
                      f"{p.grad_reduce}; {_RULE}: bf16 + fp32 grad_accum_dtype + ZeRO stage 1 runs BF16_Optimizer, "

@@ -733,13 +733,10 @@ def _check_optimizer(pf: PlanFile) -> None:
     """Refuse the gradient reduction, Muon, master and moment dtypes, remainders and fp8 recipe that
     Megatron-Core's optimizer does not run as priced."""
     p = pf.plan
-    # d98e8a6 arguments.py: --accumulate-allreduce-grads-in-fp32 accumulates and reduces in fp32 (one buffer,
-    # reduced in place), --grad-reduce-in-bf16 keeps a bf16 buffer for both; no flag casts fp32 gradients to bf16
-    if p.grad_reduce_dtype == "bf16":
-        raise refuse(TARGET, "fp32 gradients reduced in bf16 (grad_reduce_dtype bf16: DeepSpeed's BF16_Optimizer "
-                     "cast; Megatron-LM's DDP reduces its gradient buffer in place in the buffer's dtype: "
-                     "--accumulate-allreduce-grads-in-fp32 both in fp32, --grad-reduce-in-bf16 both in bf16)",
-                     "re-plan with --grad-reduce-dtype grad_dtype, or --grad-dtype bf16, or export to deepspeed")
+    # grad_reduce_dtype bf16 needs no rule here: check_plan holds it to grad_accumulation cast-add
+    # (grad_reduce_dtype_bf16_optimizer), which _check_kernels refuses first (cast_add_refusal). Megatron-LM has
+    # no such reduction either (d98e8a6 arguments.py: --accumulate-allreduce-grads-in-fp32 accumulates and reduces
+    # in fp32, --grad-reduce-in-bf16 keeps a bf16 buffer for both).
     if p.grad_reduce == "all-reduce" and p.zero == 1 and p.optimizer != "muon":  # Muon: muon_pairs' ping-pong path
         raise refuse(TARGET, "ZeRO-1 gradients all-reduced whole (grad_reduce all-reduce; Megatron-Core's "
                      "distributed optimizer reduce-scatters them)", "re-plan with --grad-reduce reduce-scatter")

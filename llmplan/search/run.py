@@ -212,7 +212,8 @@ def cp_comm_variants(m: ModelSpec, w: Workload, pinned: bool, cp_free: bool) -> 
 
 
 def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool,
-                    try_scalings: bool = False, cp_comm_types: tuple[dict[str, Any], ...] = ()) -> list[dict[str, Any]]:
+                    try_scalings: bool = False, cp_comm_types: tuple[dict[str, Any], ...] = (),
+                    overlap_pinned: bool = False) -> list[dict[str, Any]]:
     """The settings of grad_dtype and fp8_params a search tries: the pinned value, or both where the
     workload's precision allows it (bf16 gradient buffers with any compute dtype below fp32; low-precision
     primary weights where check_plan's workload rules on fp8_params allow it, check_switches.fp8_params_allowed:
@@ -221,12 +222,22 @@ def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool,
     current scaling after delayed: a target that runs only one of them (torchtitan's dynamic scaling) keeps its
     plans, and delayed, cheaper by its amax passes, wins wherever both export. With more than one
     `cp_comm_types` (variants.cp_comm_settings: cp_comm_type, and cp_a2a_size under a2a+p2p) each setting is
-    tried under each."""
+    tried under each. A switch that acts under one gradient dtype only keeps the search to it, so that its other
+    try, where no plan can use the switch, does not refuse the search (refuse_unused_switches): grad_reduce_dtype
+    bf16 to fp32 gradients (check_switches grad_reduce_dtype_bf16_optimizer), fp32_embedding_grads to bf16 ones
+    (fp32_embedding_grads_zero). The fp32 try of a workload that asks for DeepSpeed's BF16_Optimizer (bf16, Adam,
+    grad_accumulation cast-add, grad_reduce all-reduce) runs with overlap_grad_reduce off unless `overlap_pinned`:
+    its zero-1 plans all-reduce after the backward (check_switches bf16_optimizer_overlap)."""
     grads = [w.grad_dtype] if grad_pinned or w.dtype == "fp32" else ["fp32", "bf16"]
+    if len(grads) > 1 and (w.grad_reduce_dtype == "bf16") != bool(w.fp32_embedding_grads):
+        grads = ["fp32"] if w.grad_reduce_dtype == "bf16" else ["bf16"]
     # param_remainders completes bf16 weights: no low-precision primary weights beside it (check_plan)
     allowed = fp8_params_allowed(w.base) and not w.param_remainders
     params = [w.fp8_params] if params_pinned or not allowed else [False, True]
     base = [{"grad_dtype": g, "fp8_params": p} for g in grads for p in params]
+    if not overlap_pinned and w.overlap_grad_reduce and w.dtype == "bf16" and w.optimizer == "adam" \
+            and w.grad_accumulation == "cast-add" and w.grad_reduce == "all-reduce":
+        base = [{**v, "overlap_grad_reduce": False} if v["grad_dtype"] == "fp32" else v for v in base]
     if try_scalings and w.dtype == "fp8" and w.recipe == "tensorwise":
         base = [{**v, "fp8_scaling": sc} for sc in ("delayed", "current") for v in base]
     if len(cp_comm_types) < 2:  # the workload's own, or the one comm type that runs the model (cli.search)

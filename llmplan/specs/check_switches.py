@@ -356,12 +356,13 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         "1.x never ran DualPipe); use --zero 1 with --grad-reduce reduce-scatter, --grad-dtype bf16 "
                         "and --pp-schedule 1f1b or zero-bubble, or drop --fp32-embedding-grads"),
     SwitchUse("grad_reduce_dtype_bf16_optimizer", ("grad_reduce_dtype",), bf16_optimizer,
-              lambda p: f"grad_reduce_dtype {p.grad_reduce_dtype} with dtype {p.dtype}, grad_dtype {p.grad_dtype}, "
-                        f"zero {p.zero}, grad_reduce {p.grad_reduce}, grad_accumulation {p.grad_accumulation}: a bf16 "
-                        "reduction of fp32-accumulated gradients is DeepSpeed's BF16_Optimizer's (its "
-                        "communication_data_type bf16), so it acts only with dtype bf16, grad_dtype fp32, zero 1, "
-                        "grad_reduce all-reduce and grad_accumulation cast-add; use --grad-dtype bf16 for 16-bit "
-                        "gradients, set those, or drop --grad-reduce-dtype"),
+              lambda p: f"grad_reduce_dtype {p.grad_reduce_dtype} with optimizer {p.optimizer}, dtype {p.dtype}, "
+                        f"grad_dtype {p.grad_dtype}, zero {p.zero}, grad_reduce {p.grad_reduce}, grad_accumulation "
+                        f"{p.grad_accumulation}: a bf16 reduction of fp32-accumulated gradients is DeepSpeed's "
+                        "BF16_Optimizer's (its communication_data_type bf16), so it acts only with optimizer adam, "
+                        "dtype bf16, grad_dtype fp32, zero 1, grad_reduce all-reduce and grad_accumulation cast-add; "
+                        "set those, or drop --grad-reduce-dtype (with --grad-dtype bf16 the gradients are already "
+                        "reduced in bf16)"),
     SwitchUse("pp_blocking_sends_pp", ("pp_blocking_sends",), lambda p: p.pp > 1,
               lambda p: f"pp_blocking_sends with pp {p.pp}: it makes the sends between pipeline stages wait, so it "
                         "acts only with pp > 1; use --pp 2 or more or drop --pp-blocking-sends"),
@@ -552,6 +553,15 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          f"{', an attention bias' if m.attention_bias or m.qkv_bias else ''}: Megatron-LM asserts "
                          "gradient_accumulation_fusion and no attention bias for graphed delayed weight gradients "
                          "(arguments.py); use --grad-accumulation fused, --cuda-graphs none or --no-delay-wgrad"),
+    # deepspeedai/DeepSpeed edaa72212 (and 56c522386): BF16_Optimizer has no reduce_gradients, so the engine
+    # all-reduces its fp32 groups in buffered_allreduce_fallback after the backward (engine.py allreduce_gradients
+    # at the accumulation boundary; pipe/engine.py _exec_reduce_grads -> _bf16_reduce_grads), beside no compute
+    Rule("bf16_optimizer_overlap",
+         lambda m, p, c: ~as_bool(bf16_optimizer(p)) | ~as_bool(p.overlap_grad_reduce),
+         lambda m, p, c: "overlap_grad_reduce with DeepSpeed's BF16_Optimizer (dtype bf16, grad_dtype fp32, zero 1, "
+                         "grad_reduce all-reduce, grad_accumulation cast-add): it all-reduces the gradients after "
+                         "the backward, not beside it (engine.py buffered_allreduce_fallback); use "
+                         "--no-overlap-grad-reduce, or change one of those"),
     Rule("recompute_moe_overlap", lambda m, p, c: ("moe" not in p.recompute_modules) | (not p.ep_comm_overlap),
          lambda m, p, c: "recompute_modules moe (recomputing the whole MoE layer) with ep_comm_overlap: Megatron "
                          "refuses --overlap-moe-expert-parallel-comm with it (TransformerConfig); drop one"),
