@@ -511,7 +511,7 @@ def interval_line(e: TrainingEstimate) -> str:
 def placement_line(e: TrainingEstimate, cluster: ClusterSpec) -> str:
     """Which of the best plan's axes stay on the scale-up fabric (NVLink domain) and which cross the
     network: the reason TP / EP / CP sit where they do."""
-    spans = place(e.plan.degrees, cluster)
+    spans = place(e.plan.degrees, cluster, e.order)  # in the order it was priced in (--axis-order)
     domain = cluster.system.domain_gpus
     inside = [f"{a} {spans[a].size}" for a in ("tp", "cp", "ep", "pp", "dpcp") if spans[a].size > 1 and not spans[a].uses_nic]
     across = [f"{a} {spans[a].size}" for a in ("tp", "cp", "ep", "pp", "dpcp") if spans[a].uses_nic]
