@@ -83,8 +83,7 @@ CASES = {  # (model, system, nodes, workload): dense, MoE, hybrid; offload off, 
     "dense-offload-attn": ("llama-3.1-8b", "dgx-h100", 2,
                            dict(global_batch=64, seq_len=4096, offload_modules=("qkv_linear", "core_attn"))),
     "moe": ("mixtral-8x7b", "dgx-h100", 4, dict(global_batch=128, seq_len=4096)),
-    # expert_fc1 offload besides: with MoE at tp > 1 refused without SP (rule moe_tp_sp), the moe_act copies
-    # alone hide in every drawn plan's window
+    # expert_fc1 offload besides, so that the drawn plans include ones whose offload is exposed
     "moe-offload": ("qwen3-30b-a3b", "dgx-h100", 4,
                     dict(global_batch=128, seq_len=4096, offload_moe_act=True, recompute_modules=("moe_act",),
                          offload_modules=("expert_fc1",))),

@@ -366,7 +366,7 @@ def test_switches_line_names_the_choice():
     from llmplan.search.run import SwitchChoice
     chosen = {"grad_dtype": "bf16", "fp8_params": False, "megatron_fsdp": True}
     line = switches_line(SwitchChoice(chosen, ((chosen, 1.0), ({**chosen, "megatron_fsdp": False}, 0.5))))
-    assert "ZeRO-2 as Megatron-FSDP on" in line and "--megatron-fsdp pin" in line
+    assert "ZeRO-2/3 as Megatron-FSDP on" in line and "--megatron-fsdp pin" in line
 
 
 def test_pinned_off_still_prices_without_it(cli):

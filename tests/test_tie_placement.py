@@ -38,6 +38,19 @@ def test_ep_across_domains_is_counted_by_placement():
     assert heavy_across(est(1.0, H100, dp=128, ep=16)) == ("ep",)
 
 
+def test_placement_follows_the_estimates_axis_order():
+    # cp 16 x dp 8 on 128 GPUs of 64-GPU domains: in the default order (tp, cp, ep, dp, pp) the CP groups are
+    # contiguous, 16 ranks inside one domain; in --axis-order tp-dp-cp-pp they stride 8 and span 2 domains, and
+    # the estimate was priced so: heavy_across and the tie note read the estimate's order (TrainingEstimate.order)
+    default = est(1.0, NVL, cp=16, dp=8)
+    strided = est(1.0, NVL, cp=16, dp=8)
+    strided.order = ("tp", "dp", "cp", "pp")
+    assert heavy_across(default) == ()
+    assert heavy_across(strided) == ("cp",)
+    sign, rule = decide(default, strided)
+    assert sign == -1 and "cp 16 spans 2 domains" in rule
+
+
 def test_ep_inside_the_domain_beats_fewer_axes_both_orders():
     # the search_speed DeepSeek-V3 GB300 shape: a flat plan whose EP crosses the network (2 axes) against an
     # in-domain EP plan with a pipeline (3 axes), 1.5% faster; the in-domain one goes first in either order

@@ -688,8 +688,9 @@ def tp_blocks_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:
     experts. Its routed experts take the rank's sequence shard straight to the EP dispatch (the dispatchers'
     TP is the expert TP group, moe/token_dispatcher.py MoETokenDispatcher.tp_group = pg_collection.expt_tp),
     and its router and latent projections are duplicated on that shard (moe_layer.py, parallel_mode
-    "duplicated"): no TP collective. Expert TP > 1 (gathers of the routed tokens over that group) and DTensor TP
-    keep the MLP's pair. A parallel transformer block (ModelSpec.parallel_block) feeds its attention and MLP one
+    "duplicated"): no TP collective. Expert TP > 1 keeps the MLP's pair only under the alltoall dispatcher (it
+    gathers the routed tokens over that group; the flex dispatcher has no TP collective:
+    tp_routed_blocks_per_layer), and DTensor TP keeps it. A parallel transformer block (ModelSpec.parallel_block) feeds its attention and MLP one
     gathered input and reduce-scatters their summed outputs once: one pair per layer, half. Source:
     NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py, moe_layer.py; Jiang et al.
     2024 (MegaScale, arXiv:2402.15627) §3.1. Derived: docs/formulas.md#comm.tp"""

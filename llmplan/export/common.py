@@ -540,10 +540,20 @@ def megatron_expert_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     the fc2 bias fused (ParallelPlan.glu_clamp_fusion, expert_bias_fusion, set in the plan) beside one GEMM per
     local expert (TEGroupedMLP applies them eagerly; only the fused grouped MLP fuses them: NVIDIA/Megatron-LM
     megatron/core/transformer/moe/experts.py at d98e8a6). The defaults a search saves are exported with notes
-    instead (megatron_expert_notes)."""
+    instead (megatron_expert_notes). Also Megatron-Core's two routed-expert limits at d98e8a6, launcher limits
+    (DeepSpeed's AutoTP and torchtitan's DTensor TP have neither): transformer_config.py __post_init__ asserts
+    expert TP 1 on a MoE model with linear biases ("Bias in Moe is only supported when ETP==1"), and
+    moe/moe_layer.py MoELayer.forward raises in training at TP > 1 without sequence parallelism."""
     p, m = pf.plan, pf.model
     fused = (expert_clamp(m) and p.glu_clamp_fusion) or (expert_bias(m) and p.expert_bias_fusion)
     return [
+        (f"expert tp {p.etp_resolved} with {m.name}'s expert biases (Megatron-Core asserts biased experts at "
+         "expert tp 1: transformer_config.py, 'Bias in Moe is only supported when ETP==1')",
+         expert_bias(m) and p.etp_resolved != 1, "re-plan with --etp 1"),
+        (f"tp {p.tp} without sequence parallelism on {m.name}'s MoE layers (Megatron-Core's MoE layer raises in "
+         "training at tp > 1 without sp: moe_layer.py, 'During training, performance may degrade if MoE and "
+         "tensor parallelism are enabled without also enabling sequence parallelism.')",
+         bool(m.is_moe) and p.tp > 1 and not p.sp, "re-plan with --sp"),
         ("the experts' clamped GLU and fc2 bias fused into Transformer Engine's grouped MLP ops "
          "(glu_clamp_fusion / expert_bias_fusion) beside one GEMM per local expert (TEGroupedMLP, which applies "
          "them eagerly)", not op_fuser(pf) and bool(fused),

@@ -511,7 +511,7 @@ def interval_line(e: TrainingEstimate) -> str:
 def placement_line(e: TrainingEstimate, cluster: ClusterSpec) -> str:
     """Which of the best plan's axes stay on the scale-up fabric (NVLink domain) and which cross the
     network: the reason TP / EP / CP sit where they do."""
-    spans = place(e.plan.degrees, cluster)
+    spans = place(e.plan.degrees, cluster, e.order)  # in the order it was priced in (--axis-order)
     domain = cluster.system.domain_gpus
     inside = [f"{a} {spans[a].size}" for a in ("tp", "cp", "ep", "pp", "dpcp") if spans[a].size > 1 and not spans[a].uses_nic]
     across = [f"{a} {spans[a].size}" for a in ("tp", "cp", "ep", "pp", "dpcp") if spans[a].uses_nic]
@@ -554,8 +554,8 @@ def switches_line(s: SwitchChoice) -> str:
     if "tp_comm_overlap" in s.chosen:  # tried where the overlap prices slower (cli.search, step.ub_loses)
         on.append(f"TP comm overlap {'on' if s.chosen['tp_comm_overlap'] else 'off'}")
         flags.append("--tp-comm-overlap")
-    if "megatron_fsdp" in s.chosen:  # on where only Megatron runs the setting's ZeRO-2 (cli.search as_run)
-        on.append(f"ZeRO-2 as Megatron-FSDP {'on' if s.chosen['megatron_fsdp'] else 'off'}")
+    if "megatron_fsdp" in s.chosen:  # on where only Megatron runs the setting's ZeRO-2 / 3 (cli.search as_run)
+        on.append(f"ZeRO-2/3 as Megatron-FSDP {'on' if s.chosen['megatron_fsdp'] else 'off'}")
         flags.append("--megatron-fsdp")
     pins = f"{' / '.join(flags)} pin them"
     return f"switches: {', '.join(on)} (best of {len(s.tried)} settings tried; {pins})"

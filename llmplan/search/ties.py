@@ -89,21 +89,23 @@ all-to-alls, CP's K/V exchange), so that their place (NVLink domain or network) 
 
 def heavy_across(e: Any) -> tuple[str, ...]:
     """The axes of HEAVY_AXES whose groups span more than one NVLink domain as topology.placement lays the plan
-    out on its cluster (the network carries their traffic); () for a plan without degrees (a stand-in)."""
+    out on its cluster in the estimate's axis order (TrainingEstimate.order, --axis-order: the order it was
+    priced in), so the network carries their traffic; () for a plan without degrees (a stand-in)."""
     degrees = getattr(e.plan, "degrees", None)
     if degrees is None:
         return ()
-    from llmplan.topology.placement import place
+    from llmplan.topology.placement import DEFAULT_ORDER, place
 
-    spans = place(degrees, e.cluster)
+    spans = place(degrees, e.cluster, getattr(e, "order", DEFAULT_ORDER))
     return tuple(a for a in HEAVY_AXES if spans[a].size > 1 and spans[a].uses_nic)
 
 
 def across_words(inside: Any, other: Any) -> str:
-    """Why `inside` is preferred on placement: the other plan's axes that leave the NVLink domain."""
-    from llmplan.topology.placement import place
+    """Why `inside` is preferred on placement: the other plan's axes that leave the NVLink domain (placed in
+    its estimate's axis order, as heavy_across places them)."""
+    from llmplan.topology.placement import DEFAULT_ORDER, place
 
-    spans = place(other.plan.degrees, other.cluster)
+    spans = place(other.plan.degrees, other.cluster, getattr(other, "order", DEFAULT_ORDER))
     out = [a for a in heavy_across(other) if a not in heavy_across(inside)]
     where = ", ".join(f"{a} {spans[a].size} spans {spans[a].domains} domains" for a in out)
     return f"{'/'.join(a.upper() for a in out) or 'EP/CP'} inside the NVLink domain (the other: {where})"

@@ -23,21 +23,6 @@ EXPERT_RULES: tuple[Rule, ...] = (
     Rule("etp_ffn", lambda m, p, c: (not m.is_moe) | (m.expert_ffn % p.etp_resolved == 0),
          lambda m, p, c: f"expert tp ({p.etp_resolved}) must divide the expert FFN width ({m.expert_ffn}) of "
                          f"{m.name}; valid: {bounded_list(divisors(m.expert_ffn)[:8])}"),
-    # Megatron-Core asserts expert TP 1 on a MoE model with linear biases (GPT-OSS's expert biases): "Bias in Moe
-    # is only supported when ETP==1" (NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/transformer_config.py,
-    # __post_init__: num_moe_experts is not None and add_bias_linear); DTensor TP has no such assert
-    Rule("etp_bias", lambda m, p, c: (not m.is_moe) | (not m.mlp_bias) | (p.etp_resolved == 1) | (p.tp_impl != "megatron"),
-         lambda m, p, c: f"expert tp ({p.etp_resolved}) with {m.name}'s expert biases: Megatron-Core supports biased "
-                         f"experts only at expert tp 1 (transformer_config.py: 'Bias in Moe is only supported when "
-                         f"ETP==1'); use --etp 1"),
-    # Megatron-Core's MoE layer raises in training at attention TP > 1 without sequence parallelism: "During
-    # training, performance may degrade if MoE and tensor parallelism are enabled without also enabling sequence
-    # parallelism." (NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/moe_layer.py, MoELayer.forward)
-    Rule("moe_tp_sp", lambda m, p, c: (not m.is_moe) | (p.tp == 1) | p.sp | (p.tp_impl != "megatron"),
-         lambda m, p, c: f"tp {p.tp} without sequence parallelism on {m.name}'s MoE layers: Megatron-Core's MoE "
-                         f"layer raises in training at tp > 1 without sp (moe_layer.py: 'During training, performance "
-                         f"may degrade if MoE and tensor parallelism are enabled without also enabling sequence "
-                         f"parallelism.'); add --sp"),
     Rule("expert_grid", lambda m, p, c: (not m.is_moe) | ((p.tp * p.cp * p.dp) % (p.etp_resolved * p.ep) == 0),
          lambda m, p, c: f"expert tp x ep ({p.etp_resolved} x {p.ep}) must divide tp x cp x dp "
                          f"({p.tp * p.cp * p.dp}) (Megatron's expert grid: world size divisible by etp x ep x pp); "
