@@ -407,10 +407,25 @@ class SettingSearch:
     def every_setting(self, base: Workload) -> None:
         """Every setting train_search tries, in its order (the class's docstring)."""
         cp_later = self.memory_settings(base)
+        self.megatron_for_the_first()  # before the steps whose floors read the winner (win_floor)
         self.at_the_winner(cp_later)
         self.without_tp_overlap()
-        self.megatron_for_the_first()
+        if self.megatron_for_the_first():  # a later winner re-priced: floors read before it may be stale,
+            self.rerun_outrun()  # and the new winner's TP overlap may lose
+            self.without_tp_overlap()
+            if self.megatron_for_the_first():
+                self.rerun_outrun()
         self.screens.clear()
+
+    def rerun_outrun(self) -> None:
+        """Search again, with no floor, every setting that was cut short by a floor (SearchResult.outrun: no plan
+        above the best so far): megatron_for_the_first can re-price the setting that set that floor lower, after
+        which an outrun setting may hold the best plan (docs/validation.md#stop-66-mends)."""
+        for k, (v, res, cluster, w, chosen) in enumerate(self.tried):
+            if res.outrun:
+                ro = self.run(cluster, w, full=self.full_of(cluster))
+                if ro is not None:
+                    self.tried[k] = (v, ro, cluster, w, chosen)
 
     def memory_settings(self, base: Workload) -> list:
         """The memory switch settings (search.run.switch_variants) with the CP comm types that run the model, each
@@ -549,27 +564,29 @@ class SettingSearch:
         on = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"megatron_fsdp": True}))
         return any(refusal(on, t) is None for t in MEGATRON_FSDP_TARGETS)
 
-    def megatron_for_the_first(self) -> None:
+    def megatron_for_the_first(self) -> bool:
         """The per-plan part of as_run (docs/validation.md#mfsdp-plan): where the winning setting's #1 is a ZeRO-2 /
         3 plan that only Megatron runs (needs_megatron) although the setting prices megatron_fsdp off, the setting
         is searched again with it on and that search replaces it (its plans priced as the one launcher that runs
-        its best one runs them); then the first of the settings wins again. At most once per setting. Without
-        --target only, with auto_fsdp (the user named neither --megatron-fsdp nor --no-megatron-fsdp)."""
+        its best one runs them, or none where none is left); then the first of the settings wins again, and is
+        re-priced in turn where it needs Megatron too. At most once per setting. Without
+        --target only, with auto_fsdp (the user named neither --megatron-fsdp nor --no-megatron-fsdp). Whether it
+        re-priced a setting."""
         from llmplan.search.grid import Workload
         from llmplan.search.run import first_setting
         if not self.auto_fsdp:
-            return
+            return False
         redone: set[int] = set()
         while True:
             i = first_setting([t[1] for t in self.tried])
             v, res, cluster, w, chosen = self.tried[i]
             if i in redone or w.megatron_fsdp or not res.ranked or not self.needs_megatron(res.ranked[0]):
-                return
+                return bool(redone)
             won = Workload(**{**w.fields(), "megatron_fsdp": True})
             ro = self.run(cluster, won, full=self.full_of(cluster))
-            if ro is None or not ro.ranked:
-                return
-            self.tried[i] = (v, ro, cluster, won, chosen)
+            if ro is None:
+                return bool(redone)
+            self.tried[i] = (v, ro, cluster, won, chosen)  # no plan left: the setting leaves the contest
             redone.add(i)
 
     def shown(self, tokens: float) -> TrainSearch:
