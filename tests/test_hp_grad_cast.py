@@ -11,10 +11,10 @@ from llmplan.cost.model_states import hp_grad_cast_bytes
 from llmplan.specs.model import ModelSpec
 
 
-def _gpt(h: int = 1024, f: int = 4096, vocab: int = 32768) -> ModelSpec:
+def _gpt(h: int = 1024, f: int = 4096, vocab: int = 32768, gated: bool = False) -> ModelSpec:
     return ModelSpec(name="t", model_type="gpt", hidden_size=h, intermediate_size=f, num_hidden_layers=9,
                      num_attention_heads=16, vocab_size=vocab, max_position_embeddings=2048,
-                     tie_word_embeddings=True, gated_mlp=False, norm_type="layernorm")
+                     tie_word_embeddings=True, gated_mlp=gated, norm_type="layernorm")
 
 
 # BF16_Optimizer: bf16 weights, fp32 gradients cast and added, ZeRO 1, all-reduce
@@ -31,6 +31,31 @@ def test_the_largest_gradient_of_each_stage_in_fp32() -> None:
     assert hp_grad_cast_bytes(m, p, 1, working=2e6, per_microbatch=1e6) == fc2 - 3e6
     # freed bytes larger than the copy leave nothing above the backward's peak
     assert hp_grad_cast_bytes(m, p, 1, working=1e9, per_microbatch=0.0) == 0.0
+
+
+def test_a_layer_weight_larger_than_the_vocabulary_shard() -> None:
+    """update_hp_grads walks every parameter of the rank, so on the first and last stages a layer weight larger
+    than the embedding shard is the largest copy (gpt-1t's shape: f 102,400 > V 51,200 at h 25,600)."""
+    p = _plan()
+    m = _gpt(h=1024, f=8192, vocab=4096)
+    fc = 4 * 8_192 * 1_024 // 2  # f x h / t = 4,194,304 > V/t x h = 2,048 x 1,024 = 2,097,152; 4 bytes
+    for stage in (0, 1, 2):
+        assert hp_grad_cast_bytes(m, p, stage, working=0.0, per_microbatch=0.0) == fc
+
+
+def test_gated_mlp_fuses_gate_and_up() -> None:
+    """Megatron-DeepSpeed (ae6277f5 megatron/model/transformer.py ParallelMLP) builds dense_h_to_4h with
+    2 x ffn_hidden_size outputs under glu_activation: one 2f x h / t parameter."""
+    p = _plan()
+    m = _gpt(h=1024, f=4096, vocab=4096, gated=True)
+    fused = 4 * 2 * 4_096 * 1_024 // 2  # 2f x h / t, 4 bytes
+    for stage in (0, 1, 2):
+        assert hp_grad_cast_bytes(m, p, stage, working=0.0, per_microbatch=0.0) == fused
+    # a vocabulary shard above the fused weight still wins on the first and last stages
+    big = _gpt(h=1024, f=4096, vocab=65_536, gated=True)
+    emb = 4 * 32_768 * 1_024
+    assert hp_grad_cast_bytes(big, p, 0, working=0.0, per_microbatch=0.0) == emb
+    assert hp_grad_cast_bytes(big, p, 1, working=0.0, per_microbatch=0.0) == fused
 
 
 def test_nothing_outside_the_bf16_optimizer() -> None:

@@ -64,6 +64,42 @@ def test_user_hardware_files_with_and_without_host_cpu(cli, tmp_path):
     assert r.code == 2 and "host_cpu_source" in r.err and "Traceback" not in r.err
 
 
+@pytest.mark.parametrize("key, value, line", [
+    ("host_cpu", "amd", "error: {path}: host_cpu (amd) needs host_cpu_source: the vendor guide, datasheet or "
+                        "instance page it was read from"),
+    ("host_memory_gb", "512", "error: {path}: host_memory_gb needs host_memory_source: the vendor guide, "
+                              "datasheet or instance page it was read from"),
+    ("price_per_gpu_hour", "2.5", "error: {path}: price_per_gpu_hour needs price_source: the provider page, "
+                                  "offering and date it was read from"),
+])
+def test_changed_value_does_not_inherit_the_base_source(cli, tmp_path, key, value, line):
+    """dgx-h100's sources name its Xeon host, its 2 TB and its Lambda rate: a file on that base that changes the
+    value and leaves the source out must not keep the base's source; it is refused with the spec's own line."""
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"base: dgx-h100\n{key}: {value}\n")
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", path, "--nodes", "2", "--dp", "16")
+    assert r.refusal() == line.format(path=path)
+
+
+def test_unchanged_value_keeps_the_base_source(tmp_path):
+    """Restating the base's own value (dgx-h100: Intel host, 2,000 GB) keeps the base's source."""
+    from llmplan.specs.registry import load_system_file
+    path = tmp_path / "same.yaml"
+    path.write_text("base: dgx-h100\nhost_cpu: intel\nhost_memory_gb: 2000\nnics_per_node: 4\n")
+    mine = load_system_file(path)
+    assert mine.host_cpu_source == SYS["dgx-h100"].host_cpu_source
+    assert mine.host_memory_source == SYS["dgx-h100"].host_memory_source
+
+
+def test_gpu_override_does_not_inherit_host_op_source(cli, tmp_path):
+    """A gpu mapping on gb200-nvl72 (Grace, host_op_factor 2.75 with its TransformerEngine issue 2053 source) that
+    changes host_op_factor without host_op_source is refused, not priced with the base GPU's source."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("base: gb200-nvl72\ngpu:\n  host_op_factor: 2.0\n")
+    r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", path, "--nodes", "1", "--dp", "8")
+    assert "host_op_factor 2 needs host_op_source" in r.refusal()
+
+
 @pytest.mark.parametrize("op", ["all-gather", "reduce-scatter"])
 def test_amd_host_dgx_a100_ring_by_hand(op):
     """DGX A100 (2 x EPYC 7742), 4 nodes x 8 GPUs, a ring of 31 steps, 3 across the network, 28 on NVLink, each

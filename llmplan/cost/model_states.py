@@ -311,14 +311,19 @@ def hp_grad_cast_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any, working: An
     """Bytes by which one rank's peak exceeds the priced activations under DeepSpeed's BF16_Optimizer
     (bf16_optimizer): after each micro-batch's backward, update_hp_grads adds every bf16 param.grad into the fp32
     flat gradient through an fp32 copy (`hp_grad.add_(lp.grad.to(fp32))`), one parameter at a time, so the
-    largest parameter's 4-byte copy lives once the micro-batch's working set and layer activations are freed:
-    the word embedding (V/t x h) on the first stage, the tied or untied output weight on the last, fc2's
-    elsewhere. `working`, `per_microbatch` as in fresh_grad_bytes. Source: deepspeedai/DeepSpeed
+    largest parameter's 4-byte copy lives once the micro-batch's working set and layer activations are freed.
+    It walks every parameter of the rank, so the largest is the biggest layer weight, and on the first stage
+    the word embedding (V/t x h) if larger, on the last the tied or untied output weight if larger. The layer
+    weight is the MLP's first matrix as the DeepSpeed export's pipelined target (bigscience-workshop/
+    Megatron-DeepSpeed ae6277f5 megatron/model/transformer.py ParallelMLP) builds it: dense_h_to_4h of
+    2f x h / t with glu_activation (gate and up fused), f x h / t otherwise (the size of fc2); the fused
+    query_key_value (3h x h / t) exceeds it only below f = 1.5h gated, 3h not, and is not priced.
+    `working`, `per_microbatch` as in fresh_grad_bytes. Source: deepspeedai/DeepSpeed
     deepspeed/runtime/bf16_optimizer.py update_hp_grads at 15293139f (2022-02-28) and 56c522386, called by
     pipe/engine.py _exec_backward_pass after torch.autograd.backward. Derived: docs/formulas.md#mem.hp_grad_cast"""
-    largest = where(stage == 0, input_embedding_params(m, plan),
-                    where(stage == plan.pp - 1, vocab_shard_params(m, plan.tp),
-                          m.intermediate_size * m.hidden_size / plan.tp))
+    layer = (2 if m.gated_mlp else 1) * m.intermediate_size * m.hidden_size / plan.tp
+    largest = maximum(layer, where(stage == 0, input_embedding_params(m, plan),
+                                   where(stage == plan.pp - 1, vocab_shard_params(m, plan.tp), 0.0)))
     return where(bf16_optimizer(plan), maximum(4.0 * largest - working - per_microbatch, 0.0), 0.0)
 
 

@@ -225,6 +225,18 @@ def _not_a_plan(data: Any, path: Path, what: str) -> None:
 
 MODEL_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads")
 NETWORK_KEYS = frozenset({"nic_efficiency", "nic_gbit_per_s", "scaleout_fabric"})
+# Value keys whose *_source key must name where the value was read (SystemSpec._rules, GpuSpec._host_op_sourced).
+SYSTEM_SOURCED = {"host_cpu": "host_cpu_source", "host_memory_gb": "host_memory_source",
+                  "price_per_gpu_hour": "price_source"}
+GPU_SOURCED = {"host_op_factor": "host_op_source"}
+
+
+def _own_sources(given: Mapping[str, Any], inherited: dict[str, Any], pairs: Mapping[str, str]) -> None:
+    """A file on a base that changes a sourced value without giving its source does not inherit the base's
+    source (which names the base's value): the source is blanked so the spec's own rule refuses the file."""
+    for key, source in pairs.items():
+        if key in given and source not in given and given[key] != inherited.get(key):
+            inherited[source] = ""
 SYSTEM_KEYS = ("gpu", "gpus_per_node", "base", "pools", "intra_node_gb_per_s")
 
 
@@ -275,8 +287,11 @@ def load_system_file(path: Path) -> SystemSpec:
         base = systems[base_name]
         base_gpu = "gpu" not in data or (isinstance(data["gpu"], dict) and "name" not in data["gpu"])
         if isinstance(data.get("gpu"), dict) and "name" not in data["gpu"]:
-            data["gpu"] = {**base.gpu.model_dump(), **data["gpu"]}
+            base_gpu_fields = base.gpu.model_dump()
+            _own_sources(data["gpu"], base_gpu_fields, GPU_SOURCED)
+            data["gpu"] = {**base_gpu_fields, **data["gpu"]}
         inherited = base.model_dump()
+        _own_sources(data, inherited, SYSTEM_SOURCED)
         # The base's ring-collective share was read on the base's network: a file that changes the network
         # without giving its own share falls back to its nic_efficiency (SystemSpec.allreduce_nic_efficiency).
         if "allreduce_nic_efficiency" not in data and NETWORK_KEYS & set(data):

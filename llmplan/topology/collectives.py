@@ -178,8 +178,8 @@ def nccl_ring_latency(op: str, n: int, k: int, proto: str, intra_hw: str = "nvli
     + (nsteps - nInterSteps)·intraLat + nInterSteps·interLat, nsteps = n - 1 (all-gather, reduce-scatter) or
     2(n - 1) (all-reduce), nInterSteps = k - 1 or 2k (0 in one domain); across nodes an NVLink step costs at
     least the network post overhead `net_overhead` (getNetOverhead by host CPU, x3 for Simple), and a Simple
-    all-reduce's latency is x1.4 (`sm80`, else x1.9: "Plateau effect of ring"). Source: NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc ncclTopoTuneModel,
-    ncclTopoGetAlgoTime. Derived: docs/formulas.md#comm.nccl_latency"""
+    all-reduce's latency is x1.4 (`sm80`, else x1.9: "Plateau effect of ring"). Source: NVIDIA/nccl v2.21.5-1
+    src/graph/tuning.cc ncclTopoTuneModel, ncclTopoGetAlgoTime. Derived: docs/formulas.md#comm.nccl_latency"""
     ar = op == "all-reduce"
     nsteps = 2 * (n - 1) if ar else n - 1
     inter = (2 * k if k > 1 else 0) if ar else k - 1
