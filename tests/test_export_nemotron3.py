@@ -62,9 +62,10 @@ def super_export(tmp_path_factory):
     return load_plan(plan), out
 
 
-def run_argv(script: Path, tmp_path: Path) -> list[str]:
-    """The arguments the script passes to Megatron-LM: bash runs it with a torchrun that prints its own
-    arguments, one per line, so the shell's expansion (the pattern variable, the arrays) is what is parsed."""
+def run_argv(script: Path, tmp_path: Path, entry_script: str = "pretrain_hybrid.py") -> list[str]:
+    """The arguments the script passes to Megatron-LM's `entry_script`: bash runs it with a torchrun that prints
+    its own arguments, one per line, so the shell's expansion (the pattern variable, the arrays) is what is
+    parsed."""
     stub = tmp_path / "bin"
     stub.mkdir(exist_ok=True)
     (stub / "torchrun").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
@@ -73,7 +74,7 @@ def run_argv(script: Path, tmp_path: Path) -> list[str]:
                        env={"PATH": f"{stub}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")})
     assert r.returncode == 0, r.stderr
     argv = r.stdout.splitlines()
-    entry = next(i for i, a in enumerate(argv) if a.endswith("pretrain_hybrid.py"))
+    entry = next(i for i, a in enumerate(argv) if a.endswith(entry_script))
     return argv[entry + 1:]
 
 

@@ -17,15 +17,13 @@ Expected limits come from the launchers' sources, not from llmplan:
 
 from __future__ import annotations
 
-import os
-import stat
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.test_export import MEGATRON_VALUE_FLAGS, recorded_parser
+from tests.test_export_nemotron3 import run_argv
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMA = ["-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--tp", "8", "--global-batch", "64"]
@@ -45,16 +43,8 @@ def _export(cli, plan: Path, target: str, out: Path):
 def _megatron_args(script: Path, tmp_path: Path):
     """The script's arguments to pretrain_gpt.py (bash runs it with a torchrun stub that prints them), parsed by
     the recorded Megatron-LM parser."""
-    stub = tmp_path / "bin"
-    stub.mkdir(exist_ok=True)
-    (stub / "torchrun").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
-    (stub / "torchrun").chmod(stat.S_IRWXU)
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True,
-                       env={"PATH": f"{stub}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")})
-    assert r.returncode == 0, r.stderr
-    argv = r.stdout.splitlines()
-    entry = next(i for i, a in enumerate(argv) if a.endswith("pretrain_gpt.py"))
-    ns, unknown = recorded_parser("megatron-lm", MEGATRON_VALUE_FLAGS)[0].parse_known_args(argv[entry + 1:])
+    argv = run_argv(script, tmp_path, "pretrain_gpt.py")
+    ns, unknown = recorded_parser("megatron-lm", MEGATRON_VALUE_FLAGS)[0].parse_known_args(argv)
     assert not unknown, unknown
     return ns
 
