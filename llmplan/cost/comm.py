@@ -787,7 +787,8 @@ def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, A
     roles = (2 + 2 * r) * q + 2 * q, (2 + 2 * r) * a, 2 * q + 2 * (q2 - q), 2 * a
     blocks = maximum(tp_blocks_per_layer(m, plan), 1e-9)
     g = tp_routed_blocks_per_layer(m, plan) / blocks
-    routed = routed_pair_roles(m, plan, r)
+    # no routed pair under expert TP anywhere (g = 0): g·routed is 0, so its terms are not costed
+    routed = routed_pair_roles(m, plan, r) if np.any(g) else (0.0, 0.0, 0.0, 0.0)
     f = 0.0
     mla = roles  # an MLA attention pair's column side moves its latents (mla_latent_transfers), its row side sbh
     if m.mla is not None and not m.parallel_block:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 
 from llmplan.specs.hardware import SystemSpec
@@ -190,6 +191,7 @@ def nccl_ring_latency(op: str, n: int, k: int, proto: str, intra_hw: str = "nvli
     return lat * (NCCL_RING_PLATEAU[sm80] if ar and k > 1 and proto == "Simple" else 1.0)
 
 
+@lru_cache(maxsize=4096)  # pure over hashable inputs (Links, Coeff frozen); the scalar path asks it per transfer
 def nccl_ring_coeffs(op: str, n: int, k: int, bw: float, L: Links, fill: float = 0.0) -> tuple[Coeff, ...]:
     """A ring call as NCCL's tuner prices it, one candidate per protocol it enables (LL, LL128 where L.ll128,
     Simple); the cheapest at the message size is the one NCCL picks. Each: `fill` + nccl_ring_latency, and
