@@ -197,7 +197,7 @@ def test_exports_run_the_bridge_recipe_and_refuse_what_dsv4_attention_cannot():
     assert "--recipe deepseek_v4_flash_pretrain_config" in script
     assert "model.pipeline_model_parallel_layout=\"Et*22|t*21mL\"" in script and "model.mtp_num_layers=1" in script
     with pytest.raises(CannotExpress, match="DSv4HybridAttention asserts a TP size of 1"):
-        render_all(_plan_file(tp=2, dp=4, ep=8, etp=1), "megatron-bridge")
+        render_all(_plan_file(tp=2, sp=True, dp=4, ep=8, etp=1), "megatron-bridge")  # sp: moe_tp_sp passes
     with pytest.raises(CannotExpress, match="core_attn recompute"):
         render_all(_plan_file(recompute="selective"), "megatron-bridge")
 
