@@ -71,19 +71,22 @@ def test_unfused_plans_where_te_runs_another_softmax_are_refused(cli, tmp_path, 
     assert not (tmp_path / "o").exists()
 
 
-def test_refusal_lines(cli, tmp_path):
-    plan = _plan(cli, tmp_path, *LLAMA, "--no-flash-attention", "--seq-len", "8192")
-    assert _export(cli, plan, "megatron", tmp_path / "a").refusal() == (
-        "error: megatron cannot express this plan: an unfused attention softmax over 8192 keys a row priced as "
-        "Megatron-Core's fp32 PyTorch fallback (its fused kernel takes 16 < keys <= 4096), which Transformer "
-        "Engine's unfused attention (this export's) runs in its fused kernel (16 < keys < 16384, a multiple of 8); "
-        "re-plan with flash attention, or with --seq-len at most 4096 or from 16384")
-    plan = _plan(cli, tmp_path, *LLAMA, "--no-flash-attention", "--seq-len", "4092")
-    assert _export(cli, plan, "megatron", tmp_path / "b").refusal() == (
-        "error: megatron cannot express this plan: an unfused attention softmax over 4092 keys a row priced as "
-        "Megatron-Core's fused causal kernel, which Transformer Engine's unfused attention (this export's) runs as "
-        "fp32 PyTorch ops: its kernel takes 16 < keys < 16384 with keys a multiple of 8; re-plan with --seq-len a "
-        "multiple of 8 up to 4096, or with flash attention")
+REFUSAL_LINES = {
+    8192: "error: megatron cannot express this plan: an unfused attention softmax over 8192 keys a row priced as "
+          "Megatron-Core's fp32 PyTorch fallback (its fused kernel takes 16 < keys <= 4096), which Transformer "
+          "Engine's unfused attention (this export's) runs in its fused kernel (16 < keys < 16384, a multiple of "
+          "8); re-plan with flash attention, or with --seq-len at most 4096 or from 16384",
+    4092: "error: megatron cannot express this plan: an unfused attention softmax over 4092 keys a row priced as "
+          "Megatron-Core's fused causal kernel, which Transformer Engine's unfused attention (this export's) runs "
+          "as fp32 PyTorch ops: its kernel takes 16 < keys < 16384 with keys a multiple of 8; re-plan with "
+          "--seq-len a multiple of 8 up to 4096, or with flash attention",
+}
+
+
+@pytest.mark.parametrize("seq", sorted(REFUSAL_LINES))
+def test_refusal_lines(cli, tmp_path, seq):
+    plan = _plan(cli, tmp_path, *LLAMA, "--no-flash-attention", "--seq-len", str(seq))
+    assert _export(cli, plan, "megatron", tmp_path / "a").refusal() == REFUSAL_LINES[seq]
 
 
 def test_flash_attention_at_the_same_lengths_exports(cli, tmp_path):

@@ -410,11 +410,12 @@ class SettingSearch:
         self.megatron_for_the_first()  # before the steps whose floors read the winner (win_floor)
         self.at_the_winner(cp_later)
         self.without_tp_overlap()
-        if self.megatron_for_the_first():  # a later winner re-priced: floors read before it may be stale,
-            self.rerun_outrun()  # and the new winner's TP overlap may lose
-            self.without_tp_overlap()
-            if self.megatron_for_the_first():
-                self.rerun_outrun()
+        for last in (False, True):  # a later winner re-priced: floors read before it may be stale, and the
+            if not self.megatron_for_the_first():  # new winner's TP overlap may lose (one more drop, then stop)
+                break
+            self.rerun_outrun()
+            if not last:
+                self.without_tp_overlap()
         self.screens.clear()
 
     def rerun_outrun(self) -> None:
