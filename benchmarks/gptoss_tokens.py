@@ -1,5 +1,5 @@
 """GPT-OSS 120B's Megatron-Bridge rows per token, and a sequence-length test of where the gap scales
-(docs/validation.md#gptoss-gap).
+(docs/validation.md#gptoss-gap-seq).
 
 Part 1, for every scored GPT-OSS 120B mbridge-moe / bridgecard row: the preset as llmplan reads it (sequence,
 micro-batch, EP, PP, recompute modules, CUDA graphs, dispatcher, EP overlap), the signed error (+ = predicted

@@ -1,4 +1,4 @@
-"""benchmarks/gptoss_tokens.py (docs/validation.md#gptoss-gap): per-token times agree with accuracy.py's error,
+"""benchmarks/gptoss_tokens.py (docs/validation.md#gptoss-gap-seq): per-token times agree with accuracy.py's error,
 the sequence-length pairs are the rows the 25.11 table prints at 8,192 tokens against a 4,096-token row of the
 same GPU and layout, and the attention split behaves as window + full causal layers must."""
 
