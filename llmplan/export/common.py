@@ -265,17 +265,18 @@ SOFTMAX_KERNEL_WORDS = {
 """How softmax_kernel_refusals names each ParallelPlan.softmax_kernel value."""
 
 
-def softmax_kernel_refusals(pf: PlanFile, runs: str = "fused") -> list[tuple[str, bool, str]]:
+def softmax_kernel_refusals(pf: PlanFile, runs: str = "fused", fix: str | None = None) -> list[tuple[str, bool, str]]:
     """(what, whether the plan needs it, fix) for an unfused attention whose softmax the plan prices by a kernel
     path other than `runs`, the one this launcher's unfused attention runs: fused for the launchers refused here
     by default (Megatron-Core's FusedScaleMaskSoftmax, masked_softmax_fusion on by default); te for Megatron-LM's
     --attention-backend unfused under its default Transformer Engine layer spec (NVIDIA/Megatron-LM@d98e8a64dd
     gpt_builders.py, language_module.py _set_attention_backend: NVTE_UNFUSED_ATTN only; --attention-backend local
-    asserts --spec local), which runs TE's UnfusedDotProductAttention and FusedScaleMaskSoftmax.
+    asserts --spec local), which runs TE's UnfusedDotProductAttention and FusedScaleMaskSoftmax. `fix` replaces
+    "re-plan with --softmax-kernel <runs>" where the launcher refuses unfused attention anyway (Megatron-Bridge).
     docs/formulas.md#compute.score_bytes, #compute.eager_softmax, #compute.te_softmax."""
     p = pf.plan
     return [(f"{text}; this launcher runs {SOFTMAX_KERNEL_WORDS[runs].split(' (')[0]}",
-             p.softmax_kernel == kernel and not p.flash_attention, f"re-plan with --softmax-kernel {runs}")
+             p.softmax_kernel == kernel and not p.flash_attention, fix or f"re-plan with --softmax-kernel {runs}")
             for kernel, text in SOFTMAX_KERNEL_WORDS.items() if kernel != runs]
 
 
