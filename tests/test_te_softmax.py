@@ -118,3 +118,32 @@ def test_unfused_sinks_are_not_rescaled_after_the_kernel():
     unfused = plan(2048, "te", sink_fusion=False)
     assert sink_rescale_bytes(model(True), unfused) == 0.0
     assert sink_rescale_bytes(model(True), unfused.model_copy(update={"flash_attention": True})) > 0.0
+
+
+@pytest.mark.parametrize("name,seq", [("llama-3.1-8b", 4096), ("gpt-oss-20b", 2048), ("llama-3.1-8b", 4092)])
+def test_vectorised_search_agrees_with_scalar(name, seq):
+    # the search prices plan arrays (micro-batch, tp, recompute as arrays): each plan's memory and step time must
+    # equal its scalar estimate on the te path, with sinks (gpt-oss) and on TE's fallback length (4,092)
+    import itertools
+
+    import numpy as np
+
+    from llmplan.estimate import estimate_training
+    from llmplan.search.evaluate import evaluate
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+    from llmplan.specs.check import check_plan
+    from llmplan.specs.plan import ClusterSpec
+    from llmplan.specs.registry import builtin_models, builtin_systems
+
+    m, cluster = builtin_models()[name], ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=1)
+    w = Workload(global_batch=64, seq_len=seq, flash_attention=False, softmax_kernel="te")
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    rng = np.random.default_rng(7)
+    valid = (int(i) for i in rng.permutation(len(plans)) if not check_plan(m, plans.plan(int(i)), cluster))
+    idx = list(itertools.islice(valid, 12))
+    assert len(idx) == 12
+    vec = evaluate(m, cluster, plans.take(np.asarray(idx)))
+    for j, i in enumerate(idx):
+        scalar = estimate_training(m, cluster, plans.plan(i))
+        assert float(vec.memory.total[j]) == pytest.approx(float(scalar.memory.total), rel=1e-9)
+        assert float(vec.step.total[j]) == pytest.approx(float(scalar.time.total), rel=1e-9)
