@@ -61,7 +61,7 @@ def test_with_flash_attention_the_switch_is_one_line(cli):
     r = cli("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--softmax-kernel", "bogus")
     assert r.code == 2
     assert r.err.strip() == ("error: --softmax-kernel bogus is not a softmax kernel: it must be one of fused, eager, "
-                            "eager-fp32; give --softmax-kernel with one of them")
+                            "eager-fp32, te; give --softmax-kernel with one of them")
 
 
 def test_the_eager_softmax_prices_a_slower_step(cli):

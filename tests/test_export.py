@@ -605,9 +605,9 @@ def test_megatron_refuses_rowwise_fp8():
 @pytest.mark.parametrize("update,backend", [
     ({}, None),  # the native kernel is Megatron-Core's default backend choice: no flag
     ({"attention_kernel": "flash2"}, "AttnBackend.flash"),
-    # at 4,096 tokens, where Megatron-Core's and Transformer Engine's softmax both fuse (export.common.
-    # te_softmax_refusal refuses dense_train's 8,192 unfused)
-    ({"flash_attention": False, "seq_len": 4096}, "AttnBackend.unfused"),
+    # priced as Transformer Engine's unfused softmax, the one this backend runs (a softmax_kernel fused plan is
+    # refused: export.common.softmax_kernel_refusals)
+    ({"flash_attention": False, "softmax_kernel": "te"}, "AttnBackend.unfused"),
 ])
 def test_megatron_attention_backend(update, backend):
     # The plan's attention kernel reaches Megatron-LM as --attention-backend, parsed by its recorded parser

@@ -57,10 +57,10 @@ def test_the_flash_attn_kernel_drops_the_loader_mask_too():
 
 
 def test_unfused_attention_keeps_the_loader_mask():
-    # the torch softmax (Megatron-Core's and Transformer Engine's fused kernels both fail their checks at 16,384
-    # keys; between 4,096 and 16,384 export.common.te_softmax_refusal refuses the plan) builds a new s x s causal
-    # mask on the GPU in every layer when the loader gives none; the export keeps the loader's.
-    ns, _ = parse_megatron(megatron_script("dense_train", flash_attention=False, seq_len=16384))
+    # Transformer Engine's unfused attention (softmax_kernel te) builds an s x s causal mask on the GPU in every
+    # layer and ORs the loader's into it (priced: cost.elementwise.te_mask_bytes); the export keeps the loader's.
+    ns, _ = parse_megatron(megatron_script("dense_train", flash_attention=False, softmax_kernel="te",
+                                           seq_len=16384))
     assert ns.attention_backend == "AttnBackend.unfused"
     assert ns.no_create_attention_mask_in_dataloader is False
     assert ns.manual_gc is True and int(ns.manual_gc_interval) == 100

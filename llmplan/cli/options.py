@@ -164,7 +164,9 @@ FP8_SCALING = typer.Option(_plan("fp8_scaling"), "--fp8-scaling",
 SOFTMAX_KERNEL = typer.Option(_plan("softmax_kernel"), "--softmax-kernel",
                               help="An unfused attention's softmax: fused (Megatron's causal scale-mask-softmax "
                                    "kernel) | eager (masked_fill_ and torch softmax in 16 bits, Megatron-LM 2020) | "
-                                   "eager-fp32 (Megatron's fp32 fallback: cast, scale, mask, softmax, cast back).")
+                                   "eager-fp32 (Megatron's fp32 fallback: cast, scale, mask, softmax, cast back) | "
+                                   "te (Transformer Engine's unfused attention, what Megatron-LM's "
+                                   "--attention-backend unfused runs: a mask built per layer, whole-row kernel).")
 LAUNCH_BLOCKING = typer.Option(_plan("launch_blocking"), "--launch-blocking/--no-launch-blocking",
                                help="CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel (the GPU idles "
                                     "while the host launches the next).")

@@ -58,9 +58,11 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     merges = cp_merge_bytes(m, plan) * attention_share(m)  # the ring's merges of its calls' partial results
     # selective recompute of the attention core (core_attn) runs the softmax and dropout forward once more
     rerun = where(plan.recomputes("core_attn"), score_forward_bytes(m, plan) / 3, 0.0)
-    # a hybrid's softmax-attention layers alone hold scores, as the sinks and merges beside them
+    # a hybrid's softmax-attention layers alone hold scores, as the sinks and merges beside them; Transformer
+    # Engine's unfused attention also builds its s x s mask in every forward, the rerun's too (te_mask_bytes)
+    mask = te_mask_bytes(plan, m.attention_sinks) / 3 * s * s * where(plan.recomputes("core_attn"), 2, 1)
     scores = where(plan.flash_attention, 0.0,
-                   (score_bytes(m, plan) + rerun) * m.num_attention_heads * s * T / t * attention_share(m))
+                   ((score_bytes(m, plan) + rerun) * m.num_attention_heads * s * T / t + mask) * attention_share(m))
     routing = (moe_routing_train_bytes(m, plan) * T / sp + expert_node_bytes(m, plan) + moe_recompute_bytes(m, plan)
                if moe else 0.0)
     recurrent = mean_recurrent_memory_bytes(m, b) * T / t  # a hybrid's convolutions, scans and norms
@@ -169,11 +171,12 @@ Derived: docs/formulas.md#compute.sink_rescale"""
 def sink_rescale_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """HBM bytes per element of the attention output that sinks applied outside the attention kernel cost, in
     the forward-equivalent units of elementwise_bytes (the stage charges three times them): SINK_RESCALE_BYTES
-    where the model has sinks and the plan does not fuse them (sink_fusion False), else 0.
+    where the model has sinks and the plan's fused attention does not take them (sink_fusion False), else 0.
     Derived: docs/formulas.md#compute.sink_rescale"""
     if not m.attention_sinks:
         return 0.0
-    return where(plan.sink_fusion, 0.0, sum(SINK_RESCALE_BYTES) / 3)
+    # without fused attention the sink is a column of the scores' softmax (softmax_bytes), not a rescale
+    return where(plan.flash_attention, where(plan.sink_fusion, 0.0, sum(SINK_RESCALE_BYTES) / 3), 0.0)
 
 
 EAGER_RMSNORM_BYTES = (36.0, 92.0)
@@ -286,44 +289,156 @@ def fused_softmax_fits(plan: ParallelPlan) -> Any:
     return (s > 16) & (s <= FUSED_SOFTMAX_MAX_KEYS) & (s % 4 == 0)
 
 
-def fp32_softmax(plan: ParallelPlan) -> Any:
-    """Whether the scores' softmax runs as Megatron's fp32 torch ops (EAGER_FP32_SOFTMAX_BYTES): asked for
-    (softmax_kernel eager-fp32), or softmax_kernel fused where the kernel does not take the scores
-    (fused_softmax_fits), which Megatron runs as forward_torch_softmax with softmax_in_fp32
+TE_SOFTMAX_KEYS = (16, 16384, 8)
+"""(low, high, multiple): Transformer Engine's FusedScaleMaskSoftmax.is_kernel_available takes low < sk < high keys
+a row with sk % multiple == 0 (and sq % 4 == 0, sq a multiple of get_batch_per_block(sk): te_softmax_fits); else
+forward_torch_softmax in fp32 (softmax_in_fp32 True by default). Source: NVIDIA/TransformerEngine@d0067d0da6
+transformer_engine/pytorch/attention/dot_product_attention/softmax.py. Derived: docs/formulas.md#compute.te_softmax"""
+
+TE_MASKED_SOFTMAX_BYTES = (4.0, 6.0)
+"""(forward, backward) HBM bytes per attention score of Transformer Engine's scaled_masked_softmax in 16 bits, the
+kernel TE's FusedScaleMaskSoftmax runs for a causal mask since TE 2.0 (the aligned causal kernel's call is
+commented out, "until unalignment bug is fixed"): forward reads every score of the row (2) and writes every
+probability (2); backward reads the output gradient and the saved probabilities over the whole row (2 + 2) and
+writes the input gradient (2). The uint8 mask it reads beside the scores is shared by the heads and L2-resident,
+not counted (its build is: TE_MASK_BYTES). Source: NVIDIA/TransformerEngine@d0067d0da6 transformer_engine/common/
+fused_softmax/scaled_masked_softmax.cu (scaled_masked_softmax_warp_forward / _backward: loads and stores over
+element_count, the key length) and pytorch/attention/dot_product_attention/softmax.py (forward_fused_softmax).
+Derived: docs/formulas.md#compute.te_softmax"""
+
+TE_FP32_SOFTMAX_BYTES = (28.0, 32.0)
+"""(forward, backward) HBM bytes per attention score of Transformer Engine's forward_torch_softmax (softmax_in_fp32,
+no scale: the softmax scale is baddbmm's alpha, NVTE_APPLY_QK_LAYER_SCALING off by default): forward inp.float()
+(read 2, write 4), masked_fill_ (read 4, write 4), softmax (read 4, write 4), the cast back (read 4, write 2): 28;
+backward the cast's gradient to fp32 (read 2, write 4), _softmax_backward_data (read 4 + 4, write 4),
+masked_fill_'s (read 4, write 4), the cast's to 16 bits (read 4, write 2): 32. Source: NVIDIA/TransformerEngine@
+d0067d0da6 .../dot_product_attention/softmax.py (forward_torch_softmax), transformer_engine/pytorch/utils.py
+(attention_mask_func: masked_fill_), .../dot_product_attention/backends.py (UnfusedDotProductAttention:
+baddbmm(alpha=scale), scale_mask_softmax(..., softmax_scale None)); PyTorch tools/autograd/derivatives.yaml.
+Derived: docs/formulas.md#compute.te_softmax"""
+
+SINK_COLUMN_BYTES = {16: (4.0, 6.0), 32: (8.0, 12.0)}
+"""(forward, backward) HBM bytes per attention score that a learnable softmax offset (attention sinks, softmax_type
+learnable) adds to an unfused softmax, by the bits of the tensor it joins: forward torch.cat of the scores and the
+sink column (read, write); backward the slice [..., :-1] of the probabilities gives a zero-filled gradient (write)
+with the incoming one copied in (read, write); cat's backward is views. 16: Transformer Engine's
+UnfusedDotProductAttention (the cat before its softmax, the slice after the cast back); 32: Megatron-Core's
+SoftmaxOne on the fp32 torch path (which the offset forces). The extra column is 1/sk of it, not counted. Source:
+NVIDIA/TransformerEngine@d0067d0da6 .../dot_product_attention/backends.py (UnfusedDotProductAttention._forward:
+torch.cat, attention_probs[..., :-1]); NVIDIA/Megatron-LM@d98e8a64dd megatron/core/fusions/fused_softmax.py
+(SoftmaxOne, FusedScaleMaskSoftmax.forward: the kernel only where softmax_offset is None); PyTorch
+tools/autograd/derivatives.yaml (cat, slice). Derived: docs/formulas.md#compute.te_softmax"""
+
+TE_MASK_BYTES = 37.0
+"""HBM bytes per (query, key) position Transformer Engine's UnfusedDotProductAttention spends in every layer's
+forward building its causal mask (dpa_utils.get_full_mask, attn_mask_type causal), shared by the batch and heads:
+the int32 difference arange(sq)[:, None] - arange(sk) (write 4), swa_left = mask - sk and swa_right = mask + 0
+(read 4, write 4 each), swa_left <= 0 and swa_right < 0 (read 4, write 1 each), the ~ (read 1, write 1), the &
+(read 2, write 1) and logical_not (read 1, write 1). TE_MASK_OR_BYTES come on top. Source: NVIDIA/
+TransformerEngine@d0067d0da6 transformer_engine/pytorch/attention/dot_product_attention/utils.py (get_full_mask),
+backends.py (UnfusedDotProductAttention._forward calls it for every mask type). Derived:
+docs/formulas.md#compute.te_softmax"""
+
+TE_MASK_OR_BYTES = (1.0, 2.0)
+"""(per position, per position and sample) HBM bytes of one logical_or of a [1, 1, s, s] mask with the data
+loader's [b, 1, s, s] one (read 1 + b, write b): get_full_mask's with the loader mask (the Megatron-LM export keeps
+it without flash attention: export.megatron's mask flag), and forward_torch_softmax's with its cached causal mask
+on the fallback; the sink path's F.pad of the [b, 1, s, s] mask by a column costs the per-sample 2 alone.
+Derived: docs/formulas.md#compute.te_softmax"""
+
+TE_MASK_KERNELS = 11
+"""Kernels Transformer Engine's unfused attention launches per layer forward building its mask (TE_MASK_BYTES: two
+arange, the difference, two offsets, two compares, ~, &, logical_not, the loader mask's logical_or) beyond the one
+softmax kernel; its fp32 fallback adds TE_FP32_SOFTMAX_KERNELS, the sink path 2 (cat, F.pad).
+Derived: docs/formulas.md#compute.te_softmax"""
+
+TE_FP32_SOFTMAX_KERNELS = 4
+"""Kernels Transformer Engine's fp32 torch softmax launches per layer forward beyond one: the two casts, the
+masked_fill_ and the logical_or with its cached causal mask (TE_FP32_SOFTMAX_BYTES, TE_MASK_OR_BYTES).
+Derived: docs/formulas.md#compute.te_softmax"""
+
+
+def te_softmax_fits(plan: ParallelPlan, sinks: bool = False) -> Any:
+    """Whether Transformer Engine's fused masked softmax takes one layer's [b, np, sq, sk] scores (sq the rank's
+    sequence, sk = sq, one more with attention sinks' column): TE_SOFTMAX_KEYS, sq % 4 == 0 and sq a multiple of
+    get_batch_per_block(sk) (8 up to 128 keys, else 4). Elementwise on plan arrays. The b x np % 4 check is not
+    applied (as fused_softmax_fits). Source: NVIDIA/TransformerEngine@d0067d0da6 .../dot_product_attention/
+    softmax.py (is_kernel_available, get_batch_per_block). Derived: docs/formulas.md#compute.te_softmax"""
+    low, high, multiple = TE_SOFTMAX_KEYS
+    sq = plan.seq_len / plan.cp
+    sk = sq + (1 if sinks else 0)
+    per_block = where(sk <= 128, 8, 4)
+    return (sk > low) & (sk < high) & (sk % multiple == 0) & (sq % per_block == 0)
+
+
+def fp32_softmax(plan: ParallelPlan, sinks: bool = False) -> Any:
+    """Whether the scores' softmax runs as fp32 torch ops (EAGER_FP32_SOFTMAX_BYTES, TE_FP32_SOFTMAX_BYTES): asked
+    for (softmax_kernel eager-fp32); softmax_kernel fused where Megatron's kernel does not take the scores
+    (fused_softmax_fits) or the model has attention sinks (Megatron-Core runs forward_torch_softmax whenever
+    softmax_offset is set), which Megatron runs as forward_torch_softmax with softmax_in_fp32
     (TransformerConfig.attention_softmax_in_fp32 True at d98e8a64dd; forced by apply_query_key_layer_scaling, on
-    by default, in Megatron-LM 2021-22 transformer.py). Derived: docs/formulas.md#compute.softmax_fallback"""
-    fallback = where(fused_softmax_fits(plan), False, True)
-    return where(plan.softmax_kernel == "fused", fallback, plan.softmax_kernel == "eager-fp32")
+    by default, in Megatron-LM 2021-22 transformer.py); softmax_kernel te where TE's kernel does not
+    (te_softmax_fits). Derived: docs/formulas.md#compute.softmax_fallback, #compute.te_softmax"""
+    fallback = where(fused_softmax_fits(plan), sinks, True)
+    te_fallback = where(te_softmax_fits(plan, sinks), False, True)
+    kernel = plan.softmax_kernel
+    return where(kernel == "fused", fallback, where(kernel == "te", te_fallback, kernel == "eager-fp32"))
 
 
-def softmax_bytes(plan: ParallelPlan) -> tuple[Any, Any]:
+def softmax_bytes(plan: ParallelPlan, sinks: bool = False) -> tuple[Any, Any]:
     """(forward, backward) bytes per score of the plan's softmax kernel (ParallelPlan.softmax_kernel): Megatron-LM's
-    fused causal kernel (CAUSAL_SOFTMAX_BYTES), the 2020 release's eager 16-bit ops (EAGER_SOFTMAX_BYTES) or
-    Megatron's fp32 torch ops (EAGER_FP32_SOFTMAX_BYTES), asked for or the fused kernel's fallback (fp32_softmax).
-    The dropout after it is not included (score_bytes).
-    Derived: docs/formulas.md#compute.score_bytes, docs/formulas.md#compute.softmax_fallback"""
-    eager, fp32 = plan.softmax_kernel == "eager", fp32_softmax(plan)
-    fwd = where(fp32, EAGER_FP32_SOFTMAX_BYTES[0], where(eager, EAGER_SOFTMAX_BYTES[0], CAUSAL_SOFTMAX_BYTES[0]))
-    bwd = where(fp32, EAGER_FP32_SOFTMAX_BYTES[1], where(eager, EAGER_SOFTMAX_BYTES[1], CAUSAL_SOFTMAX_BYTES[1]))
-    return fwd, bwd
+    fused causal kernel (CAUSAL_SOFTMAX_BYTES), the 2020 release's eager 16-bit ops (EAGER_SOFTMAX_BYTES),
+    Megatron's fp32 torch ops (EAGER_FP32_SOFTMAX_BYTES), asked for or the fused kernel's fallback (fp32_softmax),
+    or Transformer Engine's masked kernel or fp32 torch ops (TE_MASKED_SOFTMAX_BYTES, TE_FP32_SOFTMAX_BYTES), with
+    attention sinks' column (SINK_COLUMN_BYTES). The dropout after it and TE's mask build are not included
+    (score_bytes, te_mask_bytes). Derived: docs/formulas.md#compute.score_bytes, #compute.softmax_fallback,
+    #compute.te_softmax"""
+    eager, fp32, te = plan.softmax_kernel == "eager", fp32_softmax(plan, sinks), plan.softmax_kernel == "te"
+    out = []
+    for i in (0, 1):
+        sink16, sink32 = (SINK_COLUMN_BYTES[16][i], SINK_COLUMN_BYTES[32][i]) if sinks else (0.0, 0.0)
+        te_bytes = where(fp32, TE_FP32_SOFTMAX_BYTES[i], TE_MASKED_SOFTMAX_BYTES[i]) + sink16
+        megatron = where(fp32, EAGER_FP32_SOFTMAX_BYTES[i] + sink32,
+                         where(eager, EAGER_SOFTMAX_BYTES[i] + sink16, CAUSAL_SOFTMAX_BYTES[i]))
+        out.append(where(te, te_bytes, megatron))
+    return out[0], out[1]
 
 
-def softmax_launches(plan: ParallelPlan) -> Any:
+def te_mask_bytes(plan: ParallelPlan, sinks: bool = False) -> Any:
+    """HBM bytes per (query, key) position of one layer's forward that Transformer Engine's unfused attention
+    (softmax_kernel te) spends on its mask, whatever the heads: the build and the loader mask's logical_or
+    (TE_MASK_BYTES + TE_MASK_OR_BYTES), the fp32 fallback's second logical_or, or the sink path's pad (per sample
+    2); 0 for the other kernels. Derived: docs/formulas.md#compute.te_softmax"""
+    fixed, per_sample = TE_MASK_OR_BYTES
+    b = plan.micro_batch
+    extra = (per_sample * b) if sinks else where(fp32_softmax(plan), fixed + per_sample * b, 0.0)
+    return where(plan.softmax_kernel == "te", TE_MASK_BYTES + fixed + per_sample * b + extra, 0.0)
+
+
+def softmax_launches(plan: ParallelPlan, sinks: bool = False) -> Any:
     """Kernels the plan's softmax launches per layer forward beyond the fused kernel's one (ParallelPlan.
     softmax_kernel: fused 0, eager EAGER_SOFTMAX_KERNELS, eager-fp32 and the fused kernel's fallback
-    EAGER_FP32_SOFTMAX_KERNELS: fp32_softmax); none with fused attention, which writes no scores.
-    Derived: docs/formulas.md#compute.score_bytes, docs/formulas.md#compute.softmax_fallback"""
-    extra = where(fp32_softmax(plan), EAGER_FP32_SOFTMAX_KERNELS,
-                  where(plan.softmax_kernel == "eager", EAGER_SOFTMAX_KERNELS, 0))
+    EAGER_FP32_SOFTMAX_KERNELS: fp32_softmax; te TE_MASK_KERNELS and, falling back, TE_FP32_SOFTMAX_KERNELS), one
+    more with attention sinks' cat (te: and the mask's pad), in the units of cost.overhead.host_seconds, which
+    charges (3 + r) times them for forward and backward: TE's mask build, forward only, counts a third of its
+    launches; none with fused attention, which writes no scores.
+    Derived: docs/formulas.md#compute.score_bytes, docs/formulas.md#compute.softmax_fallback,
+    #compute.te_softmax"""
+    fp32, te = fp32_softmax(plan, sinks), plan.softmax_kernel == "te"
+    megatron = where(fp32, EAGER_FP32_SOFTMAX_KERNELS, where(plan.softmax_kernel == "eager", EAGER_SOFTMAX_KERNELS, 0))
+    # the sink path's mask is arbitrary: no logical_or with the causal one on the fallback
+    te_kernels = where(fp32, TE_FP32_SOFTMAX_KERNELS - (1 if sinks else 0), 0) + (2 if sinks else 0)
+    # the mask's launches run in forward only: a third in the forward-equivalent units host_seconds charges
+    extra = where(te, te_kernels + TE_MASK_KERNELS / 3, megatron + (1 if sinks else 0))
     return where(plan.flash_attention, 0, extra)
 
 
 def score_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """HBM bytes per attention score of one head without fused attention, in the forward-equivalent units of
-    elementwise_bytes (the stage charges three times them): the plan's softmax (softmax_bytes) and, with attention
-    dropout, the dropout over the probabilities (DROPOUT_BYTES), forward and backward over 3.
-    Derived: docs/formulas.md#compute.score_bytes"""
-    fwd, bwd = softmax_bytes(plan)
+    elementwise_bytes (the stage charges three times them): the plan's softmax (softmax_bytes, with the model's
+    attention sinks) and, with attention dropout, the dropout over the probabilities (DROPOUT_BYTES), forward and
+    backward over 3. Derived: docs/formulas.md#compute.score_bytes"""
+    fwd, bwd = softmax_bytes(plan, m.attention_sinks)
     dropout = sum(DROPOUT_BYTES) if m.attention_dropout > 0 else 0.0
     return (fwd + bwd + dropout) / 3
 
@@ -333,7 +448,7 @@ def score_forward_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     selective recompute of the attention core (core_attn) moves again before the backward.
     Source: Korthikanti et al. 2022 (arXiv:2205.05198) §5, the QK^T, softmax, softmax dropout and attention over V
     recomputed. Derived: docs/formulas.md#compute.score_bytes"""
-    return softmax_bytes(plan)[0] + (DROPOUT_BYTES[0] if m.attention_dropout > 0 else 0.0)
+    return softmax_bytes(plan, m.attention_sinks)[0] + (DROPOUT_BYTES[0] if m.attention_dropout > 0 else 0.0)
 
 
 FUSED_NORM_BYTES = (4.0, 6.0)

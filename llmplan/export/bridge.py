@@ -268,7 +268,10 @@ def _layout_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
         ("Muon over reduce-scattered gradients (Megatron-Bridge's dist_muon recipes run the layer-wise optimizer "
          "over an all-reducing DDP, use_distributed_optimizer False)", p.optimizer == "muon" and p.zero == 1
          and p.grad_reduce == "reduce-scatter", "re-plan with --grad-reduce all-reduce, or export to megatron"),
-        *tp_refusals(pf), *megatron_expert_refusals(pf), *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf),
+        *tp_refusals(pf), *megatron_expert_refusals(pf), *norm_kernel_refusals(pf),
+        # Megatron-Core's TE layer spec: TE's unfused attention, which this export refuses (attention_kernel_refusal)
+        *softmax_kernel_refusals(pf, "te", "re-plan with --flash-attention --attention-kernel native, or export to "
+                                 "megatron"),
         parallel_block_refusal(pf), torch_ring_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), whole_embedding_refusal(pf),
         (f"the {p.pp_schedule} pipeline schedule (Megatron-Core runs 1F1B and interleaved 1F1B)",
          launcher_schedule("megatron-bridge", p.pp_schedule) is None, "re-plan with --pp-schedule 1f1b"),

@@ -9,7 +9,6 @@ from typing import Any
 from llmplan import __version__
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.compute import runs_per_expert
-from llmplan.cost.elementwise import FUSED_SOFTMAX_MAX_KEYS, fused_softmax_fits
 from llmplan.cost.gemm import squared_relu_mlp
 from llmplan.errors import LlmplanError
 from llmplan.planfile import PlanFile
@@ -255,58 +254,30 @@ def norm_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
     return [(what, p.norm_kernel == "two-pass" and p.fused_kernels, "re-plan with --norm-kernel fused-one-pass")]
 
 
-def softmax_kernel_refusals(pf: PlanFile) -> list[tuple[str, bool, str]]:
-    """(what, whether the plan needs it, fix) for an unfused attention's softmax priced as PyTorch ops
-    (ParallelPlan.softmax_kernel eager: Megatron-LM 2020's masked_fill_ and torch softmax; eager-fp32:
-    Megatron-DeepSpeed's fp32 fallback of 2021-10 .. 2022-03) on a launcher whose unfused attention runs the fused
-    scale-mask-softmax kernel (Megatron-Core's and Transformer Engine's FusedScaleMaskSoftmax, masked_softmax_fusion
-    on by default); docs/formulas.md#compute.score_bytes, #compute.eager_softmax."""
+SOFTMAX_KERNEL_WORDS = {
+    "fused": "Megatron's fused causal softmax (softmax_kernel fused: scaled_upper_triang_masked_softmax over the lower "
+             "triangle, or its fp32 torch fallback past 4096 keys)",
+    "eager": "an eager attention softmax (softmax_kernel eager: masked_fill_ and torch softmax, Megatron-LM 2020)",
+    "eager-fp32": "an attention softmax as fp32 PyTorch ops (softmax_kernel eager-fp32: Megatron-DeepSpeed's "
+                  "fallback)",
+    "te": "Transformer Engine's unfused attention softmax (softmax_kernel te: the mask built in every layer, then "
+          "scaled_masked_softmax over whole rows)"}
+"""How softmax_kernel_refusals names each ParallelPlan.softmax_kernel value."""
+
+
+def softmax_kernel_refusals(pf: PlanFile, runs: str = "fused", fix: str | None = None) -> list[tuple[str, bool, str]]:
+    """(what, whether the plan needs it, fix) for an unfused attention whose softmax the plan prices by a kernel
+    path other than `runs`, the one this launcher's unfused attention runs: fused for the launchers refused here
+    by default (Megatron-Core's FusedScaleMaskSoftmax, masked_softmax_fusion on by default); te for Megatron-LM's
+    --attention-backend unfused under its default Transformer Engine layer spec (NVIDIA/Megatron-LM@d98e8a64dd
+    gpt_builders.py, language_module.py _set_attention_backend: NVTE_UNFUSED_ATTN only; --attention-backend local
+    asserts --spec local), which runs TE's UnfusedDotProductAttention and FusedScaleMaskSoftmax. `fix` replaces
+    "re-plan with --softmax-kernel <runs>" where the launcher refuses unfused attention anyway (Megatron-Bridge).
+    docs/formulas.md#compute.score_bytes, #compute.eager_softmax, #compute.te_softmax."""
     p = pf.plan
-    what = {"eager": "an eager attention softmax (softmax_kernel eager: masked_fill_ and torch softmax, "
-                     "Megatron-LM 2020; this launcher runs the fused softmax kernel)",
-            "eager-fp32": "an attention softmax as fp32 PyTorch ops (softmax_kernel eager-fp32: "
-                          "Megatron-DeepSpeed's fallback; this launcher runs the fused softmax kernel)"}
-    return [(text, p.softmax_kernel == kernel and not p.flash_attention, "re-plan with --softmax-kernel fused")
-            for kernel, text in what.items()]
-
-
-TE_SOFTMAX_KEYS = (16, 16384, 8)
-"""Transformer Engine's FusedScaleMaskSoftmax.is_kernel_available by length: 16 < sk < 16384 and sk % 8 == 0 (besides
-Megatron-Core's sq % 4 == 0), else forward_torch_softmax, fp32 by default. Source: NVIDIA/TransformerEngine@
-d0067d0da6 transformer_engine/pytorch/attention/dot_product_attention/softmax.py."""
-
-
-def te_softmax_refusal(pf: PlanFile) -> tuple[str, bool, str]:
-    """(what, whether the plan needs it, fix) for an unfused attention whose softmax llmplan priced by Megatron-Core's
-    length rule (softmax_kernel fused: its causal kernel for 16 < keys <= 4,096 with keys % 4 == 0, else the fp32
-    torch fallback: cost.elementwise.fused_softmax_fits) on a launcher that runs Transformer Engine's instead:
-    Megatron-LM's --attention-backend unfused under the default TE layer spec (NVIDIA/Megatron-LM@d98e8a64dd
-    gpt_builders.py; language_module.py _set_attention_backend sets NVTE_UNFUSED_ATTN only) runs TE's
-    UnfusedDotProductAttention and its FusedScaleMaskSoftmax, whose kernel takes 16 < keys < 16,384 with keys % 8
-    == 0 (TE_SOFTMAX_KEYS). Refused where the two rules disagree: TE fuses 4,096 < keys < 16,384 (priced as the
-    fp32 fallback) and falls back at keys % 8 == 4 (priced fused). (Megatron-Bridge refuses every unfused plan:
-    bridge.attention_kernel_refusal.) docs/formulas.md#compute.softmax_fallback."""
-    p = pf.plan
-    keys = p.seq_len / p.cp
-    low, high, multiple = TE_SOFTMAX_KEYS
-    te_fuses = low < keys < high and keys % multiple == 0
-    priced = bool(fused_softmax_fits(p))
-    unfused = p.softmax_kernel == "fused" and not p.flash_attention
-    shown = f"{keys:g}"
-    if priced:
-        what = (f"an unfused attention softmax over {shown} keys a row priced as Megatron-Core's fused causal kernel, "
-                f"which Transformer Engine's unfused attention (this export's) runs as fp32 PyTorch ops: its kernel "
-                f"takes {low} < keys < {high} with keys a multiple of {multiple}")
-        fix = (f"re-plan with --seq-len a multiple of {multiple * p.cp} up to {FUSED_SOFTMAX_MAX_KEYS * p.cp}, or "
-               "with flash attention")
-    else:
-        what = (f"an unfused attention softmax over {shown} keys a row priced as Megatron-Core's fp32 PyTorch "
-                f"fallback (its fused kernel takes {low} < keys <= {FUSED_SOFTMAX_MAX_KEYS}), which Transformer "
-                f"Engine's unfused attention (this export's) runs in its fused kernel ({low} < keys < {high}, "
-                f"a multiple of {multiple})")
-        fix = (f"re-plan with flash attention, or with --seq-len at most {FUSED_SOFTMAX_MAX_KEYS * p.cp} or from "
-               f"{high * p.cp}")
-    return what, unfused and te_fuses != priced, fix
+    return [(f"{text}; this launcher runs {SOFTMAX_KERNEL_WORDS[runs].split(' (')[0]}",
+             p.softmax_kernel == kernel and not p.flash_attention, fix or f"re-plan with --softmax-kernel {runs}")
+            for kernel, text in SOFTMAX_KERNEL_WORDS.items() if kernel != runs]
 
 
 EP_OVERLAP_RULES = ("ep_comm_overlap_ep", "recompute_moe_overlap", "ep_overlap_vpp", "ep_overlap_full_recompute",

@@ -10,7 +10,7 @@ from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, need_mode, refuse, refuse_first, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
-                                   norm_kernel_refusals, softmax_kernel_refusals, te_softmax_refusal,
+                                   norm_kernel_refusals, softmax_kernel_refusals,
                                    pp_sync_notes, op_fuser,
                                    parallel_block_refusal, squared_relu,
                                    torch_ring_refusal, tp_refusals)
@@ -723,7 +723,7 @@ def _check_kernels(pf: PlanFile) -> None:
         raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
     refuse_first(TARGET, [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
-                          *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf), te_softmax_refusal(pf),
+                          *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf, "te"),
                           parallel_block_refusal(pf),
                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf),
                           whole_embedding_refusal(pf), connections_refusal(pf), tp_overlap_queues_refusal(pf)])

@@ -353,8 +353,10 @@ class ParallelPlan(PlanQuantities, Spec):
     bits (8 + 10), as Megatron-LM's 2020 release ran without its opt-in fusion flags; eager-fp32, the PyTorch ops
     Megatron falls back to where its fused kernel's checks fail (FusedScaleMaskSoftmax.forward_torch_softmax with
     softmax_in_fp32, which apply_query_key_layer_scaling forces): the scores cast to fp32, scaled, masked,
-    softmaxed and cast back (36 + 40). Attention dropout's bytes come on top of each.
-    docs/formulas.md#compute.score_bytes, #compute.eager_softmax"""
+    softmaxed and cast back (36 + 40); te, Transformer Engine's UnfusedDotProductAttention (what Megatron-LM's
+    --attention-backend unfused runs): the causal mask built in every layer, then scaled_masked_softmax over whole
+    rows (4 + 6) where its checks pass, else its fp32 torch ops (28 + 32). Attention dropout's bytes come on top
+    of each. docs/formulas.md#compute.score_bytes, #compute.eager_softmax, #compute.te_softmax"""
     pp_unbatched_sends: bool = False
     """Every 1F1B pipeline transfer on its own, one after another on the stage's stream, as DeepSpeed's pipeline
     engine runs them (deepspeed/runtime/pipe/schedule.py TrainSchedule: each step a receive and a send, each a

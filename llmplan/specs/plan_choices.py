@@ -72,13 +72,15 @@ NORM_KERNELS: tuple[str, ...] = get_args(NormKernel)
 """--norm-kernel values: the fused norm's backward in one pass (Transformer Engine, Apex's persistent
 FastLayerNorm) or in two, the weight gradient's kernel reading dy and x again (Apex FusedLayerNorm,
 Megatron-LM's fused_kernels copy before 2021-11, PyTorch's native layer_norm; docs/formulas.md#compute.norm_bytes)."""
-SoftmaxKernel = Literal["fused", "eager", "eager-fp32"]
+SoftmaxKernel = Literal["fused", "eager", "eager-fp32", "te"]
 SOFTMAX_KERNELS: tuple[str, ...] = get_args(SoftmaxKernel)
 """--softmax-kernel values, without fused attention: Megatron's fused causal softmax (scale, mask and softmax in one
 kernel over the lower triangle: --masked-softmax-fusion, the default from 2021); eager, PyTorch's 16-bit ops (an
 in-place masked_fill_, then torch softmax: Megatron-LM's 2020 release, whose fusion flags were opt-in); eager-fp32,
 Megatron's fp32 torch fallback where the fused kernel's checks fail (forward_torch_softmax with softmax_in_fp32:
-cast, scale, mask, softmax, cast back). docs/formulas.md#compute.score_bytes, #compute.eager_softmax."""
+cast, scale, mask, softmax, cast back); te, Transformer Engine's unfused attention (Megatron-LM's --attention-backend
+unfused): a causal mask built in every layer and the masked kernel over whole rows, or TE's fp32 torch ops where its
+kernel's checks fail. docs/formulas.md#compute.score_bytes, #compute.eager_softmax, #compute.te_softmax."""
 MoeDispatcher = Literal["alltoall", "deepep"]
 MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
 """--moe-dispatcher values: every routed copy travels (alltoall), or one row per destination rank (deepep)."""
