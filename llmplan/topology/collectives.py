@@ -252,14 +252,16 @@ def net_fill(k: int) -> float:
 
 
 def with_fill(c: Coeff, fill: float, ramp: bool = False) -> tuple[Coeff, ...]:
-    """Candidate `c` plus the all-reduce's start-up `fill` (net_fill), which grows with the message up to
-    NET_FILL_RAMP_BYTES and stays there: min(fill, fill·S/NET_FILL_RAMP_BYTES), written as two affine candidates
-    of which the cheaper is taken as for every candidate. A few-byte all-reduce (loss, gradient norm, amax) pays
-    only the per-step latencies, NCCL's tree LL time, as the nccl-tests tables measure it (25 µs on 2 H100 nodes,
-    35 µs on 4: docs/validation.md#small-coll). Derived: docs/formulas.md#comm.net_fill"""
+    """Candidate `c` plus the all-reduce's start-up `fill` (net_fill): whole at every size (Simple: ramp False),
+    or, for NCCL's LL and LL128 protocols (ramp True), growing with the message up to NET_FILL_RAMP_BYTES and
+    whole from there, min(fill, fill·S/NET_FILL_RAMP_BYTES), written as two affine candidates of which the
+    cheaper is taken as for every candidate. So a few-byte all-reduce (loss, gradient norm, amax) costs NCCL's
+    tree LL time, as the nccl-tests tables measure it (25 µs on 2 H100 nodes, 35 µs on 4:
+    docs/validation.md#small-coll). Derived: docs/formulas.md#comm.net_fill"""
     if fill <= 0 or not ramp:
         return (Coeff(c.algorithm, c.alpha + fill, c.beta),)
-    return (Coeff(c.algorithm, c.alpha + fill, c.beta), Coeff(c.algorithm, c.alpha, c.beta + fill / NET_FILL_RAMP_BYTES))
+    return (Coeff(c.algorithm, c.alpha + fill, c.beta),
+            Coeff(c.algorithm, c.alpha, c.beta + fill / NET_FILL_RAMP_BYTES))
 
 
 def nccl_ring(n: int, k: int, bw: float, L: Links, op: str = "all-gather") -> tuple[Coeff, ...]:
@@ -353,7 +355,8 @@ def allreduce_coeffs(n: int, k: int, L: Links, algorithm: str = "auto") -> tuple
     fill = net_fill(k)
     tree_alpha = 2 * (g - 1) * L.intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha
     # the ring's Simple rate is the tree's per-byte floor
-    tree_beta = max(2.0 / L.intra_bw, (1.0 if k == 2 else 2.0) / g / L.ring_inter_bw, bus_factor("all-reduce", n) / ring_bw)
+    tree_beta = max(2.0 / L.intra_bw, (1.0 if k == 2 else 2.0) / g / L.ring_inter_bw,
+                    bus_factor("all-reduce", n) / ring_bw)
     hier_beta = max(2 * (g - 1) / g / L.intra_bw, bus_factor("all-reduce", k) / g / L.ring_inter_bw)  # comm.hierarchical
     cands = [*rings, *with_fill(Coeff("tree", tree_alpha, tree_beta), fill),
              *(nccl_tree_coeffs(g, k, tree_beta, L, fill) if L.nccl else ()),
@@ -369,7 +372,8 @@ def nccl_tree_coeffs(g: int, k: int, tree_beta: float, L: Links, fill: float) ->
     over the protocol's share (LL 1/3.8, its algbw at most half of llMaxBw; LL128 120/128), each with the
     all-reduce's start-up (with_fill). The few-byte all-reduce is NCCL's tree LL: 6.8 + 2(7·0.6 + 5.0) = 25.2 µs
     on 2 DGX H100 nodes, 35.2 on 4. Source: NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc ncclTopoTuneModel (tree
-    latency, busBw x 1/3.8 capped at llMaxBw, x 120/128; algbw = 0.5 busBw). Derived: docs/formulas.md#comm.nccl_latency"""
+    latency, busBw x 1/3.8 capped at llMaxBw, x 120/128; algbw = 0.5 busBw).
+    Derived: docs/formulas.md#comm.nccl_latency"""
     out: list[Coeff] = []
     depth = int(math.floor(math.log2(k)))  # log2i(nNodes)
     for p in ("LL", "LL128"):
