@@ -24,6 +24,12 @@ OPS: tuple[str, ...] = ("all-reduce", "all-gather", "reduce-scatter", "all-to-al
 # Derived: docs/formulas.md#comm.net_fill
 NET_FILL_S = 120e-6
 NET_FILL_PER_LEVEL_S = 80e-6
+# The start-up grows with the message up to that value: below NET_FILL_RAMP_BYTES an all-reduce pays
+# net_fill(k) x S / NET_FILL_RAMP_BYTES (nothing at a few bytes). Read off nccl-tests all_reduce_perf tables on
+# H100 at 2, 4 and 8 nodes (NVIDIA/nccl-tests issue #309) and A100 at 2 nodes (oracle-quickstart/oci-hpc-oke
+# 72d816ea README.md): their time at 8 B - 64 KiB is NCCL's tree LL latency, and the effective latency reaches
+# the Fernandez level at 16-64 MiB (docs/validation.md#small-coll). Derived: docs/formulas.md#comm.net_fill
+NET_FILL_RAMP_BYTES = 32 * 2**20
 # NCCL's own ring latency model, per protocol (LL, LL128, Simple), seconds: baseLat once a call, hwLat a step by
 # link type, netOverhead (getNetOverhead: 2 us on an x86 AMD host, 1 us on any other, x3 for Simple) as the floor
 # of an NVLink step across nodes, and each protocol's busbw against Simple's (ring LL busBw x .5 up to llMaxBw,
@@ -46,6 +52,14 @@ NCCL_RING_PLATEAU = {True: 1.4, False: 1.9}  # ncclTopoGetAlgoTime: x1.4 if minC
 # 2.25, where sm100 is on and sm103 off (v2.25.1-1, v2.26.6-1 switch (minCompCap)), and every cc >= 7.0 from
 # v2.27.3-1 (sm103 on): Blackwell follows 2.27+, the release its published runs carry (nccl 2.27.7 in the
 # dgx-b200 busbw reading, docs/validation.md#lat-mend).
+# NCCL's tree all-reduce per protocol (LL, LL128), across nodes: baseLat once, hwLat a step by link type, busbw
+# against the Simple tree's x 1/3.8 (LL, up to llMaxBw) and x 120/128 (LL128, nNodes > 1). The Simple tree keeps
+# llmplan's profile latencies (comm.collective). Source: NVIDIA/nccl v2.21.5-1 (ab2b89c4) src/graph/tuning.cc.
+# Derived: docs/formulas.md#comm.nccl_latency
+NCCL_TREE_BASE_S = {"LL": 6.8e-6, "LL128": 14.0e-6}
+NCCL_TREE_HW_S = {"nvlink": {"LL": 0.6e-6, "LL128": 1.25e-6}, "pci": {"LL": 1.0e-6, "LL128": 1.9e-6},
+                  "net": {"LL": 5.0e-6, "LL128": 8.5e-6}}
+NCCL_TREE_BW_FACTOR = {"LL": 1 / 3.8, "LL128": 120 / 128}
 NCCL_LL128_CC = (7.0, 8.0, 9.0)
 NCCL_LL128_CC_FROM = 10.0
 NVLS_MIN_GPUS = 5  # NCCL uses NVLink SHARP for all-reduce from 5 GPUs (H200) / 6 (B200) up; nccl-tests busbw measurements in ml-engineering network/README.md
@@ -200,7 +214,7 @@ def nccl_ring_coeffs(op: str, n: int, k: int, bw: float, L: Links, fill: float =
     busBw LL x .5 up to llMaxBw, LL128 x (ppn < 2 ? .7 : .92); min time over protocols in enqueue.cc
     topoGetAlgoInfo). Derived: docs/formulas.md#comm.nccl_latency"""
     beta = bus_factor(op, n) / bw
-    out = []
+    out: list[Coeff] = []
     for p in NCCL_PROTOCOLS:
         if p == "LL128" and not L.ll128:
             continue
@@ -209,7 +223,7 @@ def nccl_ring_coeffs(op: str, n: int, k: int, bw: float, L: Links, fill: float =
         if p == "LL":
             b = max(b, bus_factor(op, n) / L.ll_max_busbw)
         lat = nccl_ring_latency(op, n, k, p, L.nccl_intra, L.net_overhead, L.sm80)
-        out.append(Coeff("ring", fill + lat, b))
+        out += with_fill(Coeff("ring", lat, b), fill, ramp=p != "Simple")
     return tuple(out)
 
 
@@ -224,7 +238,8 @@ def _ring(op: str, n: int, bw: float, L: Links) -> tuple[Coeff, ...]:
 
 def net_fill(k: int) -> float:
     """Start-up of an all-reduce (ring or tree) across k > 1 NVLink domains, beyond its per-step latencies, so the
-    published busbw climbs to its plateau only past 1 GiB. A + B·log2(k), read off Fernandez et al. 2024 (arXiv
+    published busbw climbs to its plateau only past 1 GiB; at this full value from NET_FILL_RAMP_BYTES up, in
+    proportion to the message below (with_fill). A + B·log2(k), read off Fernandez et al. 2024 (arXiv
     2411.13055)'s nccl-tests all-reduce curves (DGX H100, 4-512 nodes, 64 MiB-1 GiB: least squares 135 µs +
     90 µs·log2(k) of effective latency, less the 14 + 10·log2(k) µs the tree's own steps already price).
     All-reduce only: NCCL's own cost model puts its multi-node size terms on the all-reduce alone (tuning.cc
@@ -234,6 +249,19 @@ def net_fill(k: int) -> float:
     is no reason to differ: the three ring collectives share one chunk (collectives.h *_CHUNKSTEPS =
     NCCL_STEPS/2). Derived: docs/formulas.md#comm.net_fill"""
     return NET_FILL_S + NET_FILL_PER_LEVEL_S * math.log2(k) if k > 1 else 0.0
+
+
+def with_fill(c: Coeff, fill: float, ramp: bool = False) -> tuple[Coeff, ...]:
+    """Candidate `c` plus the all-reduce's start-up `fill` (net_fill): whole at every size (Simple: ramp False),
+    or, for NCCL's LL and LL128 protocols (ramp True), growing with the message up to NET_FILL_RAMP_BYTES and
+    whole from there, min(fill, fill·S/NET_FILL_RAMP_BYTES), written as two affine candidates of which the
+    cheaper is taken as for every candidate. So a few-byte all-reduce (loss, gradient norm, amax) costs NCCL's
+    tree LL time, as the nccl-tests tables measure it (25 µs on 2 H100 nodes, 35 µs on 4:
+    docs/validation.md#small-coll). Derived: docs/formulas.md#comm.net_fill"""
+    if fill <= 0 or not ramp:
+        return (Coeff(c.algorithm, c.alpha + fill, c.beta),)
+    return (Coeff(c.algorithm, c.alpha + fill, c.beta),
+            Coeff(c.algorithm, c.alpha, c.beta + fill / NET_FILL_RAMP_BYTES))
 
 
 def nccl_ring(n: int, k: int, bw: float, L: Links, op: str = "all-gather") -> tuple[Coeff, ...]:
@@ -248,8 +276,8 @@ def nccl_ring(n: int, k: int, bw: float, L: Links, op: str = "all-gather") -> tu
     if L.nccl:
         return nccl_ring_coeffs(op, n, k, bw, L, fill)
     phases = 2 if op == "all-reduce" else 1
-    alpha = fill + phases * ((n - k) * L.intra_alpha + (k - 1) * L.inter_alpha)
-    return (Coeff("ring", alpha, bus_factor(op, n) / bw),)
+    alpha = phases * ((n - k) * L.intra_alpha + (k - 1) * L.inter_alpha)
+    return with_fill(Coeff("ring", alpha, bus_factor(op, n) / bw), fill)
 
 
 def a2a_latency(n: int, g: int, L: Links, per_node: bool = False) -> float:
@@ -322,16 +350,41 @@ def allreduce_coeffs(n: int, k: int, L: Links, algorithm: str = "auto") -> tuple
     nNodes > 2, bwIntra at 2; algbw ring busBw nRanks/nsteps, tree busBw x .5; tree latency
     2((nRanks/nNodes-1) intraLat + log2(nNodes) interLat)). Derived: docs/formulas.md#comm.collective"""
     g = max(1, n // k)
-    rings = nccl_ring(n, k, min(L.intra_bw, g * L.ring_inter_bw), L, "all-reduce")
-    ring = rings[-1]  # Simple: the tree's per-byte floor
-    tree_alpha = net_fill(k) + 2 * (g - 1) * L.intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha
-    tree_beta = max(2.0 / L.intra_bw, (1.0 if k == 2 else 2.0) / g / L.ring_inter_bw, ring.beta)
+    ring_bw = min(L.intra_bw, g * L.ring_inter_bw)
+    rings = nccl_ring(n, k, ring_bw, L, "all-reduce")
+    fill = net_fill(k)
+    tree_alpha = 2 * (g - 1) * L.intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha
+    # the ring's Simple rate is the tree's per-byte floor
+    tree_beta = max(2.0 / L.intra_bw, (1.0 if k == 2 else 2.0) / g / L.ring_inter_bw,
+                    bus_factor("all-reduce", n) / ring_bw)
     hier_beta = max(2 * (g - 1) / g / L.intra_bw, bus_factor("all-reduce", k) / g / L.ring_inter_bw)  # comm.hierarchical
-    cands = [*rings, Coeff("tree", tree_alpha, tree_beta),
+    cands = [*rings, *with_fill(Coeff("tree", tree_alpha, tree_beta), fill),
+             *(nccl_tree_coeffs(g, k, tree_beta, L, fill) if L.nccl else ()),
              Coeff("hierarchical", 2 * (g - 1) * L.intra_alpha + 2 * (k - 1) * L.inter_alpha, hier_beta)]
     if algorithm == "auto":
         return tuple(c for c in cands if c.algorithm != "hierarchical")
     return tuple([c for c in cands if c.algorithm == algorithm] or rings)
+
+
+def nccl_tree_coeffs(g: int, k: int, tree_beta: float, L: Links, fill: float) -> tuple[Coeff, ...]:
+    """NCCL's tree all-reduce with the LL and LL128 protocols (LL128 where L.ll128), g ranks a domain over k > 1
+    domains: baseLat + 2((g - 1)·intraLat + log2i(k)·netLat), its bytes at the Simple tree's rate `tree_beta`
+    over the protocol's share (LL 1/3.8, its algbw at most half of llMaxBw; LL128 120/128), each with the
+    all-reduce's start-up (with_fill). The few-byte all-reduce is NCCL's tree LL: 6.8 + 2(7·0.6 + 5.0) = 25.2 µs
+    on 2 DGX H100 nodes, 35.2 on 4. Source: NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc ncclTopoTuneModel (tree
+    latency, busBw x 1/3.8 capped at llMaxBw, x 120/128; algbw = 0.5 busBw).
+    Derived: docs/formulas.md#comm.nccl_latency"""
+    out: list[Coeff] = []
+    depth = int(math.floor(math.log2(k)))  # log2i(nNodes)
+    for p in ("LL", "LL128"):
+        if p == "LL128" and not L.ll128:
+            continue
+        lat = NCCL_TREE_BASE_S[p] + 2 * ((g - 1) * NCCL_TREE_HW_S[L.nccl_intra][p] + depth * NCCL_TREE_HW_S["net"][p])
+        beta = tree_beta / NCCL_TREE_BW_FACTOR[p]
+        if p == "LL":
+            beta = max(beta, 2.0 / L.ll_max_busbw)
+        out += with_fill(Coeff("tree", lat, beta), fill, ramp=True)
+    return tuple(out)
 
 
 def collective_time(op: str, S: float, span: GroupSpan, system: SystemSpec, algorithm: str = "auto",
