@@ -171,7 +171,8 @@ ASSUMPTIONS = {
                 "recipes set; the Nemotron-4 rows with an output layer of their own and no biases "
                 "(NEMO2407_NEMOTRON); the Nemotron-4 340B and SFT rows with their launcher configs' bf16 optimizer states, and the SFT "
                 "rows' fp8 weights and virtual stages, and TP overlap where the launcher config sets "
-                "ub_tp_comm_overlap (GPT-3 20B, Llama 2 / 3 70B, Nemotron 8B / 22B) (RECIPE_SETTINGS); LoRA rows "
+                "ub_tp_comm_overlap (GPT-3 20B, Llama 2 / 3 70B, Nemotron 8B / 22B) and on the GPT-3 175B 512-GPU row "
+                "as the MLPerf Training v4.0 config its TFLOP/s links to sets it (RECIPE_SETTINGS); LoRA rows "
                 "skipped (PEFT not modelled), "
                 "each 1F1B exchange (PP > 1, no interleaving) followed by a device synchronisation (MCORE_1F1B_SYNC), "
                 "the TP overlap at its recipe's userbuffer config (ub_config_for) or TE's defaults "
@@ -723,6 +724,12 @@ RECIPE_SETTINGS = {
     # (userbuffers) for the H100 fp8 70B and 405B runs (NVIDIA/NeMo scripts/performance/llm/
     # pretrain_llama3_70b.py and pretrain_llama31_405b.py at ab020f6a72, 2025-06-12: ub_cfg h100 fp8).
     **{f"megatron-examples-fp8-llama3-{m}": {"tp_comm_overlap": True} for m in ("70b-64gpu", "405b-1024gpu")},
+    # NeMo 24.07's GPT-3 175B 512-GPU row links its TFLOP/s to mlcommons.org/benchmarks/training: it is the shape of
+    # NVIDIA's MLPerf Training v4.0 GPT-3 submission config (mlcommons/training_results_v4.0 @62f111b769,
+    # NVIDIA/benchmarks/gpt3/implementations/nemo/config_DGXH100_64x8x128x4x8_mbs2.sh: 64 nodes, TP4 PP8,
+    # MICRO_BATCH_SIZE 2, MINIBS 128 = GBS 2048 over DP 16), which sets TP_COMM_OVERLAP=True with
+    # conf/tp_overlap/h100tp4mbs2.yaml. The 128-GPU row follows the launcher's gpt3/175b config (overlap off).
+    "nemo2407-pretrain-gpt3-175b-512gpu-gbs2048": {"tp_comm_overlap": True},
     # DeepSeek-V3 report §3.3.3, "Low-Precision Optimizer States": BF16 first and second moments of AdamW,
     # FP32 master weights and gradients; "Low-Precision Activation" (2): the MoE SwiGLU inputs cached in FP8;
     # §3.3.3 "Low-Precision Communication": the dispatches in FP8 (1x128 scales), the combines in BF16.
@@ -1382,6 +1389,11 @@ UB_CONFIGS = {
         "qkv_dgrad": 8, "fc1_dgrad": 4, "qkv_wgrad": 16, "fc1_wgrad": 16, "proj_fprop": 16, "fc2_fprop": 24},
     "ub_cfg_h100_h8192_tp4_mbs1_seqlen4096": {
         "qkv_dgrad": 8, "fc1_dgrad": 2, "qkv_wgrad": 16, "fc1_wgrad": 4, "proj_fprop": 24, "fc2_fprop": 16},
+    # MLPerf Training v4.0, NVIDIA GPT-3 (mlcommons/training_results_v4.0 @62f111b769, NVIDIA/benchmarks/gpt3/
+    # implementations/nemo/conf/tp_overlap/h100tp4mbs2.yaml: bulk 4 SMs each, proj_fprop pipeline 24, fc2_fprop
+    # ring_exchange 1 by default)
+    "mlperf_v40_h100tp4mbs2": {
+        "qkv_dgrad": 4, "fc1_dgrad": 4, "qkv_wgrad": 4, "fc1_wgrad": 4, "proj_fprop": 24, "fc2_fprop": 1},
 }
 """Per-GEMM SMs of the userbuffer configs the H100 and Blackwell recipes name; their four ring-exchange all-gathers
 (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad) take RingExchangeOverlapCfg's num_sm 1 in every one."""
@@ -1439,7 +1451,8 @@ def ub_config_for(rec: dict, fam: str, dtype: str, tp: int) -> str | None:
     if fam == "nemo2407":
         named = (("gpt3-20b", "ub_cfg_h100_h6144_tp2_mbs2_seqlen2048"),
                  ("llama2-70b", "ub_cfg_h100_h8192_tp4_mbs1_seqlen4096"),
-                 ("llama3-70b", "ub_cfg_h100_h8192_tp4_mbs1_seqlen8192"))
+                 ("llama3-70b", "ub_cfg_h100_h8192_tp4_mbs1_seqlen8192"),
+                 ("gpt3-175b-512gpu", "mlperf_v40_h100tp4mbs2"))
         return next((cfg for key, cfg in named if rid.startswith(f"nemo2407-pretrain-{key}-")), None)
     stack = fam in ("bridge", "mbridge-dense") or fam == "dgxc" or rid.startswith("megatron-examples-")
     if not stack or "llama" not in rid:
