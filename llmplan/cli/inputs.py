@@ -189,7 +189,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms", "cuda_max_connections",
                      "moe_flex_backend", "ep_dispatch_fp8", "moe_router_fusion", "moe_router_padding",
                      "optimizer", "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "kept_grad_shards", "fp32_embedding_grads", "grad_reduce",
-                     "grad_accumulation", "grad_reduce_dtype", "launch_blocking", "offload_layers", "offload_moe_act", "zero3_unit",
+                     "grad_accumulation", "grad_reduce_dtype", "grad_reduce_fp32_sum", "launch_blocking", "offload_layers", "offload_moe_act", "zero3_unit",
                      "mtp_layers",
                      "dp_replicate", "dp_outer_optimizer",
                      "rope_complex", "zero3_copy_out", "pp_blocking_sends",

@@ -134,6 +134,10 @@ GRAD_REDUCE_DTYPE = typer.Option(_plan("grad_reduce_dtype"), "--grad-reduce-dtyp
                                  help="Dtype the DP gradient reduction sends: grad_dtype (the gradients' own) | bf16 "
                                       "(fp32 gradients cast to a bf16 copy for the all-reduce: DeepSpeed's "
                                       "BF16_Optimizer at its default communication_data_type).")
+GRAD_REDUCE_FP32_SUM = typer.Option(_plan("grad_reduce_fp32_sum"), "--grad-reduce-fp32-sum/--no-grad-reduce-fp32-sum",
+                                    help="ZeRO-1's reduce-scatter of 16-bit gradients summed in fp32: an all-to-all "
+                                         "and a local fp32 sum (Megatron-Core's "
+                                         "reduce_scatter_with_fp32_accumulation).")
 GRAD_ACCUMULATION = typer.Option(_plan("grad_accumulation"), "--grad-accumulation",
                                  help="How micro-batch gradients are accumulated: fused (in the weight-gradient "
                                       "GEMM) | add (Megatron-LM before 2022-02, autograd) | cast-add (DeepSpeed's "
@@ -372,7 +376,7 @@ SWITCHES = Flags("Training switches", {
     "optimizer": OPTIMIZER,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
     "param_remainders": PARAM_REMAINDERS, "kept_grad_shards": KEPT_GRAD_SHARDS, "fp32_embedding_grads": FP32_EMBEDDING_GRADS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
-    "grad_reduce_dtype": GRAD_REDUCE_DTYPE,
+    "grad_reduce_dtype": GRAD_REDUCE_DTYPE, "grad_reduce_fp32_sum": GRAD_REDUCE_FP32_SUM,
     "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,
     "zero3_copy_out": ZERO3_COPY_OUT, "pp_blocking_sends": PP_BLOCKING_SENDS, "norm_kernel": NORM_KERNEL,
     "softmax_kernel": SOFTMAX_KERNEL,

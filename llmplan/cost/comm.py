@@ -19,8 +19,8 @@ from llmplan.cost.compute import (KERNEL_LAUNCH_S, QUANTIZED_COPY_BYTES, QUANTIZ
                                   TE_PIPELINE_SPLITS)
 from llmplan.cost.flops import layer_flops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
-from llmplan.cost.model_states import (bf16_gathered_params, bf16_reduction, fp32_embedding_grad_bytes,
-                                       low_precision_params)
+from llmplan.cost.model_states import (FP32_SUM_BYTES, bf16_gathered_params, bf16_reduction, fp32_embedding_grad_bytes,
+                                       fp32_sum_reduction, low_precision_params)
 from llmplan.cost.mixers import attention_share, dense_mlp_share, lightning
 from llmplan.cost.gemm import router_padding_share
 from llmplan.cost.moe import EAGER_OP_HOST_S, dispatch_sms, routing_imbalance
@@ -1104,13 +1104,18 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
         # group of one rank runs no collective, so priced none
         cast_b = where(bf16_reduction(plan) & (ranks > 1),
                        REDUCE_CAST_PASSES * (plan.grad_bytes + plan.reduce_bytes) * params, 0.0)
+        # grad_reduce_fp32_sum: Megatron-Core's reduce-scatter as an all-to-all of the same buffer, summed in fp32
+        # on each rank (comm.fp32_sum); a group of one rank runs no collective
+        a2a = fp32_sum_reduction(plan) & (ranks > 1)
         out += [Transfer("all-reduce", where(whole, b_r, 0), reduced_b / b_r, group, copy_bytes=cast_b / b_r),
-                Transfer("reduce-scatter", reduce_calls * b_r, reduced_b / u / b_r, group,
+                Transfer("reduce-scatter", where(a2a, 0, reduce_calls * b_r), reduced_b / u / b_r, group,
                          host_s=where(params > 0, host, 0.0),
                          copy_bytes=where(copies, ZERO3_REDUCE_COPIES * reduced_b / u, 0.0)),
                 Transfer("all-gather", gather_calls * b_g, gathered_b / u / b_g, group,
                          host_s=where(params > 0, host, 0.0),
-                         copy_bytes=where(copies, ZERO3_GATHER_COPIES * gathered_b / u, 0.0) + cast / u)]
+                         copy_bytes=where(copies, ZERO3_GATHER_COPIES * gathered_b / u, 0.0) + cast / u),
+                Transfer("all-to-all", where(a2a, reduce_calls * b_r, 0), reduced_b / u / b_r, group,
+                         copy_bytes=fp32_sum_copy_bytes(plan, reduced_b / u / b_r, ranks))]
         cast = 0.0  # the dense gather only: torchao's Float8Linear weights (no routed expert)
     if dense_outer is not None and expert_outer is not None:
         out += hsdp_transfers(plan, rp.dense / plan.zero_shard, dense_outer, u, whole,
@@ -1144,6 +1149,17 @@ dtype and a write of the other: the cast to the bf16 copy before the all-reduce,
 gradient after it. Source: deepspeedai/DeepSpeed deepspeed/runtime/engine.py at 56c522386 (allreduce_bucket:
 `tensor.to(self.communication_data_type)`, `tensor.copy_(tensor_to_allreduce)`). Derived:
 docs/formulas.md#comm.reduce_dtype"""
+
+
+def fp32_sum_copy_bytes(plan: ParallelPlan, message: Any, ranks: Any) -> Any:
+    """HBM bytes of one call of Megatron-Core's reduce_scatter_with_fp32_accumulation around its all-to-all of
+    `message` bytes (the whole bucket at grad_bytes an element) over `ranks`: the fp32 sum reads every received
+    element and writes the rank's 1/ranks in fp32 (`torch.sum(view(world, -1), dim=0, dtype=torch.float32)`),
+    then `output_tensor.copy_` reads that sum and writes it downcast. Source: NVIDIA/Megatron-LM d98e8a64dd
+    megatron/core/distributed/reduce_scatter_with_fp32_accumulation.py
+    (_ReduceScatterWithFP32AccumulationWorkHandle.wait). Derived: docs/formulas.md#comm.fp32_sum"""
+    shard = message / plan.grad_bytes / maximum(ranks, 1)
+    return message + shard * (2 * FP32_SUM_BYTES + plan.grad_bytes)
 
 
 def reduce_wire_bytes(plan: ParallelPlan) -> Any:

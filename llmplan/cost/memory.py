@@ -430,7 +430,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
         gathered = gathered + where(per_tensor, maximum(moment - tensors - gathered, 0.0), 0.0)
     # After the backward (activations freed): DeepSpeed ZeRO-1's reduction bucket beside the whole gradient, then
     # its step's flat partition copies beside the partition's gradients. Derived: docs/formulas.md#mem.optimizer_copies
-    copies, peak = after_backward_peak(plan, rp, states, gradients, emb32)
+    copies, peak = after_backward_peak(plan, rp, states, gradients, emb32, stage)
     after = maximum(peak - tensors, 0.0)
     # Runtime bytes priced unless a fixed allowance is stated. Derived: docs/formulas.md#mem.runtime
     stated = allowance.fixed_gib

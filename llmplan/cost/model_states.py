@@ -113,7 +113,7 @@ ZERO_OPTIMIZATION_REDUCE_BUCKET_SIZE_DEFAULT; stage_1_and_2.py allreduce_bucket:
 class OptimizerCopies(Breakdown):
     """Transient gradient copies of DeepSpeed's ZeRO-1 optimizer after the backward; parts sum to total."""
 
-    PARTS: ClassVar[tuple[str, ...]] = ("bucket", "flat", "cast", "reduce_cast")
+    PARTS: ClassVar[tuple[str, ...]] = ("bucket", "flat", "cast", "reduce_cast", "sum_scratch")
     bucket: Any
     """The flattened reduction bucket (min(reduce_bucket_size, params) x grad bytes) the all-reduce runs on."""
     flat: Any
@@ -123,9 +123,12 @@ class OptimizerCopies(Breakdown):
     reduce_cast: Any = 0.0
     """The bf16 copy of the fp32 gradients the all-reduce sends under grad_reduce_dtype bf16 (reduce bytes x
     params, unsharded: reduce_cast_bytes)."""
+    sum_scratch: Any = 0.0
+    """Megatron-Core's all-to-all output and fp32 sum of the largest bucket under grad_reduce_fp32_sum
+    (fp32_sum_scratch_bytes)."""
 
 
-def optimizer_copies(plan: ParallelPlan, n_params: Any, shard: Any) -> OptimizerCopies:
+def optimizer_copies(plan: ParallelPlan, n_params: Any, shard: Any, stage: Any = 0) -> OptimizerCopies:
     """The gradient copies DeepSpeed's ZeRO-1 (stage_1_and_2.py, grad_reduce all-reduce) makes after the
     backward of a rank holding n_params replicated over `shard` ranks: each reduction bucket flattened
     (allreduce_bucket), then at the step its partition's 16-bit gradients flattened and cast to the fp32
@@ -142,7 +145,8 @@ def optimizer_copies(plan: ParallelPlan, n_params: Any, shard: Any) -> Optimizer
     return OptimizerCopies(bucket=where(deepspeed, minimum(REDUCE_BUCKET_ELEMENTS, n_params) * plan.grad_bytes, 0.0),
                            flat=where(deepspeed, part * plan.grad_bytes, 0.0),
                            cast=where(on, part * plan.master_bytes, 0.0),
-                           reduce_cast=reduce_cast_bytes(plan, n_params))
+                           reduce_cast=reduce_cast_bytes(plan, n_params),
+                           sum_scratch=fp32_sum_scratch_bytes(plan, n_params, shard, stage))
 
 
 def bf16_reduction(plan: Any) -> Any:
@@ -163,6 +167,46 @@ def reduce_cast_bytes(plan: Any, n_params: Any) -> Any:
     (communication_data_type, allreduce_bucket, allreduce_no_retain), pipe/engine.py (_bf16_reduce_grads),
     bf16_optimizer.py (get_grads_for_reduction). Derived: docs/formulas.md#mem.reduce_cast"""
     return where(bf16_reduction(plan), plan.reduce_bytes * n_params, 0.0)
+
+
+def fp32_sum_reduction(plan: Any) -> Any:
+    """Whether a plan's gradient reduce-scatter sums in fp32 by an all-to-all (grad_reduce_fp32_sum where it
+    acts: Megatron-Core's distributed optimizer, zero 1 with grad_reduce reduce-scatter, 2-byte gradients, no
+    Megatron-FSDP and one optimizer instance; check_plan rule grad_reduce_fp32_sum_rs). Source: NVIDIA/Megatron-LM
+    d98e8a64dd megatron/core/distributed/param_and_grad_buffer.py (the fp32-accumulation reduce-scatter only under
+    use_distributed_optimizer; asserted off with num_distributed_optimizer_instances > 1), megatron/training/
+    arguments.py (turned off under --accumulate-allreduce-grads-in-fp32). Derived: docs/formulas.md#comm.fp32_sum"""
+    return (plan.grad_reduce_fp32_sum & grad_shards_reduce_scattered(plan) & (plan.grad_bytes == 2.0)
+            & np.logical_not(plan.megatron_fsdp) & (plan.dp_replicate == 1))
+
+
+def fp32_sum_call_params(plan: Any, n_params: Any, stage: Any = 0) -> Any:
+    """Parameters of the largest reduce-scatter call of `n_params` on a rank of pipeline stage `stage`
+    (Megatron-Core's DDP): a bucket (exposure.bucket_params) of the first model chunk with overlap_grad_reduce
+    on the first stage, else a whole chunk (bucket_size None without the overlap or past stage 0,
+    exposure.later_stage_unbucketed; each later model chunk one bucket). Derived: docs/formulas.md#mem.fp32_sum"""
+    from llmplan.cost.exposure import bucket_params, later_stage_unbucketed  # exposure imports memory, then this
+    chunk = n_params / plan.vpp
+    bucketed = plan.overlap_grad_reduce & (plan.vpp == 1) & np.logical_not(later_stage_unbucketed(plan, stage))
+    return where(bucketed, minimum(bucket_params(plan), chunk), chunk)
+
+
+FP32_SUM_BYTES = 4.0
+"""Bytes of an element of the fp32 sum Megatron-Core's reduce_scatter_with_fp32_accumulation accumulates
+(`torch.sum(..., dtype=torch.float32)`)."""
+
+
+def fp32_sum_scratch_bytes(plan: Any, n_params: Any, shard: Any, stage: Any = 0) -> Any:
+    """Bytes Megatron-Core's reduce_scatter_with_fp32_accumulation allocates for one call under
+    grad_reduce_fp32_sum, of a rank's `n_params` reduce-scattered over `shard` ranks: the all-to-all's output,
+    `torch.empty_like(input_tensor)` of the whole bucket in the gradient dtype, and the fp32 sum of the rank's
+    1/shard of it, for the largest call (fp32_sum_call_params); one call's at a time (each bucket group drains
+    its predecessor before it allocates, d98e8a64dd; 88e7ab0918 added the drain). 0 where it does not act.
+    Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/reduce_scatter_with_fp32_accumulation.py,
+    param_and_grad_buffer.py (start_grad_sync: previous_grad_reduce_bucket_group). Derived: docs/formulas.md#mem.fp32_sum"""
+    call = fp32_sum_call_params(plan, n_params, stage)
+    return where(fp32_sum_reduction(plan) & (n_params > 0),
+                 call * plan.grad_bytes + call / maximum(shard, 1) * FP32_SUM_BYTES, 0.0)
 
 
 def kept_grad_shard_bytes(plan: ParallelPlan, rp: RankParams, emb32: Any = 0.0) -> Any:
@@ -267,19 +311,21 @@ def lp_grad_bytes(plan: ParallelPlan, rp: RankParams) -> Any:
 
 
 def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradients: Any,
-                        emb32: Any = 0.0) -> tuple[Any, Any]:
+                        emb32: Any = 0.0, stage: Any = 0) -> tuple[Any, Any]:
     """(bytes of the optimizer_copies, the allocated peak after the backward) of a rank holding `rp` whose
     model states (weights, gradients, optimizer, weight caches) take `states` bytes, `gradients` of them: the
     larger of the reduction's (the states beside each bucket) and the step's (the partition's gradients
     beside its flat copy and its cast, the rest of the gradients freed), each beside the gradient shards the
     optimizer keeps to the next zero_grad (kept_grad_shard_bytes; `emb32`: the embeddings' fp32 gradient bytes
-    beyond 2-byte ones, fp32_embedding_grad_bytes). Derived: docs/formulas.md#mem.optimizer_copies,
-    docs/formulas.md#mem.kept_grad_shards"""
+    beyond 2-byte ones, fp32_embedding_grad_bytes; `stage`: the rank's pipeline stage, for the fp32-sum scratch).
+    Derived: docs/formulas.md#mem.optimizer_copies, docs/formulas.md#mem.kept_grad_shards, docs/formulas.md#mem.fp32_sum"""
     od, oe = plan.optimizer_shard, plan.expert_optimizer_shard  # the optimizer's partitions
-    cd, ce = optimizer_copies(plan, rp.dense, od), optimizer_copies(plan, rp.expert, oe)
+    cd, ce = optimizer_copies(plan, rp.dense, od, stage), optimizer_copies(plan, rp.expert, oe, stage)
     grad_b = plan.grad_bytes
     # the bf16 copy of the group under all-reduce (reduce_cast_bytes), one group at a time
-    reduce_peak = states + cd.bucket + ce.bucket + maximum(cd.reduce_cast, ce.reduce_cast)
+    # and Megatron-Core's fp32-sum scratch of one bucket (fp32_sum_scratch_bytes), one call at a time
+    reduce_peak = states + cd.bucket + ce.bucket + maximum(cd.reduce_cast, ce.reduce_cast) \
+        + maximum(cd.sum_scratch, ce.sum_scratch)
     step_peak = states - gradients + rp.dense * grad_b / od + rp.expert * grad_b / oe \
         + cd.flat + cd.cast + ce.flat + ce.cast
     return cd.total + ce.total, maximum(reduce_peak, step_peak) + kept_grad_shard_bytes(plan, rp, emb32)

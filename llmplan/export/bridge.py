@@ -526,6 +526,9 @@ def ddp_optimizer_overrides(pf: PlanFile) -> list[tuple[str, object]]:
         ("optimizer.use_distributed_optimizer", p.zero >= 1 and p.optimizer != "muon"),
         ("ddp.use_megatron_fsdp", p.zero >= 2), *fsdp_overrides(pf),
         ("ddp.overlap_grad_reduce", p.overlap_grad_reduce),
+        # Megatron-Core's fp32-sum reduce-scatter (DistributedDataParallelConfig at cd4afffa6, Megatron-Bridge
+        # 0.6's pin; check_plan holds grad_reduce_fp32_sum to zero 1, reduce-scatter and 2-byte gradients)
+        *([("ddp.reduce_scatter_with_fp32_accumulation", True)] if p.grad_reduce_fp32_sum else []),
         # DistributedDataParallelConfig: the NaN check's bucket norms and the 1/dp pre-scaling the plan prices
         ("ddp.check_for_nan_in_grad", p.grad_nan_check), ("ddp.average_in_collective", not p.grad_prescale),
         # the DDP bucket the plan priced (exposure.bucket_params): comm_overlap is null, so nothing sets

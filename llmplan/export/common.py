@@ -359,6 +359,17 @@ def kept_grad_shards_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             "re-plan with --no-kept-grad-shards")
 
 
+def fp32_sum_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for Megatron-Core's fp32-sum reduce-scatter (grad_reduce_fp32_sum:
+    an all-to-all of the 16-bit bucket and a local fp32 sum, reduce_scatter_with_fp32_accumulation at NVIDIA/
+    Megatron-LM d98e8a64dd): a launcher whose reduce-scatter is NCCL's sums in the wire dtype, so the run would
+    not hold what the plan prices (docs/formulas.md#comm.fp32_sum)."""
+    return ("a reduce-scatter of 16-bit gradients summed in fp32 by an all-to-all (grad_reduce_fp32_sum: "
+            "Megatron-Core's reduce_scatter_with_fp32_accumulation; this launcher's reduce-scatter sums in the "
+            "gradients' dtype)", pf.plan.grad_reduce_fp32_sum,
+            "re-plan with --no-grad-reduce-fp32-sum, or export to megatron or megatron-bridge")
+
+
 def fp32_embedding_grads_refusal(pf: PlanFile) -> tuple[str, bool, str]:
     """(what, whether the plan needs it, fix) for the embeddings' fp32 gradient buckets of NeMo 1.x under Apex
     DistributedFusedAdam (fp32_embedding_grads): no training target here runs Apex's optimizer, whose buckets

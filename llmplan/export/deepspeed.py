@@ -6,7 +6,7 @@ import json
 
 from llmplan.export.common import (WIDTH, accumulation_notes, check_accumulation, comment_strings, header_lines,
                                    is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
-                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, delay_wgrad_refusal, refuse, refuse_first, router_fusion_refusal, router_padding_refusal, sh_header, swiglu_fp8_refusal, megatron_fsdp_refusal,
+                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, fp32_sum_refusal, delay_wgrad_refusal, refuse, refuse_first, router_fusion_refusal, router_padding_refusal, sh_header, swiglu_fp8_refusal, megatron_fsdp_refusal,
                                    jit_activation_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
@@ -199,7 +199,7 @@ def check(pf: PlanFile) -> None:
     # the optimizer first: no other change to the plan makes DeepSpeed run it, so a search's walk names it
     refuse_first(TARGET, (
         muon_refusal(p),
-        kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), delay_wgrad_refusal(pf), router_fusion_refusal(pf), router_padding_refusal(pf),
+        kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), fp32_sum_refusal(pf), delay_wgrad_refusal(pf), router_fusion_refusal(pf), router_padding_refusal(pf),
     ))
     if p.tp > 1 and p.zero >= 3:
         raise refuse(TARGET, f"tensor parallelism (AutoTP, tp {p.tp}) with ZeRO stage 3 (DeepSpeed's AutoTP training "
@@ -275,9 +275,13 @@ def _layout_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
 #  - no ZeRO: the model dtype must equal grad_accum_dtype (else NotImplementedError); bf16 -> DDP_BFLOAT16
 #    (FP16_Optimizer: whole fp32 master, bf16 gradients all-reduced), or under the pipeline engine
 #    BF16_Optimizer (its fp32 master partitioned over DP and the weights all-gathered: ZeRO-1's pattern).
-# The gradients cross the wire in communication_data_type (default: the model dtype; engine.allreduce_bucket
-# casts to it), so the export writes it as the plan's gradient dtype, or bf16 under grad_reduce_dtype bf16
-# (BF16_Optimizer's fp32 groups cast to a bf16 copy for the all-reduce: reduce_dtype).
+# The gradients cross the wire in communication_data_type (engine.allreduce_bucket and the ZeRO optimizer's
+# reductions cast to it), so the export writes it as the plan's gradient dtype, or bf16 under grad_reduce_dtype
+# bf16 (BF16_Optimizer's fp32 groups cast to a bf16 copy for the all-reduce: reduce_dtype). Always written,
+# never left to the default, which DeepSpeed changed twice (engine.py communication_data_type): from d14baad94
+# (v0.5.8) fp16 for fp16 or any ZeRO stage >= 1 (so bf16 gradients cast to fp16 there), bf16 for bf16 at stage
+# 0, else fp32; from 261d63708 (v0.9.0) fp16 for fp16, else fp32 (bf16 runs reduced in fp32); from d56268f37
+# (v0.9.2) the model dtype, as at 0.19.8. A config read by another release then reduces what the plan prices.
 _RULE = "DeepSpeed 0.19.8 runtime/engine.py _do_optimizer_sanity_check"
 
 

@@ -410,7 +410,9 @@ def offload_pairs(pf: PlanFile) -> list[tuple[str, object]]:
 
 def precision_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     """The training precision: bf16 / fp16, the fp8 or fp4 format and recipe, the low-precision weight gathers,
-    bf16 gradient reduction, optimizer states (optimizer_state_pairs), bf16 layers and Muon (muon_pairs)."""
+    the gradient buffer's dtype (NVIDIA/Megatron-LM d98e8a6 arguments.py: --bf16 accumulates and reduces in fp32
+    unless --grad-reduce-in-bf16; --fp16 in fp16 unless --accumulate-allreduce-grads-in-fp32) and its fp32-sum
+    reduce-scatter, optimizer states (optimizer_state_pairs), bf16 layers and Muon (muon_pairs)."""
     p = pf.plan
     recipe = fp8_recipe(pf)
     return [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
@@ -419,7 +421,11 @@ def precision_pairs(pf: PlanFile) -> list[tuple[str, object]]:
             ("--fp4-format", "e2m1" if p.dtype == "fp4" else None), ("--fp4-recipe", "nvfp4" if p.dtype == "fp4" else None),
             ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
             ("--fp4-param-gather", p.dtype == "fp4" and p.fp8_params),
-            ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype != "fp32"), *optimizer_state_pairs(pf),
+            ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype in ("bf16", "fp8", "fp4")),
+            # fp16 keeps fp16 main_grads unless asked (d98e8a6 validate_args forces fp32 ones under --bf16 only)
+            ("--accumulate-allreduce-grads-in-fp32", p.dtype == "fp16" and p.grad_dtype == "fp32"),
+            # Megatron-Core's reduce_scatter_with_fp32_accumulation (check_plan: zero 1, reduce-scatter, 2 B)
+            ("--ddp-reduce-scatter-with-fp32-accumulation", p.grad_reduce_fp32_sum), *optimizer_state_pairs(pf),
             *bf16_layer_pairs(pf), *muon_pairs(pf)]
 
 

@@ -202,6 +202,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.grad_accumulation."""
     grad_reduce_dtype: str
     """ParallelPlan.grad_reduce_dtype."""
+    grad_reduce_fp32_sum: bool = False
+    """ParallelPlan.grad_reduce_fp32_sum."""
     launch_blocking: bool
     """ParallelPlan.launch_blocking."""
     zero3_unit: str

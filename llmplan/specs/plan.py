@@ -301,6 +301,17 @@ class ParallelPlan(PlanQuantities, Spec):
     grad_accumulation cast-add; check_plan rule grad_reduce_dtype_bf16_optimizer). Source:
     deepspeedai/DeepSpeed deepspeed/runtime/engine.py at 56c522386 (communication_data_type, allreduce_bucket),
     pipe/engine.py (_bf16_reduce_grads). docs/formulas.md#comm.reduce_dtype, docs/formulas.md#mem.reduce_cast"""
+    grad_reduce_fp32_sum: bool = False
+    """The distributed optimizer's gradient reduce-scatter sums in fp32 though its buffer and wire are 16-bit:
+    Megatron-Core's reduce_scatter_with_fp32_accumulation (Megatron-LM --ddp-reduce-scatter-with-fp32-accumulation,
+    Megatron-Bridge ddp.reduce_scatter_with_fp32_accumulation). Each bucket is sent by an all-to-all at the gradient
+    dtype into a new tensor of the bucket's size, summed locally in fp32 and written back downcast: the same bytes on
+    the wire as a ring reduce-scatter, an all-to-all on the network, one scratch bucket (and its fp32 sum of
+    1/N of it) beside the held states, and the sum's HBM passes. Acts only with zero 1, grad_reduce
+    reduce-scatter and 2-byte gradients without megatron_fsdp or dp_replicate (check_plan rule
+    grad_reduce_fp32_sum_rs: Megatron-LM turns it off under --accumulate-allreduce-grads-in-fp32). Source:
+    NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/reduce_scatter_with_fp32_accumulation.py,
+    param_and_grad_buffer.py. docs/formulas.md#comm.fp32_sum, docs/formulas.md#mem.fp32_sum"""
     grad_accumulation: Literal["fused", "add", "cast-add", "copy"] = "fused"
     """How each micro-batch's weight gradient joins the accumulated one: fused (inside the weight-gradient GEMM:
     Megatron-LM's --gradient-accumulation-fusion since 2022-02, Transformer Engine), add (a separate in-place

@@ -1,0 +1,166 @@
+"""grad_reduce_fp32_sum: Megatron-Core's reduce_scatter_with_fp32_accumulation (docs/formulas.md#comm.fp32_sum,
+docs/formulas.md#mem.fp32_sum).
+
+NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/reduce_scatter_with_fp32_accumulation.py: the
+distributed optimizer's reduce-scatter of a 16-bit bucket runs as `all_to_all_single` into
+`torch.empty_like(input_tensor)` (the whole bucket, its dtype), then `torch.sum(view(world, -1), dim=0,
+dtype=torch.float32)` (the rank's 1/world of it in fp32) and `output_tensor.copy_` of that sum downcast.
+param_and_grad_buffer.py: only under use_distributed_optimizer; each bucket group drains its predecessor before
+it allocates (one scratch at a time); distributed_data_parallel.py: bucket_size max(40M, 1M x dp), None without
+overlap_grad_reduce; arguments.py: turned off under --accumulate-allreduce-grads-in-fp32.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmplan.cost.comm import dp_transfers
+from llmplan.cost.memory import stage_memory
+from llmplan.specs.allowance import MemoryAllowance
+from llmplan.specs.check import check_plan
+from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.specs.registry import builtin_models, builtin_systems
+
+M = builtin_models()["gpt-1.7b"]
+CLUSTER = ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=2)
+# dp 16 of one gradient group: Megatron-Core's bucket max(40M, 1M x 16) = 40,000,000 parameters
+PLAN = ParallelPlan(dp=16, zero=1, grad_dtype="bf16", global_batch=64, seq_len=2048, grad_reduce_fp32_sum=True)
+
+
+def _mem(plan: ParallelPlan):
+    return stage_memory(M, plan, 0, MemoryAllowance(), CLUSTER.system.gpu.hbm_bytes)
+
+
+def test_scratch_by_hand() -> None:
+    # overlapped: one 40M-parameter bucket in bf16 (80,000,000 B) and its fp32 sum of 1/16 (10,000,000 B)
+    assert float(_mem(PLAN).optimizer_copies) == 40e6 * 2 + 40e6 / 16 * 4
+    assert float(_mem(PLAN.model_copy(update={"grad_reduce_fp32_sum": False})).optimizer_copies) == 0.0
+    # without the overlap Megatron-Core builds one bucket of the whole buffer (bucket_size None)
+    whole = _mem(PLAN.model_copy(update={"overlap_grad_reduce": False}))
+    p = float(whole.params_on_rank)
+    assert p > 40e6 and float(whole.optimizer_copies) == p * 2 + p / 16 * 4
+
+
+def test_transfers_by_hand() -> None:
+    def dense(plan):
+        return {t.collective: t for t in dp_transfers(M, plan, 16, 16, 0)[:4]}
+    on, off = dense(PLAN), dense(PLAN.model_copy(update={"grad_reduce_fp32_sum": False}))
+    # the reduce-scatter's calls move to an all-to-all of the same buffer: the same bytes on the wire
+    assert float(on["reduce-scatter"].calls) == 0 and float(off["all-to-all"].calls) == 0
+    assert float(on["all-to-all"].calls) == float(off["reduce-scatter"].calls) > 0
+    assert float(on["all-to-all"].message) == float(off["reduce-scatter"].message)
+    # around each call: the fp32 sum reads the received bucket (2 B an element) and writes 1/16 of it at 4 B, the
+    # copy reads that and writes it at 2 B: message x (1 + (4 + 4 + 2) / 2 / 16)
+    msg = float(on["all-to-all"].message)
+    assert float(on["all-to-all"].copy_bytes) == pytest.approx(msg * (1 + 10 / 2 / 16), rel=1e-12)
+    assert float(on["all-gather"].calls) == float(off["all-gather"].calls)
+
+
+@pytest.mark.parametrize("update, ok", [
+    ({}, True),
+    ({"grad_dtype": "fp32"}, False),  # Megatron-LM turns it off under --accumulate-allreduce-grads-in-fp32
+    ({"zero": 0}, False),  # no distributed optimizer: Megatron-Core all-reduces
+    ({"grad_reduce": "all-reduce"}, False),
+    ({"dp": 8, "dp_replicate": 2}, False),  # asserted off with num_distributed_optimizer_instances > 1
+])
+def test_check_plan_holds_it_to_the_distributed_optimizer(update, ok) -> None:
+    names = [v.rule for v in check_plan(M, PLAN.model_copy(update=update), CLUSTER)]
+    assert ("grad_reduce_fp32_sum_rs" not in names) == ok, names
+
+
+def test_vectorised_search_agrees_with_the_estimate() -> None:
+    import dataclasses
+
+    from agreement import assert_arrays_agree, valid_sample
+    from llmplan.cost.model_states import fp32_sum_reduction
+    from llmplan.search.grid import Workload, default_space, enumerate_plans
+
+    cluster = ClusterSpec(system=builtin_systems()["dgx-a100"], num_nodes=2)
+    w = Workload(global_batch=64, seq_len=2048, grad_dtype="bf16", grad_reduce_fp32_sum=True)
+    space = dataclasses.replace(default_space(M, cluster, w), zero=(0, 1))
+    plans = enumerate_plans(space, cluster, w)
+    idx = valid_sample(M, cluster, plans, seed=5, scan=600, n=24, keep=lambda p: bool(fp32_sum_reduction(p)))
+    assert len(idx) >= 10
+    assert_arrays_agree(M, cluster, plans, idx)
+
+
+EST = ("estimate", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "4", "--zero", "1", "--tp", "2",
+       "--pp", "1", "--global-batch", "256", "--seq-len", "4096", "--grad-reduce-fp32-sum")
+
+
+def test_refused_under_fp32_gradients_in_one_line(cli) -> None:
+    r = cli(*EST, "--grad-dtype", "fp32")
+    assert r.code == 2 and "Traceback" not in r.err
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert len(" ".join(lines).split("error: ")) == 2 and "grad_reduce_fp32_sum with zero 1" in r.err
+    assert "or drop --grad-reduce-fp32-sum" in " ".join(r.err.split())
+
+
+def test_bad_value_in_a_plan_file_is_one_line(cli, tmp_path) -> None:
+    r = cli(*EST, "--grad-dtype", "bf16", "--save", tmp_path / "p.json")
+    assert r.code == 0, r.err
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["plan"]["grad_reduce_fp32_sum"] is True
+    doc["plan"]["grad_reduce_fp32_sum"] = "maybe"
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    r = cli("export", tmp_path / "bad.json", "--to", "megatron", "-o", tmp_path / "out")
+    assert r.code == 2 and "Traceback" not in r.err
+    assert " ".join(r.err.split()) == (f"error: {tmp_path / 'bad.json'} (plan): grad_reduce_fp32_sum is the text "
+                                       "'maybe'; write true or false without quotes")
+
+
+def test_costs_more_than_the_ring_and_search_keeps_bf16_gradients(cli) -> None:
+    on, off = (json.loads(cli(*a, "--grad-dtype", "bf16", "--json").out)
+               for a in (EST, tuple(x for x in EST if x != "--grad-reduce-fp32-sum")))
+    assert on["time"]["step_s"] > off["time"]["step_s"]
+    # the search's fp32-gradient try has no plan it acts on: kept to bf16 gradients, not refused
+    r = cli("search", "-m", "gpt-7.5b", "--hardware", "dgx-a100", "--nodes", "2", "--global-batch", "128",
+            "--seq-len", "2048", "--zero", "1", "--top", "1", "--json", "--grad-reduce-fp32-sum")
+    assert r.code == 0, r.err
+    best = json.loads(r.out)["plans"][0]["plan"]
+    assert (best["grad_dtype"], best["grad_reduce_fp32_sum"], best["zero"]) == ("bf16", True, 1)
+
+
+def _exported(cli, tmp_path, target: str, **plan: object) -> tuple[int, str, str]:
+    """Export the estimate's saved plan (with `plan`'s fields changed) to `target`: (exit code, files, stderr)."""
+    if not (tmp_path / "p.json").exists():
+        r = cli(*EST, "--grad-dtype", "bf16", "--save", tmp_path / "p.json")
+        assert r.code == 0, r.err
+    doc = json.loads((tmp_path / "p.json").read_text())
+    doc["plan"].update(plan)
+    n = len(list(tmp_path.glob("q*.json")))
+    (tmp_path / f"q{n}.json").write_text(json.dumps(doc))
+    out = tmp_path / f"{target}-{n}"
+    r = cli("export", tmp_path / f"q{n}.json", "--to", target, "-o", out)
+    text = "".join(f.read_text() for f in sorted(out.glob("*")) if f.is_file()) if r.code == 0 else ""
+    return r.code, text, " ".join(r.err.split())
+
+
+def test_exports(cli, tmp_path) -> None:
+    code, text, err = _exported(cli, tmp_path, "megatron")
+    assert code == 0, err
+    assert "--ddp-reduce-scatter-with-fp32-accumulation" in text and "--grad-reduce-in-bf16" in text
+    # Megatron-Bridge's bf16 presets reduce in fp32 (grad_reduce_in_fp32 True): an fp16 plan, whose preset does not
+    code, text, err = _exported(cli, tmp_path, "megatron-bridge", dtype="fp16")
+    assert code == 0, err
+    assert "ddp.reduce_scatter_with_fp32_accumulation=true" in text
+    code, _, err = _exported(cli, tmp_path, "torchtitan")
+    assert code == 2 and "Traceback" not in err  # its ZeRO-1 refusal comes first (tests/test_reduce_dtype.py)
+    code, _, err = _exported(cli, tmp_path, "deepspeed")
+    assert err == ("error: deepspeed cannot express this plan: a reduce-scatter of 16-bit gradients summed in fp32 "
+                   "by an all-to-all (grad_reduce_fp32_sum: Megatron-Core's reduce_scatter_with_fp32_accumulation; "
+                   "this launcher's reduce-scatter sums in the gradients' dtype); re-plan with "
+                   "--no-grad-reduce-fp32-sum, or export to megatron or megatron-bridge")
+
+
+def test_megatron_fp16_gradient_dtype_flags(cli, tmp_path) -> None:
+    # NVIDIA/Megatron-LM d98e8a6 validate_args forces fp32 main_grads under --bf16 only: an fp16 plan with fp32
+    # gradients names --accumulate-allreduce-grads-in-fp32; --grad-reduce-in-bf16 is never written beside --fp16
+    code, text, err = _exported(cli, tmp_path, "megatron", dtype="fp16", grad_dtype="fp32", grad_reduce_fp32_sum=False)
+    assert code == 0, err
+    assert "--accumulate-allreduce-grads-in-fp32" in text and "--grad-reduce-in-bf16" not in text
+    code, text, err = _exported(cli, tmp_path, "megatron", dtype="fp16")
+    assert code == 0, err
+    assert "--accumulate-allreduce-grads-in-fp32" not in text and "--grad-reduce-in-bf16" not in text
