@@ -758,19 +758,23 @@ def routed_pair_roles(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, An
     return f * ((1 + r) * (a + pa) + p), f * (1 + r) * p, 0 * f, f * (a + pa)
 
 
-def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
+Roles = tuple[Any, Any, Any, Any]
+"""Bytes per s·b·h element of each userbuffer role (tp_role_bytes), in RoleSms' order."""
+
+
+def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any, roles: Roles | None = None) -> Any:
     """Share of a stage's TP seconds (tp_transfers, Megatron-LM with SP) in its forward and recompute
     reduce-scatters: 2 + 2r of its 4 + 2r reduce-scatters of sbh in 16 bits, beside its 6 + 2r all-gathers per two
     pairs, at the bytes tp_role_bytes gives each (r the stage's recomputed share): the forward and recompute ones
     and the re-gathers at gather_bytes, the output gradients' at its both-usage bytes (two copies under
     TWO_USAGE_GATHER_RECIPES), a routed-expert pair's (expert TP > 1) routed_pair_roles' and no re-gather. By bytes:
-    every one is a collective over the same group of a message of the same shape. Derived:
-    docs/formulas.md#step.tp"""
-    roles = tp_role_bytes(m, plan, r)
+    every one is a collective over the same group of a message of the same shape. `roles`: tp_role_bytes(m, plan,
+    r) where the caller has it. Derived: docs/formulas.md#step.tp"""
+    roles = tp_role_bytes(m, plan, r) if roles is None else roles
     return roles[1] / sum(roles)
 
 
-def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, Any, Any]:
+def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> Roles:
     """Bytes per s·b·h element that a transformer layer's TP collectives move under Megatron-LM with SP
     (tp_transfers), per userbuffer role as RoleSms orders them: 4 + 2r all-gathers feeding a GEMM (forward,
     recompute and the row-parallel linears' output gradients, one copy each at gather_bytes), 2 + 2r
@@ -879,7 +883,8 @@ def role_margins(sms: RoleSms, margined: tuple[bool, bool, bool, bool]) -> RoleS
     return ring, fwd_rs, re_gather, bwd_rs
 
 
-def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: int) -> Any:
+def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: int,
+                          roles: Roles | None = None) -> Any:
     """Share of the GPU's SMs Transformer Engine's userbuffers hold while TP communication runs beside the
     GEMMs (tp_comm_overlap, tp_impl megatron): each role's SMs (ParallelPlan.tp_overlap_sms, else TE_UB_SMS)
     weighted by the seconds it overlaps, as tp_role_bytes counts them: 4 + 2r all-gathers feeding a GEMM
@@ -887,8 +892,9 @@ def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: in
     dispatcher's NCCL ones, not userbuffers, charged at the ring's SMs here), 2 + 2r forward reduce-scatters
     less the last of their TE_PIPELINE_SPLITS chunks (it runs after the last GEMM), 2 re-gathers (with MXFP8's
     columnwise copies of the output gradients: TE's external bulk all-gather) and 2 reduce-scatters in bulk.
-    At most half the GPU, as GpuSpec.contention. Derived: docs/formulas.md#step.ub_sms"""
-    ring, fwd_rs, re_gather, bwd_rs = tp_role_bytes(m, plan, r)
+    At most half the GPU, as GpuSpec.contention. `roles`: tp_role_bytes(m, plan, r) where the caller has it.
+    Derived: docs/formulas.md#step.ub_sms"""
+    ring, fwd_rs, re_gather, bwd_rs = tp_role_bytes(m, plan, r) if roles is None else roles
     spans = (ring, fwd_rs * (1 - 1 / TE_PIPELINE_SPLITS), re_gather, bwd_rs)
     # a role whose GEMM already runs on N_SM - margin SMs (set_sm_margin) contends only beyond its margin
     free = (maximum(n - k, 0.0) for n, k in zip(tp_role_sms(plan), tp_margin_sms(plan), strict=True))
@@ -964,7 +970,8 @@ def tp_role_gemm_shares(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, 
     return ((1 + r) * col + row) / passes, (1 + r) * row / passes, col / passes, col / passes
 
 
-def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r: Any) -> Any:
+def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r: Any,
+                        roles: Roles | None = None) -> Any:
     """Seconds a stage's micro-batch waits, beyond its GEMMs and the last pipeline chunk's reduce-scatter
     (tp_exposed's waits), where a userbuffers chunk step is transfer-bound (tp_comm_overlap, sp, tp_impl
     megatron). Ring exchange (the forward's and recompute's column GEMMs, the row GEMMs' input gradients): the
@@ -981,10 +988,11 @@ def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r:
     pytorch/csrc/comm_gemm_overlap.h at v1.8 (UbufP2PCommOverlap::split_overlap_ag: _stream_send waits
     _stop_recv; _stream_compute[(i + 1) % n] waits _stop_recv) and common/comm_gemm_overlap/
     comm_gemm_overlap.cpp at v2.8 (CommOverlapP2PBase::split_overlap_ag, CommOverlapBase::split_overlap_rs).
-    Derived: docs/formulas.md#step.tp_chunk_steps"""
+    `roles`: tp_role_bytes(m, plan, r) where the caller has it. Derived: docs/formulas.md#step.tp_chunk_steps"""
     t, n = plan.tp, TE_PIPELINE_SPLITS
     q, a = gather_bytes(m, plan), ACT_BYTES
-    per_pair = tp / maximum(tp_blocks_per_layer(m, plan), 1e-9) / sum(tp_role_bytes(m, plan, r))
+    roles = tp_role_bytes(m, plan, r) if roles is None else roles
+    per_pair = tp / maximum(tp_blocks_per_layer(m, plan), 1e-9) / sum(roles)
     pass_s = gemm / (3 + r) / maximum(layer_gemm_weights(m, plan), 1e-9)  # seconds of one pass per weight
     attention, mlp, mamba = tp_pair_weights(m)
     kinds: tuple[tuple[Any, Any, Any], ...] = (attention, mlp, mamba)

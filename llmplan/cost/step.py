@@ -53,6 +53,7 @@ from llmplan.cost.comm import (
     tp_forward_rs_share,
     tp_overlap_contention,
     tp_chunk_step_waits,
+    tp_role_bytes,
     tp_sm_margin_seconds,
     tp_unfused_rs_share,
 )
@@ -362,10 +363,11 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
         k_i = g_i.contention
         r_i = recomputed_share(plan, layers)
         tp_s = c_i.tp / n * layers / l_max
-        tp_i = tp_exposed(plan, tp_s, sc, k_i, r_i, rs_share=tp_forward_rs_share(m, plan, r_i),
+        roles = tp_role_bytes(m, plan, r_i)  # the TP collectives' bytes per role: priced once, used thrice
+        tp_i = tp_exposed(plan, tp_s, sc, k_i, r_i, rs_share=tp_forward_rs_share(m, plan, r_i, roles),
                           unfused_share=tp_unfused_rs_share(m, plan, r_i),
-                          ub_kappa=tp_overlap_contention(m, plan, r_i, g_i.sm_count),
-                          step_waits=tp_chunk_step_waits(m, plan, tp_s, sc.gemm, r_i)) \
+                          ub_kappa=tp_overlap_contention(m, plan, r_i, g_i.sm_count, roles),
+                          step_waits=tp_chunk_step_waits(m, plan, tp_s, sc.gemm, r_i, roles)) \
             + symm_mem_tp_seconds(m, plan, g_i, layers, r_i) \
             + tp_sm_margin_seconds(m, plan, sc.gemm, r_i, g_i.sm_count) \
             + tp_edge_exposed(plan, c_i.tp_edge / n, c_i.tp_edge_async / n, output_seconds(m, plan, g_i)[0], k_i)
