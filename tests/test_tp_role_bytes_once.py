@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-import llmplan.cost.comm as comm
-import llmplan.cost.step as step
+from llmplan.cost import comm, step
 from llmplan.estimate import estimate_training
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
