@@ -626,7 +626,8 @@ def tp_edge_transfers(m: ModelSpec, plan: ParallelPlan, group: G,
     """(synchronous, asynchronous) TP collectives of a step on a rank of pipeline stage `stage` outside its
     decoder layers (tp_transfers): the input embedding on the first stage, the output head (its loss included) on
     the one that holds the output layer (tp_edge_roles; not an embedding each rank holds whole, params.whole_embedding),
-    the MTP modules on the stage a pp_layout places them on, else on that one. The asynchronous ones run beside the heads' GEMMs (step.tp_edge).
+    the MTP modules on the stage a pp_layout places them on, else on that one. The asynchronous ones run beside the
+    heads' GEMMs (step.tp_edge).
     Derived: docs/formulas.md#comm.tp_edge"""
     first, last = tp_edge_roles(plan, stage)
     mtp = where(last, m.num_nextn_predict_layers, 0) if not has_layout(plan) else stage_mtp_modules(m, plan, stage)
@@ -690,7 +691,8 @@ def tp_blocks_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:
     and its router and latent projections are duplicated on that shard (moe_layer.py, parallel_mode
     "duplicated"): no TP collective. Expert TP > 1 keeps the MLP's pair only under the alltoall dispatcher (it
     gathers the routed tokens over that group; the flex dispatcher has no TP collective:
-    tp_routed_blocks_per_layer), and DTensor TP keeps it. A parallel transformer block (ModelSpec.parallel_block) feeds its attention and MLP one
+    tp_routed_blocks_per_layer), and DTensor TP keeps it. A parallel transformer block (ModelSpec.parallel_block) feeds
+    its attention and MLP one
     gathered input and reduce-scatters their summed outputs once: one pair per layer, half. Source:
     NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py, moe_layer.py; Jiang et al.
     2024 (MegaScale, arXiv:2402.15627) §3.1. Derived: docs/formulas.md#comm.tp"""
@@ -738,7 +740,8 @@ def routed_pair_transfers(m: ModelSpec, plan: ParallelPlan, group: G, pairs: Any
     (mappings.py: a gather's backward reduce-scatters, a reduce-scatter's gathers), in the same dtypes.
     Source: NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py
     (MoEAlltoAllTokenDispatcher.dispatch_postprocess, combine_preprocess), tensor_parallel/mappings.py
-    (_GatherFromSequenceParallelRegion, _ReduceScatterToSequenceParallelRegion). Derived: docs/formulas.md#comm.etp_pair"""
+    (_GatherFromSequenceParallelRegion, _ReduceScatterToSequenceParallelRegion). Derived:
+    docs/formulas.md#comm.etp_pair"""
     rows = plan.seq_len / plan.cp * plan.micro_batch * routed_pair_rows(m, plan)
     tokens, probs, out = (rows * m.hidden_size * ACT_BYTES, rows * ROUTER_PROB_BYTES,
                           rows * m.hidden_size * ROUTER_PROB_BYTES)
@@ -782,7 +785,8 @@ def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> Roles:
     gradients' second copy (both-usage bytes less one copy: MXFP8's columnwise copy, which Transformer Engine
     gathers as a bulk overlap beside the dgrad GEMM, the "external" proj_wgrad / fc2_wgrad userbuffers at the
     bulk methods' 16 SMs and margin; module/linear.py v2.16.1 bulk_overlap_ag_with_external_gemm, module/base.py
-    get_default_config), 2 input-gradient reduce-scatters in 16 bits (r the stage's recomputed share). An MLA model's attention pairs (their share f of
+    get_default_config), 2 input-gradient reduce-scatters in 16 bits (r the stage's recomputed share). An MLA model's
+    attention pairs (their share f of
     the layer's pairs) move their latents on the column side instead (mla_latent_transfers); the routed experts'
     pairs under expert TP (their share g, tp_routed_blocks_per_layer) move routed_pair_roles' bytes, no re-gather.
     Derived: docs/formulas.md#comm.tp"""
@@ -1134,7 +1138,8 @@ def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any,
     optimizer; Megatron-FSDP outer no_shard, torchtitan's HSDP), or with the optimizer sharded across the
     replicas (dp_outer_optimizer) reduce-scattered and the updated shard all-gathered back, one call per
     ZeRO-3 unit (`u`) times outer_weight_copies (MXFP8's rowwise and columnwise copies under ZeRO-3); `kept` of
-    the shard's parameters stay bf16 under fp8_params (kept_gather_extra_bytes). Source: NVIDIA/Megatron-LM megatron/core/distributed/param_and_grad_buffer.py,
+    the shard's parameters stay bf16 under fp8_params (kept_gather_extra_bytes). Source: NVIDIA/Megatron-LM
+    megatron/core/distributed/param_and_grad_buffer.py,
     fsdp/src/megatron_fsdp/param_and_grad_buffer.py at 2a75ac12c (outer_fsdp_group all_reduce /
     reduce_scatter_tensor at the last micro-batch, the outer param all-gather). Derived: docs/formulas.md#mem.hsdp"""
     on = (plan.dp_replicate > 1) & np.logical_not(whole) & (shard > 0)
@@ -1284,13 +1289,15 @@ Derived: docs/formulas.md#comm.torchao_fp8_gather"""
 TORCHAO_AMAX_READ_BYTES = 4.0
 """HBM bytes per fp32 shard element of precompute_float8_dynamic_scale_for_fsdp's amax (torch._foreach_norm, inf
 norm, over every float8 weight shard) once a step after the optimizer step. Source: pytorch/ao@36027d82d1
-torchao/float8/fsdp_utils.py (precompute_float8_dynamic_scale_for_fsdp). Derived: docs/formulas.md#comm.torchao_fp8_gather"""
+torchao/float8/fsdp_utils.py (precompute_float8_dynamic_scale_for_fsdp). Derived:
+docs/formulas.md#comm.torchao_fp8_gather"""
 
 
 def torchao_fp8_gather(plan: ParallelPlan) -> Any:
     """Whether FSDP2 gathers torchao's Float8Linear weights in float8 (fp8_params read as torchtitan's
     enable_fsdp_float8_all_gather): torchao_float8, the weights sharded (zero >= 2) over more than one rank
-    (torchtitan: dp_shard_enabled and enable_fsdp_float8_all_gather). Derived: docs/formulas.md#comm.torchao_fp8_gather"""
+    (torchtitan: dp_shard_enabled and enable_fsdp_float8_all_gather). Derived:
+    docs/formulas.md#comm.torchao_fp8_gather"""
     return torchao_fp8_params(plan) & (plan.zero >= 2) & (plan.zero_shard > 1)
 
 

@@ -285,8 +285,9 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     moe_top = 0  # MoE layers of the stage that has most
     for s in stages:
         moe_top = maximum(moe_top, s[3])
-    per_mb, worst, (sc, tp_mb, cp_mb, ep_mb, z3_mb, router_mb) = _stage_micro_batches(m, plan, stages, (gpu, comm), per_stage,
-                                                                            l_max, maximum(moe_top, 1))
+    per_mb, worst, (sc, tp_mb, cp_mb, ep_mb, z3_mb, router_mb) = _stage_micro_batches(
+        m, plan, stages, (gpu, comm), per_stage, l_max, maximum(moe_top, 1)
+    )
     pp_exposed = pp_exposed_per_step(plan, comm.pp, sc.total, kappa, last_stage_slack(per_mb))
     # Activation offload: the copies to host memory and back that outlast their window, forward and backward
     # (cost.offload; Derived: docs/formulas.md#mem.offload)

@@ -6,8 +6,9 @@ import json
 
 from llmplan.export.common import (WIDTH, accumulation_notes, check_accumulation, comment_strings, header_lines,
                                    is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
-                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, delay_wgrad_refusal, refuse, refuse_first, router_fusion_refusal, router_padding_refusal, sh_header, swiglu_fp8_refusal, megatron_fsdp_refusal,
-                                   jit_activation_refusal)
+                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, delay_wgrad_refusal, refuse,
+                                   refuse_first, router_fusion_refusal, router_padding_refusal, sh_header,
+                                   swiglu_fp8_refusal, megatron_fsdp_refusal, jit_activation_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
 

@@ -13,10 +13,11 @@
 from __future__ import annotations
 
 from llmplan.export.common import (accumulation_notes, check_accumulation, expert_bias, header_lines, hf_repo,
-                                   launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse, refuse_first,
-                                   sh_header, tp_refusals, virtual_stage_layers, norm_kernel_refusals,
-                                   softmax_kernel_refusals, swiglu_fp8_refusal, jit_activation_refusal, megatron_fsdp_refusal,
-                                   parallel_block_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal, delay_wgrad_refusal,
+                                   launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse,
+                                   refuse_first, sh_header, tp_refusals, virtual_stage_layers, norm_kernel_refusals,
+                                   softmax_kernel_refusals, swiglu_fp8_refusal, jit_activation_refusal,
+                                   megatron_fsdp_refusal, parallel_block_refusal, kept_grad_shards_refusal,
+                                   fp32_embedding_grads_refusal, whole_embedding_refusal, delay_wgrad_refusal,
                                    ep_overlap_refusal, router_fusion_refusal, router_padding_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
@@ -425,9 +426,12 @@ def check_legacy(pf: PlanFile) -> None:
         raise refuse(LEGACY_TARGET, f"torchtitan {LEGACY_VERSION} has no model flavour for {m.name}",
                      f"use one of {', '.join(sorted(FLAVORS))}, or export to megatron")
     if p.cp > 1 and FLAVORS[m.name][0] == "gpt_oss":  # pytorch/torchtitan@73a0e69 models/gpt_oss/model/args.py
-        raise refuse(LEGACY_TARGET, f"context parallelism (cp {p.cp}) of {m.name} (torchtitan {LEGACY_VERSION}'s gpt_oss "
-                     "raises NotImplementedError: 'CP support for gpt-oss model is still in progress')",
-                     "export to torchtitan (0.3), or re-plan with --cp 1")
+        raise refuse(
+            LEGACY_TARGET,
+            f"context parallelism (cp {p.cp}) of {m.name} (torchtitan {LEGACY_VERSION}'s gpt_oss "
+            "raises NotImplementedError: 'CP support for gpt-oss model is still in progress')",
+            "export to torchtitan (0.3), or re-plan with --cp 1",
+        )
     if p.tp > 1 and not p.sp:
         raise refuse(LEGACY_TARGET, f"TP without sequence parallelism (torchtitan {LEGACY_VERSION} always shards "
                      "norms with TP)", "re-plan with --sp, or export to torchtitan (0.3)")

@@ -48,7 +48,9 @@ NCCL_RING_PLATEAU = {True: 1.4, False: 1.9}  # ncclTopoGetAlgoTime: x1.4 if minC
 # dgx-b200 busbw reading, docs/validation.md#lat-mend).
 NCCL_LL128_CC = (7.0, 8.0, 9.0)
 NCCL_LL128_CC_FROM = 10.0
-NVLS_MIN_GPUS = 5  # NCCL uses NVLink SHARP for all-reduce from 5 GPUs (H200) / 6 (B200) up; nccl-tests busbw measurements in ml-engineering network/README.md
+# NCCL uses NVLink SHARP for all-reduce from 5 GPUs (H200) / 6 (B200) up; nccl-tests busbw measurements in
+# ml-engineering network/README.md
+NVLS_MIN_GPUS = 5
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -326,7 +328,8 @@ def allreduce_coeffs(n: int, k: int, L: Links, algorithm: str = "auto") -> tuple
     ring = rings[-1]  # Simple: the tree's per-byte floor
     tree_alpha = net_fill(k) + 2 * (g - 1) * L.intra_alpha + 2 * math.ceil(math.log2(k)) * L.inter_alpha
     tree_beta = max(2.0 / L.intra_bw, (1.0 if k == 2 else 2.0) / g / L.ring_inter_bw, ring.beta)
-    hier_beta = max(2 * (g - 1) / g / L.intra_bw, bus_factor("all-reduce", k) / g / L.ring_inter_bw)  # comm.hierarchical
+    # comm.hierarchical
+    hier_beta = max(2 * (g - 1) / g / L.intra_bw, bus_factor("all-reduce", k) / g / L.ring_inter_bw)
     cands = [*rings, Coeff("tree", tree_alpha, tree_beta),
              Coeff("hierarchical", 2 * (g - 1) * L.intra_alpha + 2 * (k - 1) * L.inter_alpha, hier_beta)]
     if algorithm == "auto":
