@@ -345,8 +345,8 @@ def largest_fitting(e: ServeEstimate, allowance: MemoryAllowance | None = None) 
 def admitted_run(e: ServeEstimate, allowance: MemoryAllowance | None = None) -> ServeEstimate | None:
     """What an engine started for the plan runs at its admission cap (admission_cap): the plan itself when it
     fits; else the plan at the most sequences that fit (largest_fitting: the engine's cache is sized for that
-    cap, its activation peak profiled at it); None when not one sequence fits. Derived:
-    docs/formulas.md#infer.capacity"""
+    cap, its activation peak profiled at it); None when not one sequence fits.
+    Derived: docs/formulas.md#infer.capacity"""
     return e if e.memory.fits else largest_fitting(e, allowance)
 
 

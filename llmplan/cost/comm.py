@@ -740,8 +740,8 @@ def routed_pair_transfers(m: ModelSpec, plan: ParallelPlan, group: G, pairs: Any
     (mappings.py: a gather's backward reduce-scatters, a reduce-scatter's gathers), in the same dtypes.
     Source: NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py
     (MoEAlltoAllTokenDispatcher.dispatch_postprocess, combine_preprocess), tensor_parallel/mappings.py
-    (_GatherFromSequenceParallelRegion, _ReduceScatterToSequenceParallelRegion). Derived:
-    docs/formulas.md#comm.etp_pair"""
+    (_GatherFromSequenceParallelRegion, _ReduceScatterToSequenceParallelRegion).
+    Derived: docs/formulas.md#comm.etp_pair"""
     rows = plan.seq_len / plan.cp * plan.micro_batch * routed_pair_rows(m, plan)
     tokens, probs, out = (rows * m.hidden_size * ACT_BYTES, rows * ROUTER_PROB_BYTES,
                           rows * m.hidden_size * ROUTER_PROB_BYTES)
@@ -1289,15 +1289,15 @@ Derived: docs/formulas.md#comm.torchao_fp8_gather"""
 TORCHAO_AMAX_READ_BYTES = 4.0
 """HBM bytes per fp32 shard element of precompute_float8_dynamic_scale_for_fsdp's amax (torch._foreach_norm, inf
 norm, over every float8 weight shard) once a step after the optimizer step. Source: pytorch/ao@36027d82d1
-torchao/float8/fsdp_utils.py (precompute_float8_dynamic_scale_for_fsdp). Derived:
-docs/formulas.md#comm.torchao_fp8_gather"""
+torchao/float8/fsdp_utils.py (precompute_float8_dynamic_scale_for_fsdp).
+Derived: docs/formulas.md#comm.torchao_fp8_gather"""
 
 
 def torchao_fp8_gather(plan: ParallelPlan) -> Any:
     """Whether FSDP2 gathers torchao's Float8Linear weights in float8 (fp8_params read as torchtitan's
     enable_fsdp_float8_all_gather): torchao_float8, the weights sharded (zero >= 2) over more than one rank
-    (torchtitan: dp_shard_enabled and enable_fsdp_float8_all_gather). Derived:
-    docs/formulas.md#comm.torchao_fp8_gather"""
+    (torchtitan: dp_shard_enabled and enable_fsdp_float8_all_gather).
+    Derived: docs/formulas.md#comm.torchao_fp8_gather"""
     return torchao_fp8_params(plan) & (plan.zero >= 2) & (plan.zero_shard > 1)
 
 

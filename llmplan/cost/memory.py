@@ -154,8 +154,8 @@ def ep_overlap_layer_bytes(m: ModelSpec, plan: ParallelPlan, n_dense: Any, n_moe
     stage's dense and MoE layers', at most the layer's stored bytes). The warm-up forward the overlap adds
     takes the place of the plain schedule's forward-before-backward, so the count of whole micro-batches is
     unchanged. Source: NVIDIA/Megatron-LM megatron/core/models/common/model_chunk_schedule_plan.py at d98e8a6
-    (TransformerModelChunkSchedulePlan.run, TransformerLayerSchedulePlan.run). Derived:
-    docs/formulas.md#mem.ep_overlap"""
+    (TransformerModelChunkSchedulePlan.run, TransformerLayerSchedulePlan.run).
+    Derived: docs/formulas.md#mem.ep_overlap"""
     if not (m.is_moe and plan.ep_comm_overlap) or schedule_of(plan).hides_ep:
         return 0.0
     dense, moe = layer_activation_parts(m, plan, False), layer_activation_parts(m, plan, True)
