@@ -323,7 +323,7 @@ def pool_report(training: list[dict], doc: dict, own: dict[str, tuple[bool, floa
                 print(f"    its {info['fallback']} fallback covers {100 * info['fallback_coverage'][0]:.1f}% of its "
                       f"runs ({100 * info['fallback_coverage'][1]:.1f}% per family)")
         elif info.get("nested"):
-            print(f"    nested coverage of its " + ("widened" if info.get("fallback") == "widened" else "own") + f" choice: {100 * info['nested'][0]:.1f}% of runs, "
+            print("    nested coverage of its " + ("widened" if info.get("fallback") == "widened" else "own") + f" choice: {100 * info['nested'][0]:.1f}% of runs, "
                   f"{100 * info['nested'][1]:.1f}% per family"
                   + (f", median half-width {100 * info['nested_half']:.1f}%" if "nested_half" in info else ""))
 

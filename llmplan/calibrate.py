@@ -18,7 +18,8 @@ from llmplan.specs.hardware import SystemSpec
 from llmplan.topology.collectives import NVLS_MIN_GPUS, bus_factor
 from llmplan.units import GIB
 
-LARGE_MESSAGE = 64 * 2**20  # bus bandwidth saturates above ~64 MiB-1 GiB (nccl-tests busbw measurements in ml-engineering network/README.md)
+# bus bandwidth saturates above ~64 MiB-1 GiB (nccl-tests busbw measurements in ml-engineering network/README.md)
+LARGE_MESSAGE = 64 * 2**20
 
 
 def calibrated_system(system: SystemSpec, results: dict[str, Any], source: str) -> SystemSpec:

@@ -18,6 +18,7 @@ import os
 import secrets
 import stat
 import tempfile
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,35 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, value_node in node.value:  # the mapping's own keys (a << merge's may be overridden)
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                value = self.construct_object(value_node, deep=True)
+                if key in seen and seen[key] != value:
+                    raise LlmplanError(_twice(key, seen[key], value, f" (line {key_node.start_mark.line + 1})"))
+                seen.setdefault(key, value)
+        return super().construct_mapping(node, deep)
+
+
+def _twice(key: Any, first: Any, then: Any, where: str = "") -> str:
+    return (f"key {excerpt(key, 40)!r} is given twice{where} with different values ({excerpt(first, 40)}, then "
+            f"{excerpt(then, 40)}); a reader keeps one of them silently: give it once")
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook: a JSON object, refused when one key is given twice with different values."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out and out[key] != value:
+            raise LlmplanError(_twice(key, out[key], value))
+        out[key] = value
+    return out
 
 
 def _depth(obj: Any, limit: int = MAX_NESTING) -> int:
@@ -158,7 +188,7 @@ def parse_document(text: str, kind: str, origin: str) -> dict[str, Any]:
                            "spec or config.json, a hardware profile or a plan file); fill it in or give another file")
     try:
         if kind == "JSON":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_pairs)
             if _depth(data) > MAX_NESTING:
                 raise LlmplanError(f"nests deeper than {MAX_NESTING} levels")
         else:
@@ -171,9 +201,13 @@ def parse_document(text: str, kind: str, origin: str) -> dict[str, Any]:
         raise LlmplanError(f"{path}: {e}") from None
     except RecursionError:
         raise LlmplanError(f"{path}: nests deeper than {MAX_NESTING} levels") from None
-    except (json.JSONDecodeError, yaml.YAMLError, ValueError) as e:
+    except json.JSONDecodeError as e:
+        # json's own message ends "... at" where str(e) appends the place: the place is given as line and column
+        raise LlmplanError(f"{path} (line {e.lineno}, column {e.colno}): not valid JSON: "
+                           f"{excerpt(e.msg.removesuffix(' at'))}") from None
+    except (yaml.YAMLError, ValueError) as e:
         where = getattr(e, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else f" (line {e.lineno})" if hasattr(e, "lineno") else ""
+        line = f" (line {where.line + 1})" if where is not None else ""
         why = str(getattr(e, "problem", None) or getattr(e, "msg", e))
         raise LlmplanError(f"{path}{line}: not valid {kind}: {excerpt(why)}") from None
     if not isinstance(data, dict):
@@ -183,9 +217,14 @@ def parse_document(text: str, kind: str, origin: str) -> dict[str, Any]:
     return data
 
 
+def _has_control(text: str) -> bool:
+    return any(unicodedata.category(c) == "Cc" for c in text)
+
+
 def excerpt(value: Any, limit: int = 80) -> str:
-    """At most `limit` characters of a value for an error message (never echo a whole input)."""
-    text = value if isinstance(value, str) else repr(value)
+    """At most `limit` characters of a value for an error message (never echo a whole input); a text with a
+    control character (NUL, ESC, ...) is shown escaped, as Python writes it, never raw to the terminal."""
+    text = value if isinstance(value, str) and not _has_control(value) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -248,9 +248,12 @@ def _combine(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, base: TrainingEstima
     st = dataclasses.replace(st, model_flops=model_flops, hardware_flops=hardware_flops)
     thr = dataclasses.replace(
         throughput(base.plan, base.cluster.system.gpu, st),
-        tokens_per_s=plan.global_batch * plan.seq_len / step, tflops_per_gpu=model_flops / (step * plan.num_gpus) / 1e12,
-        mfu=model_flops / (step * peak), hfu=hardware_flops / (step * peak),
-        mfu_low_precision=model_flops / (step * low) if low else None)
+        tokens_per_s=plan.global_batch * plan.seq_len / step,
+        tflops_per_gpu=model_flops / (step * plan.num_gpus) / 1e12,
+        mfu=model_flops / (step * peak),
+        hfu=hardware_flops / (step * peak),
+        mfu_low_precision=model_flops / (step * low) if low else None,
+    )
     worst = max(uses, key=lambda u: (float(u.memory.total / u.memory.capacity), -u.pool))
     e = dataclasses.replace(base, cluster=pool_cluster(base.cluster.system, plan.num_gpus), plan=plan,
                             memory=worst.memory, time=st, throughput=thr, bottleneck=str(bottleneck(st)))

@@ -22,9 +22,8 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ETP_SAME_AS_TP, PLAN_FILE_ONLY, ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
 from llmplan.specs.check import check_plan, check_pools, check_serve_plan
 from llmplan.specs.check_switches import unused_switches
-from llmplan.specs.registry import (
-    build, builtin_gpus, builtin_models, builtin_systems, load_model_file, load_system_file, looks_like_path, read_document,
-)
+from llmplan.specs.registry import (build, builtin_gpus, builtin_models, builtin_systems, load_model_file,
+                                    load_system_file, looks_like_path, read_document)
 from llmplan.specs.pools import HeteroPlan, PoolCluster
 from llmplan.specs.serve import ServeJob, ServePlan
 from llmplan.topology.placement import DEFAULT_ORDER, parse_order

@@ -7,10 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.cost.inference import (
-    ServeMemory, ServeTiming, Spans, batches_under_slo, kv_bytes_per_token, prefill_seconds, slo_met, serve_compute_format,
-    serve_memory, serve_timing, step_host_seconds,
-)
+from llmplan.cost.inference import (ServeMemory, ServeTiming, Spans, batches_under_slo, kv_bytes_per_token,
+                                    prefill_seconds, slo_met, serve_compute_format, serve_memory, serve_timing,
+                                    step_host_seconds)
 from llmplan.cost.lengths import LengthStats, length_stats
 from llmplan.cost.operators import OperatorUse
 from llmplan.cost.queueing import prefill_queue_seconds
@@ -133,7 +132,8 @@ def job_for_plan(m: ModelSpec, job: ServeJob, plan: ServePlan, system: SystemSpe
     """The job as a server of `plan` on `system` runs `m` (at `batch` sequences, else the job's): the engine's
     default captured CUDA graph sizes depend on the plan's TP (SGLang: its exported server's --tp-size, tp x
     dp under DP attention, and the alignment of its attention ranks, cost.serve_step.SglangRanks), the GPU's
-    memory and compute capability, the model, speculative decoding and the batch (cost.serve_step.graph_sizes_at), SGLang's default chunked-prefill size on the GPU's memory
+    memory and compute capability, the model, speculative decoding and the batch (cost.serve_step.graph_sizes_at),
+    SGLang's default chunked-prefill size on the GPU's memory
     (cost.serve_memory.batched_tokens_for_plan) and its default memory fraction on the GPU's memory, TP, chunk and
     graphs (cost.serve_memory.sglang_mem_fraction_static) where none was given; idempotent. Every caller
     that prices a plan's decode (estimate_serving,
@@ -345,7 +345,8 @@ def largest_fitting(e: ServeEstimate, allowance: MemoryAllowance | None = None) 
 def admitted_run(e: ServeEstimate, allowance: MemoryAllowance | None = None) -> ServeEstimate | None:
     """What an engine started for the plan runs at its admission cap (admission_cap): the plan itself when it
     fits; else the plan at the most sequences that fit (largest_fitting: the engine's cache is sized for that
-    cap, its activation peak profiled at it); None when not one sequence fits. Derived: docs/formulas.md#infer.capacity"""
+    cap, its activation peak profiled at it); None when not one sequence fits.
+    Derived: docs/formulas.md#infer.capacity"""
     return e if e.memory.fits else largest_fitting(e, allowance)
 
 

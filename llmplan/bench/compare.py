@@ -123,7 +123,8 @@ def compare(cfg: BenchConfig, run: BenchRun) -> list[Row]:
 def attention_rows(cfg: BenchConfig, measured: list[dict[str, Any]], on_gpu: bool) -> list[Row]:
     """Each timed attention case (forward + backward) against llmplan's price of it, 3 x its forward FLOPs at
     the kernel's rate (attention_fraction) on one call of its length (attention_rate_ratio); per kernel, the
-    measured rate ratio of the model's head dimension to the reference one against head_dim_attention_ratio's. Cases a backend could not run say why."""
+    measured rate ratio of the model's head dimension to the reference one against head_dim_attention_ratio's. Cases a
+    backend could not run say why."""
     gpu = cfg.cluster.system.gpu
     rows: list[Row] = []
     rates: dict[str, dict[str, float]] = {}

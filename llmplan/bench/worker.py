@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = json.loads(Path((argv or sys.argv[1:])[0]).read_text())
     out = Path(cfg["out_dir"])
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ.get("LOCAL_RANK", 0))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
     device = f"cuda:{local}" if cfg["backend"] == "nccl" else "cpu"
     if device.startswith("cuda"):
         torch.cuda.set_device(local)

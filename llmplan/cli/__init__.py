@@ -86,7 +86,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app and turns every error into one line on stderr and its exit code
-    (with --json or --format json, also a JSON document on stdout: {"schema": 1, "error": {"code", "message"}}). Ctrl-C and
+    (with --json or --format json, also a JSON document on stdout: {"schema": 1, "error": {"code", "message"}}). Ctrl-C
+    and
     SIGTERM exit 130 and 143 (128 + the signal, as shells report a signal); a reader that closes stdout early
     (`llmplan search ... | head -1`) is a normal end."""
     args = list(sys.argv[1:] if argv is None else argv)

@@ -37,7 +37,8 @@ def bench(
 ) -> None:
     """Run GEMM, collective, reference-layer and attention micro-benchmarks and compare them with the predictions."""
     from llmplan.bench.compare import compare
-    from llmplan.bench.run import COMPONENTS as BENCH_COMPONENTS, BenchConfig, bench_notes, check_machine, check_run_options, launch, require_torch
+    from llmplan.bench.run import (COMPONENTS as BENCH_COMPONENTS, BenchConfig, bench_notes, check_machine,
+                                   check_run_options, launch, require_torch)
     from llmplan.cli.inputs import make_cluster
     from llmplan.fileio import check_target, write_atomic
     from llmplan.planfile import load_plan, refuse_mixed_pools

@@ -76,7 +76,9 @@ def lock(
     plans: Path = typer.Option(..., "--plans", help="Folder of plan files to write or refresh."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="For new plans: system name or profile."),
     nodes: int = typer.Option(1, "--nodes", min=1, help="For new plans: nodes."),
-    global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1, help="For new plans: sequences per step."),
+    global_batch: Optional[int] = typer.Option(
+        None, "--global-batch", min=1, help="For new plans: sequences per step."
+    ),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="For new plans: sequence length."),
     json_mode: bool = opt.JSON,
 ) -> None:

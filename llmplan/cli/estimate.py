@@ -13,8 +13,9 @@ from llmplan.cli.app import app, emit, out, save_best, stderr_line
 from llmplan.errors import LlmplanError, PlanViolationError, not_one_of
 from llmplan.specs.defaults import default_seq_len
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.options import (SERVE_PLAN_OPTIONS, CheckpointOptions, ClusterOptions, MemoryOptions, MoeServingOptions, OutputOptions,
-                                   PipelineSplitOptions, PlanOptions, ServingOptions, SwitchOptions)
+from llmplan.specs.options import (SERVE_PLAN_OPTIONS, CheckpointOptions, ClusterOptions, MemoryOptions,
+                                   MoeServingOptions, OutputOptions, PipelineSplitOptions, PlanOptions, ServingOptions,
+                                   SwitchOptions)
 from llmplan.specs.plan import ETP_SAME_AS_TP, ClusterSpec, ParallelPlan, trained_model
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import ServePlan

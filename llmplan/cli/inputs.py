@@ -18,16 +18,16 @@ from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.options import (SERVE_PLAN_FLAGS, CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions,
                                    SwitchOptions)
-from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, MXFP8_MODULES, EXPERT_GEMMS, MOE_DISPATCHERS,
-                                MOE_FLEX_BACKENDS,
-                                MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZERS, OPTIMIZER_MOMENT_DTYPES, PRECISIONS,
-                                RECOMPUTE_MODULES, OFFLOAD_MODULES, FUSED_LOSS_IMPLS, TP_IMPLS, CP_IMPLS, CP_COMM_TYPES, NORM_KERNELS, SOFTMAX_KERNELS, FP8_SCALINGS, ClusterSpec,
-                                MemoryAllowance,
-                                ParallelPlan)
+from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, MXFP8_MODULES, EXPERT_GEMMS,
+                                MOE_DISPATCHERS, MOE_FLEX_BACKENDS, MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZERS,
+                                OPTIMIZER_MOMENT_DTYPES, PRECISIONS, RECOMPUTE_MODULES, OFFLOAD_MODULES,
+                                FUSED_LOSS_IMPLS, TP_IMPLS, CP_IMPLS, CP_COMM_TYPES, NORM_KERNELS, SOFTMAX_KERNELS,
+                                FP8_SCALINGS, ClusterSpec, MemoryAllowance, ParallelPlan)
 from llmplan.specs.registry import build, expected_values, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
 # commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py)
 from llmplan.specs.resilience import CheckpointPolicy
-from llmplan.specs.serve import DEFAULT_BATCHED_TOKENS, LengthDistribution, ServeJob, SpeculativeMethod, SpeculativeSpec, WeightDtype
+from llmplan.specs.serve import (DEFAULT_BATCHED_TOKENS, LengthDistribution, ServeJob, SpeculativeMethod,
+                                 SpeculativeSpec, WeightDtype)
 from llmplan.topology.graph import validate
 
 
@@ -365,8 +365,10 @@ def length_distribution(flag: str, text: str, side: str, fixed: int) -> LengthDi
         return build(LengthDistribution, {"kind": "lognormal", **fields, "name": text}, flag)
     path = Path(text)
     if not text.strip() or not path.exists():  # Path("") is the current folder, which exists
-        raise LlmplanError(f"{flag} {text if text.strip() else repr(text)}: not lognormal:mean=M,sigma=S, a trace shape "
-                           f"({' | '.join(TRACE_SHAPES)}) or an existing histogram file")
+        raise LlmplanError(
+            f"{flag} {text if text.strip() else repr(text)}: not lognormal:mean=M,sigma=S, a trace shape "
+            f"({' | '.join(TRACE_SHAPES)}) or an existing histogram file"
+        )
     return build(LengthDistribution, {"kind": "histogram", **histogram_rows(flag, path), "name": text}, flag)
 
 

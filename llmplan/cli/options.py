@@ -91,10 +91,13 @@ RECOMPUTE_MODULES = typer.Option(None, "--recompute-modules",
                                       "default core_attn).")
 ATTENTION_KERNEL = typer.Option(_plan("attention_kernel"), "--attention-kernel",
                                 help="Fused attention kernel: native (cuDNN / FlashAttention-3 on Hopper+) | flash2.")
-ATTENTION_RELEASE = typer.Option(None, "--attention-release",
-                                 help="The cuDNN release running native fused attention, where the stack names "
-                                      "it: cudnn-9.1 | cudnn-9.4 | cudnn-9.19 (its published rate on the GPU; default: the "
-                                      "GPU's attention_efficiency).")
+ATTENTION_RELEASE = typer.Option(
+    None,
+    "--attention-release",
+    help="The cuDNN release running native fused attention, where the stack names "
+    "it: cudnn-9.1 | cudnn-9.4 | cudnn-9.19 (its published rate on the GPU; default: the "
+    "GPU's attention_efficiency).",
+)
 FUSED_LOSS = typer.Option(_plan("fused_loss"), "--fused-loss/--unfused-loss",
                           help="Loss on one fp32 copy of the logits (Megatron, a compiled loss) or PyTorch's eager "
                                "cross_entropy on fp32 logits (three copies at its backward).")

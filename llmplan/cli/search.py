@@ -15,9 +15,9 @@ from llmplan.cli.app import app, emit, out, progress_bar, save_best, stderr_line
 from llmplan.errors import EXIT_NO_FIT, LlmplanError, not_one_of
 from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens, min_headroom_bytes
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.options import (SERVE_PLAN_FLAGS, SERVE_PLAN_OPTIONS, CheckpointOptions, ClusterOptions, MemoryOptions,
-                                   MoeServingOptions, OutputOptions, PipelineSplitOptions, SearchGoal, SearchPins,
-                                   ServingOptions, SwitchOptions)
+from llmplan.specs.options import (SERVE_PLAN_FLAGS, SERVE_PLAN_OPTIONS, CheckpointOptions, ClusterOptions,
+                                   MemoryOptions, MoeServingOptions, OutputOptions, PipelineSplitOptions, SearchGoal,
+                                   SearchPins, ServingOptions, SwitchOptions)
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import ServePlan
@@ -341,7 +341,8 @@ class SettingSearch:
     def as_run(self, wv: Workload) -> Workload:
         """`wv` with megatron_fsdp on where only Megatron-LM / Megatron-Bridge run its ZeRO-2 plans
         (export.megatron_only, read on one ZeRO-2 plan without a pipeline at an ep > 1 where its plans can take one):
-        their ZeRO-2 / 3 is Megatron-FSDP's optim_grads / optim_grads_params, priced so (docs/formulas.md#mem.megatron_fsdp); off
+        their ZeRO-2 / 3 is Megatron-FSDP's optim_grads / optim_grads_params, priced so
+        (docs/formulas.md#mem.megatron_fsdp); off
         elsewhere (DeepSpeed's or torchtitan's ZeRO-2). With auto_fsdp only."""
         from llmplan.export import megatron_only
         from llmplan.search.grid import Workload

@@ -1,6 +1,7 @@
 """`search --target NAME`: keep only the ranked plans that `export --to NAME` writes. A training search walks
 every plan that fits, layout by layout (search.filtered: where a layout's shown plan is refused, its other plans
-in ranked order), a serving search its ranking (deeper: cli.search.WALK layouts); each candidate, best first, is turned into
+in ranked order), a serving search its ranking (deeper: cli.search.WALK layouts); each candidate, best first, is turned
+into
 the plan file `--save` would write (asker: the search's file with its plan swapped in) and handed to
 export.refusal, the refusal checks `export` runs before it renders; the refused ones are dropped until --top
 plans are kept. No launcher rule lives here: the export package is the one place that knows them."""

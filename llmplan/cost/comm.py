@@ -626,7 +626,8 @@ def tp_edge_transfers(m: ModelSpec, plan: ParallelPlan, group: G,
     """(synchronous, asynchronous) TP collectives of a step on a rank of pipeline stage `stage` outside its
     decoder layers (tp_transfers): the input embedding on the first stage, the output head (its loss included) on
     the one that holds the output layer (tp_edge_roles; not an embedding each rank holds whole, params.whole_embedding),
-    the MTP modules on the stage a pp_layout places them on, else on that one. The asynchronous ones run beside the heads' GEMMs (step.tp_edge).
+    the MTP modules on the stage a pp_layout places them on, else on that one. The asynchronous ones run beside the
+    heads' GEMMs (step.tp_edge).
     Derived: docs/formulas.md#comm.tp_edge"""
     first, last = tp_edge_roles(plan, stage)
     mtp = where(last, m.num_nextn_predict_layers, 0) if not has_layout(plan) else stage_mtp_modules(m, plan, stage)
@@ -690,7 +691,8 @@ def tp_blocks_per_layer(m: ModelSpec, plan: ParallelPlan) -> Any:
     and its router and latent projections are duplicated on that shard (moe_layer.py, parallel_mode
     "duplicated"): no TP collective. Expert TP > 1 keeps the MLP's pair only under the alltoall dispatcher (it
     gathers the routed tokens over that group; the flex dispatcher has no TP collective:
-    tp_routed_blocks_per_layer), and DTensor TP keeps it. A parallel transformer block (ModelSpec.parallel_block) feeds its attention and MLP one
+    tp_routed_blocks_per_layer), and DTensor TP keeps it. A parallel transformer block (ModelSpec.parallel_block) feeds
+    its attention and MLP one
     gathered input and reduce-scatters their summed outputs once: one pair per layer, half. Source:
     NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py, moe_layer.py; Jiang et al.
     2024 (MegaScale, arXiv:2402.15627) §3.1. Derived: docs/formulas.md#comm.tp"""
@@ -738,7 +740,8 @@ def routed_pair_transfers(m: ModelSpec, plan: ParallelPlan, group: G, pairs: Any
     (mappings.py: a gather's backward reduce-scatters, a reduce-scatter's gathers), in the same dtypes.
     Source: NVIDIA/Megatron-LM d98e8a6 megatron/core/transformer/moe/token_dispatcher.py
     (MoEAlltoAllTokenDispatcher.dispatch_postprocess, combine_preprocess), tensor_parallel/mappings.py
-    (_GatherFromSequenceParallelRegion, _ReduceScatterToSequenceParallelRegion). Derived: docs/formulas.md#comm.etp_pair"""
+    (_GatherFromSequenceParallelRegion, _ReduceScatterToSequenceParallelRegion).
+    Derived: docs/formulas.md#comm.etp_pair"""
     rows = plan.seq_len / plan.cp * plan.micro_batch * routed_pair_rows(m, plan)
     tokens, probs, out = (rows * m.hidden_size * ACT_BYTES, rows * ROUTER_PROB_BYTES,
                           rows * m.hidden_size * ROUTER_PROB_BYTES)
@@ -758,19 +761,23 @@ def routed_pair_roles(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, An
     return f * ((1 + r) * (a + pa) + p), f * (1 + r) * p, 0 * f, f * (a + pa)
 
 
-def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any) -> Any:
+Roles = tuple[Any, Any, Any, Any]
+"""Bytes per s·b·h element of each userbuffer role (tp_role_bytes), in RoleSms' order."""
+
+
+def tp_forward_rs_share(m: ModelSpec, plan: ParallelPlan, r: Any, roles: Roles | None = None) -> Any:
     """Share of a stage's TP seconds (tp_transfers, Megatron-LM with SP) in its forward and recompute
     reduce-scatters: 2 + 2r of its 4 + 2r reduce-scatters of sbh in 16 bits, beside its 6 + 2r all-gathers per two
     pairs, at the bytes tp_role_bytes gives each (r the stage's recomputed share): the forward and recompute ones
     and the re-gathers at gather_bytes, the output gradients' at its both-usage bytes (two copies under
     TWO_USAGE_GATHER_RECIPES), a routed-expert pair's (expert TP > 1) routed_pair_roles' and no re-gather. By bytes:
-    every one is a collective over the same group of a message of the same shape. Derived:
-    docs/formulas.md#step.tp"""
-    roles = tp_role_bytes(m, plan, r)
+    every one is a collective over the same group of a message of the same shape. `roles`: tp_role_bytes(m, plan,
+    r) where the caller has it. Derived: docs/formulas.md#step.tp"""
+    roles = tp_role_bytes(m, plan, r) if roles is None else roles
     return roles[1] / sum(roles)
 
 
-def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, Any, Any]:
+def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> Roles:
     """Bytes per s·b·h element that a transformer layer's TP collectives move under Megatron-LM with SP
     (tp_transfers), per userbuffer role as RoleSms orders them: 4 + 2r all-gathers feeding a GEMM (forward,
     recompute and the row-parallel linears' output gradients, one copy each at gather_bytes), 2 + 2r
@@ -778,7 +785,8 @@ def tp_role_bytes(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, Any, A
     gradients' second copy (both-usage bytes less one copy: MXFP8's columnwise copy, which Transformer Engine
     gathers as a bulk overlap beside the dgrad GEMM, the "external" proj_wgrad / fc2_wgrad userbuffers at the
     bulk methods' 16 SMs and margin; module/linear.py v2.16.1 bulk_overlap_ag_with_external_gemm, module/base.py
-    get_default_config), 2 input-gradient reduce-scatters in 16 bits (r the stage's recomputed share). An MLA model's attention pairs (their share f of
+    get_default_config), 2 input-gradient reduce-scatters in 16 bits (r the stage's recomputed share). An MLA model's
+    attention pairs (their share f of
     the layer's pairs) move their latents on the column side instead (mla_latent_transfers); the routed experts'
     pairs under expert TP (their share g, tp_routed_blocks_per_layer) move routed_pair_roles' bytes, no re-gather.
     Derived: docs/formulas.md#comm.tp"""
@@ -879,7 +887,8 @@ def role_margins(sms: RoleSms, margined: tuple[bool, bool, bool, bool]) -> RoleS
     return ring, fwd_rs, re_gather, bwd_rs
 
 
-def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: int) -> Any:
+def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: int,
+                          roles: Roles | None = None) -> Any:
     """Share of the GPU's SMs Transformer Engine's userbuffers hold while TP communication runs beside the
     GEMMs (tp_comm_overlap, tp_impl megatron): each role's SMs (ParallelPlan.tp_overlap_sms, else TE_UB_SMS)
     weighted by the seconds it overlaps, as tp_role_bytes counts them: 4 + 2r all-gathers feeding a GEMM
@@ -887,8 +896,9 @@ def tp_overlap_contention(m: ModelSpec, plan: ParallelPlan, r: Any, sm_count: in
     dispatcher's NCCL ones, not userbuffers, charged at the ring's SMs here), 2 + 2r forward reduce-scatters
     less the last of their TE_PIPELINE_SPLITS chunks (it runs after the last GEMM), 2 re-gathers (with MXFP8's
     columnwise copies of the output gradients: TE's external bulk all-gather) and 2 reduce-scatters in bulk.
-    At most half the GPU, as GpuSpec.contention. Derived: docs/formulas.md#step.ub_sms"""
-    ring, fwd_rs, re_gather, bwd_rs = tp_role_bytes(m, plan, r)
+    At most half the GPU, as GpuSpec.contention. `roles`: tp_role_bytes(m, plan, r) where the caller has it.
+    Derived: docs/formulas.md#step.ub_sms"""
+    ring, fwd_rs, re_gather, bwd_rs = tp_role_bytes(m, plan, r) if roles is None else roles
     spans = (ring, fwd_rs * (1 - 1 / TE_PIPELINE_SPLITS), re_gather, bwd_rs)
     # a role whose GEMM already runs on N_SM - margin SMs (set_sm_margin) contends only beyond its margin
     free = (maximum(n - k, 0.0) for n, k in zip(tp_role_sms(plan), tp_margin_sms(plan), strict=True))
@@ -964,7 +974,8 @@ def tp_role_gemm_shares(m: ModelSpec, plan: ParallelPlan, r: Any) -> tuple[Any, 
     return ((1 + r) * col + row) / passes, (1 + r) * row / passes, col / passes, col / passes
 
 
-def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r: Any) -> Any:
+def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r: Any,
+                        roles: Roles | None = None) -> Any:
     """Seconds a stage's micro-batch waits, beyond its GEMMs and the last pipeline chunk's reduce-scatter
     (tp_exposed's waits), where a userbuffers chunk step is transfer-bound (tp_comm_overlap, sp, tp_impl
     megatron). Ring exchange (the forward's and recompute's column GEMMs, the row GEMMs' input gradients): the
@@ -981,10 +992,11 @@ def tp_chunk_step_waits(m: ModelSpec, plan: ParallelPlan, tp: Any, gemm: Any, r:
     pytorch/csrc/comm_gemm_overlap.h at v1.8 (UbufP2PCommOverlap::split_overlap_ag: _stream_send waits
     _stop_recv; _stream_compute[(i + 1) % n] waits _stop_recv) and common/comm_gemm_overlap/
     comm_gemm_overlap.cpp at v2.8 (CommOverlapP2PBase::split_overlap_ag, CommOverlapBase::split_overlap_rs).
-    Derived: docs/formulas.md#step.tp_chunk_steps"""
+    `roles`: tp_role_bytes(m, plan, r) where the caller has it. Derived: docs/formulas.md#step.tp_chunk_steps"""
     t, n = plan.tp, TE_PIPELINE_SPLITS
     q, a = gather_bytes(m, plan), ACT_BYTES
-    per_pair = tp / maximum(tp_blocks_per_layer(m, plan), 1e-9) / sum(tp_role_bytes(m, plan, r))
+    roles = tp_role_bytes(m, plan, r) if roles is None else roles
+    per_pair = tp / maximum(tp_blocks_per_layer(m, plan), 1e-9) / sum(roles)
     pass_s = gemm / (3 + r) / maximum(layer_gemm_weights(m, plan), 1e-9)  # seconds of one pass per weight
     attention, mlp, mamba = tp_pair_weights(m)
     kinds: tuple[tuple[Any, Any, Any], ...] = (attention, mlp, mamba)
@@ -1131,7 +1143,8 @@ def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any,
     optimizer; Megatron-FSDP outer no_shard, torchtitan's HSDP), or with the optimizer sharded across the
     replicas (dp_outer_optimizer) reduce-scattered and the updated shard all-gathered back, one call per
     ZeRO-3 unit (`u`) times outer_weight_copies (MXFP8's rowwise and columnwise copies under ZeRO-3); `kept` of
-    the shard's parameters stay bf16 under fp8_params (kept_gather_extra_bytes). Source: NVIDIA/Megatron-LM megatron/core/distributed/param_and_grad_buffer.py,
+    the shard's parameters stay bf16 under fp8_params (kept_gather_extra_bytes). Source: NVIDIA/Megatron-LM
+    megatron/core/distributed/param_and_grad_buffer.py,
     fsdp/src/megatron_fsdp/param_and_grad_buffer.py at 2a75ac12c (outer_fsdp_group all_reduce /
     reduce_scatter_tensor at the last micro-batch, the outer param all-gather). Derived: docs/formulas.md#mem.hsdp"""
     on = (plan.dp_replicate > 1) & np.logical_not(whole) & (shard > 0)
@@ -1292,13 +1305,15 @@ Derived: docs/formulas.md#comm.torchao_fp8_gather"""
 TORCHAO_AMAX_READ_BYTES = 4.0
 """HBM bytes per fp32 shard element of precompute_float8_dynamic_scale_for_fsdp's amax (torch._foreach_norm, inf
 norm, over every float8 weight shard) once a step after the optimizer step. Source: pytorch/ao@36027d82d1
-torchao/float8/fsdp_utils.py (precompute_float8_dynamic_scale_for_fsdp). Derived: docs/formulas.md#comm.torchao_fp8_gather"""
+torchao/float8/fsdp_utils.py (precompute_float8_dynamic_scale_for_fsdp).
+Derived: docs/formulas.md#comm.torchao_fp8_gather"""
 
 
 def torchao_fp8_gather(plan: ParallelPlan) -> Any:
     """Whether FSDP2 gathers torchao's Float8Linear weights in float8 (fp8_params read as torchtitan's
     enable_fsdp_float8_all_gather): torchao_float8, the weights sharded (zero >= 2) over more than one rank
-    (torchtitan: dp_shard_enabled and enable_fsdp_float8_all_gather). Derived: docs/formulas.md#comm.torchao_fp8_gather"""
+    (torchtitan: dp_shard_enabled and enable_fsdp_float8_all_gather).
+    Derived: docs/formulas.md#comm.torchao_fp8_gather"""
     return torchao_fp8_params(plan) & (plan.zero >= 2) & (plan.zero_shard > 1)
 
 

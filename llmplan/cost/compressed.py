@@ -235,7 +235,8 @@ def hc_memory_bytes(m: ModelSpec) -> float:
     Source: NVIDIA/Megatron-LM megatron/core/transformer/hyper_connection.py at 1e23526adc
     (HyperConnectionModule._forward: BroadcastTensorFused into compute_mappings, aggregate and the fused
     h_res / h_post bias-dropout-add; BroadcastTensorFused.backward's fused_add_3); transformers
-    modeling_deepseek_v4.py (DeepseekV4HyperConnection.forward). Derived: docs/formulas.md#compressed.hyper_connections"""
+    modeling_deepseek_v4.py (DeepseekV4HyperConnection.forward).
+    Derived: docs/formulas.md#compressed.hyper_connections"""
     n, h = m.hc_mult, m.hidden_size
     per_sub_block = 2 * n * h + (2 * n * h + 2 * h) + (4 * n * h + 2 * h) + 8 * n * h / 3 - 6 * h
     return 2 * per_sub_block if n > 1 else 0.0

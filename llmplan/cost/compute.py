@@ -418,7 +418,8 @@ def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec
     world / (etp x ep x pp) ranks (as cost.memory.stage_memory), the rest over dp x cp.
     The weight written is the stored copy's (cost.model_states.stored_weight_bytes: bf16 under torchao's
     fp8_params). Under fp8_params the `kept` parameters (cost.model_states.bf16_kept_params, sharded alike)
-    write a bf16 copy, stored_kept_extra_bytes more each. The `muon` parameters (cost.muon.muon_params, sharded alike) read and
+    write a bf16 copy, stored_kept_extra_bytes more each. The `muon` parameters (cost.muon.muon_params, sharded alike)
+    read and
     write one momentum buffer instead of two moments (their Newton-Schulz GEMMs: cost.muon.newton_schulz_seconds).
     Source: Megatron-LM megatron/core/parallel_state.py (expert data-parallel group).
     Derived: docs/formulas.md#compute.optimizer, docs/formulas.md#mem.fp8_param_bf16_parts,

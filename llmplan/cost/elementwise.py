@@ -709,7 +709,8 @@ def hybridep_metadata_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     ranks a domain): g x E bytes per token of the rank, read HYBRIDEP_METADATA_READS times. g the EP ranks of
     one NVLink domain (cost.comm.hybridep_domain_ranks: ep with the EP group in one domain, as the Megatron-Bridge
     presets' NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN 64 = ep for Nemotron-3 Ultra on NVL72; 8 for an EP64 group
-    over DGX B200 nodes; ep where ParallelPlan.nvlink_domain_ranks is not known). Its writes, 4 g bytes of sparse_to_dense_map a token and E / ep map entries
+    over DGX B200 nodes; ep where ParallelPlan.nvlink_domain_ranks is not known). Its writes, 4 g bytes of
+    sparse_to_dense_map a token and E / ep map entries
     a received row, are under 2% of that and not counted. 0 without expert parallelism.
     Source: deepseek-ai/DeepEP hybrid-ep @94a9f8f6, csrc/hybrid_ep/hybrid_ep.cu (metadata_preprocessing),
     executor/executor.cu (allgather_routing_map, metadata_preprocess_core), backend/hybrid_ep_backend.cuh (scan:
@@ -773,14 +774,16 @@ def quant_padding_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     to the recipe's GEMM alignment before the grouped linears (Fp8Padding, 16 rows; 32 for MXFP8 / NVFP4) and
     unpads the output (Fp8Unpadding); backward unpads the input's gradient and pads the output's. Transformer
     Engine skips both where every expert's count is aligned already: where the router pads the routing map
-    (moe_router_padding_for_quantization: ParallelPlan.moe_router_padding, cost.gemm.router_padding_share), where HybridEP's dispatch pads to the
+    (moe_router_padding_for_quantization: ParallelPlan.moe_router_padding, cost.gemm.router_padding_share), where
+    HybridEP's dispatch pads to the
     alignment itself (moe_flex_backend hybridep), and where the rows are padded to a capacity the alignment
     divides (received rows an expert: ep x etp x ceil(tokens x k x c / E): the alltoall dispatcher all-gathers the
     received rows over expert TP). Otherwise (dropless, forced-balance routing:
     random counts) 4 passes of QUANT_PADDING_BYTES on the k routed copies of width w a token. Megatron-Core's
     expert paths pad: TEGroupedMLP (expert_gemm per-expert) and, at d0b3b775, the op-fuser's fused grouped MLP
     (fused_grouped_mlp); other grouped kernels (DeepGEMM, torch._grouped_mm) align in their own permute and pay
-    none here. The probs' fp32 column (4 of 2w bytes a row) is left out. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/experts.py TEGroupedMLP.forward
+    none here. The probs' fp32 column (4 of 2w bytes a row) is left out. Source: NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/experts.py TEGroupedMLP.forward
     (quantization_padding) at 0d8e0714 / b0cc2706 / d0b3b775, moe_utils.py skip_routed_expert_padding at
     d0b3b775; NVIDIA/TransformerEngine transformer_engine/pytorch/module/fp8_padding.py (Fp8Padding.forward:
     "no padding needed"); the rows an expert at capacity: Megatron-LM core_v0.14.0 token_dispatcher.py

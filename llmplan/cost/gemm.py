@@ -87,7 +87,8 @@ def router_padding_align(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Rows each expert's token count is padded to a multiple of under moe_router_padding: 256 where the experts
     run on the op-fuser path (use_transformer_engine_op_fuser, which a Megatron-Core export of expert_gemm grouped
     sets for a GLU or squared-ReLU MLP: export.common.op_fuser), else the recipe's: 16 for fp8 per-tensor /
-    blockwise, 32 for MXFP8, 128 for NVFP4. Source: NVIDIA/Megatron-LM at cd4afffa6, megatron/core/transformer/moe/moe_utils.py
+    blockwise, 32 for MXFP8, 128 for NVFP4. Source: NVIDIA/Megatron-LM at cd4afffa6,
+    megatron/core/transformer/moe/moe_utils.py
     (get_align_size_for_quantization), fp8_utils.py (get_fp8_align_size), fp4_utils.py (get_fp4_align_size).
     Derived: docs/formulas.md#moe.router_padding"""
     recipe = 128 if plan.recipe == "nvfp4" else 32 if plan.recipe == "mxfp8" else 16
@@ -232,7 +233,8 @@ def gemm_efficiency(gpu: GpuSpec, dtype: str, d_min: Any) -> Any:
     """Achieved fraction of peak for a GEMM whose smallest dimension is d_min (serving's decode and prefill
     steps; training uses gemm_shape_efficiency).
 
-    Default curve e_max·d/(d + 512), e_max the best measured large-GEMM fraction (Stas Bekman, ml-engineering compute/accelerator/README.md:
+    Default curve e_max·d/(d + 512), e_max the best measured large-GEMM fraction (Stas Bekman, ml-engineering
+    compute/accelerator/README.md:
     A100 0.87, H100 0.80); a calibrated profile's measured (d, efficiency) table replaces it (interpolated in
     log d). Derived: docs/formulas.md#compute.gemm"""
     if gpu.gemm_efficiency:
@@ -441,7 +443,8 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     """(forward, backward) time of one layer's GEMMs: its GEMM FLOPs (layer_flops) at the FLOP-weighted
     harmonic mean of the efficiencies of its own matmuls, in the recipe's format (the plan's bf16 layers,
     low_precision_layer_fraction, in bf16: the average layer mixes both; bf16_module_gemms in bf16 in every
-    layer; under NVFP4, mxfp8_module_gemms in MXFP8 in the low-precision layers). The backward is an input-gradient and a weight-gradient
+    layer; under NVFP4, mxfp8_module_gemms in MXFP8 in the low-precision layers). The backward is an input-gradient and
+    a weight-gradient
     matmul of the forward's FLOPs each, priced at the forward's shape except where chunked TP overlap splits
     the call (chunk_rows). `only` (a module, e.g. "expert"): the time of that module's matmuls alone, each
     priced as in the whole layer. An MXFP8 matmul on cuBLASLt takes block_scaled_gemm_factor more.

@@ -85,7 +85,8 @@ def cross_pool_reduce_seconds(grad_bytes: float, replicas: list[int], fabric: In
     """Gradient reduction between pools, after each pool has reduce-scattered its replicas' gradients inside
     itself (hierarchical all-reduce): rank j of each pool holds 1/r_g of a rank's `grad_bytes` and all-reduces
     it with its peers of the other P pools over the inter-pool fabric, ring all-reduce 2(P-1)/P of the bytes
-    (topology.collectives.bus_factor) at the fabric's ring share (topology.collectives.ring_share) and 2(P-1) latencies; the pool with fewest replicas holds the largest shard and paces it. 0 for one pool.
+    (topology.collectives.bus_factor) at the fabric's ring share (topology.collectives.ring_share) and 2(P-1) latencies;
+    the pool with fewest replicas holds the largest shard and paces it. 0 for one pool.
     Source: Thakur, Rabenseifner and Gropp 2005 §4 (ring all-reduce); Jia et al. 2018 (hierarchical all-reduce,
     arXiv 1807.11205). Derived: docs/formulas.md#hetero.replicas"""
     used = [r for r in replicas if r]

@@ -477,7 +477,8 @@ def graphed_kernels(m: ModelSpec, plan: ParallelPlan, kind: str, mlp: str, scope
                     **moe: bool) -> Kernels:
     """Kernels of one layer that Megatron-Core's per-layer CUDA graphs of `scopes` (GRAPH_SCOPES) capture: attn
     the mixer with its residual add; mlp a dense MLP with its residual add; moe_router the pre-MLP norm and the
-    router (with RandomSTE under force_balance); moe_preprocess the dispatcher's preprocessing (views for Hybrid-EP: none counted).
+    router (with RandomSTE under force_balance); moe_preprocess the dispatcher's preprocessing (views for Hybrid-EP:
+    none counted).
     Source: NVIDIA/Megatron-LM megatron/core/transformer/transformer_layer.py and moe/moe_layer.py at 606c01046
     (the cuda_graph scopes of _forward_attention and MoELayer.route / preprocess)."""
     k = ZERO

@@ -154,7 +154,8 @@ def ep_overlap_layer_bytes(m: ModelSpec, plan: ParallelPlan, n_dense: Any, n_moe
     stage's dense and MoE layers', at most the layer's stored bytes). The warm-up forward the overlap adds
     takes the place of the plain schedule's forward-before-backward, so the count of whole micro-batches is
     unchanged. Source: NVIDIA/Megatron-LM megatron/core/models/common/model_chunk_schedule_plan.py at d98e8a6
-    (TransformerModelChunkSchedulePlan.run, TransformerLayerSchedulePlan.run). Derived: docs/formulas.md#mem.ep_overlap"""
+    (TransformerModelChunkSchedulePlan.run, TransformerLayerSchedulePlan.run).
+    Derived: docs/formulas.md#mem.ep_overlap"""
     if not (m.is_moe and plan.ep_comm_overlap) or schedule_of(plan).hides_ep:
         return 0.0
     dense, moe = layer_activation_parts(m, plan, False), layer_activation_parts(m, plan, True)
@@ -383,7 +384,8 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     kept_w = kept_copy_extra_bytes(plan) * (kept.dense / where(plan.zero >= 3, plan.zero_shard, 1)
                                                 + kept.expert / where(plan.zero >= 3, plan.expert_shard, 1))
     cache = cache + kept_w
-    # Muon: one momentum buffer on its matrices instead of Adam's two moments. Derived: docs/formulas.md#optim.muon_memory
+    # Muon: one momentum buffer on its matrices instead of Adam's two moments. Derived:
+    # docs/formulas.md#optim.muon_memory
     saving = muon_moment_saving(plan, muon_params(m, plan, stage))
     optimizer = dense.optimizer + expert.optimizer - saving
     states = dense.weights + dense.gradients + expert.weights + expert.gradients + optimizer + cache

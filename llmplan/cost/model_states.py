@@ -535,6 +535,7 @@ def model_bf16_kept_params(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 def bf16_parts_extra_bytes(plan: ParallelPlan) -> Any:
     """Bytes a bf16-kept parameter (bf16_kept_params) holds or gathers beyond weight_bytes: 2 - weight_bytes
-    where fp8_params keeps the GEMM weights in fp8 / NVFP4, else 0. Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
+    where fp8_params keeps the GEMM weights in fp8 / NVFP4, else 0.
+    Derived: docs/formulas.md#mem.fp8_param_bf16_parts"""
     on = plan.fp8_params and plan.low_precision
     return 2.0 - plan.weight_bytes if on else 0.0

@@ -34,8 +34,10 @@ H100 rate, comm.ep_rdma: 0.80 before, docs/validation.md#h100-moe-spread; when t
 the kernels: 26.02 s and 0.82 before,
 docs/validation.md#routing-passes; 24.86 s and 0.785 before HybridEP's own permutes were priced,
 docs/validation.md#hybridep-permute). The alltoall pair of Megatron-Bridge PR 3862 (41.25 -> 31.31 s,
-CUDA_DEVICE_MAX_CONNECTIONS 8) reads 0.69 under the pairing (0.59 before it): not used, docs/validation.md#ep-pairing. tests/test_moe_mechanisms.py
-re-reads both. The DeepEP pair across four H100 nodes of yanring/Megatron-MoE-ModelZoo 8017e11 (Qwen3-235B, 19.7 -> 17.6 s)
+CUDA_DEVICE_MAX_CONNECTIONS 8) reads 0.69 under the pairing (0.59 before it): not used, docs/validation.md#ep-pairing.
+tests/test_moe_mechanisms.py
+re-reads both. The DeepEP pair across four H100 nodes of yanring/Megatron-MoE-ModelZoo 8017e11 (Qwen3-235B, 19.7 -> 17.6
+s)
 reads 0.40, about EP_OVERLAP_ONE_QUEUE of this share: its committed config runs one hardware queue
 (overlap_queues), docs/validation.md#dsv3-h100-shares, #cuda-connections.
 Source: NVIDIA-NeMo/Megatron-Bridge @7ded17dae, skills/nemo-mbridge-perf-moe-comm-overlap/card.yaml (PR 5094).

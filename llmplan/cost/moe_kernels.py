@@ -54,7 +54,8 @@ def group_limited_routing(m: ModelSpec) -> bool:
     in topk_routing_with_score_function), a limit or not. Megatron-Bridge maps the HF config's n_group / topk_group
     onto moe_router_num_groups / moe_router_group_topk (model_bridge.py CONFIG_MAPPING at 067f987), and the
     Nemotron-3 configs give 1 / 1, so their routers run it. Source: NVIDIA/Megatron-LM
-    megatron/core/transformer/moe/moe_utils.py at d98e8a6 (_compute_topk). Derived: docs/formulas.md#moe.small_kernels"""
+    megatron/core/transformer/moe/moe_utils.py at d98e8a6 (_compute_topk).
+    Derived: docs/formulas.md#moe.small_kernels"""
     return bool(m.topk_group)
 
 
@@ -111,7 +112,8 @@ def moe_kernel_calls(m: ModelSpec, plan: ParallelPlan) -> dict[str, Any]:
     Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py, moe_layer.py, router.py and
     tensor_parallel/random.py (CheckpointFunction) at d98e8a6; NVIDIA/TransformerEngine
     transformer_engine/pytorch/permutation.py (_moe_chunk_sort, _moe_permute_mask_map: backward with the forward's
-    row_id_map) and pytorch/distributed.py (_CheckpointFunction) at d0067d0. Derived: docs/formulas.md#moe.small_kernels"""
+    row_id_map) and pytorch/distributed.py (_CheckpointFunction) at d0067d0.
+    Derived: docs/formulas.md#moe.small_kernels"""
     # padded to capacity (drop_and_pad) the received rows are reordered by a transpose copy, with no map
     sorted_rows = ((plan.moe_dispatcher == "alltoall") & (plan.ep > 1) & (m.num_experts / plan.ep > 1)
                    & (plan.moe_capacity_factor is None))

@@ -412,7 +412,8 @@ def nonmatrix_layer_params(m: ModelSpec, t: Any, ep: Any, etp: Any) -> tuple[Any
 
 def padded_vocab(V: int, t: int, divisor: int = 128) -> int:
     """Vocabulary rows after Megatron's padding to a multiple of divisor x t (an upper bound for launchers
-    that do not pad). Source: Megatron-LM megatron/training/vocab_utils.py (vocabulary padded to a multiple of 128 x tp)."""
+    that do not pad). Source: Megatron-LM megatron/training/vocab_utils.py (vocabulary padded to a multiple of 128 x
+    tp)."""
     unit = divisor * t
     return -(-V // unit) * unit  # ceil division; elementwise on arrays
 

@@ -89,7 +89,8 @@ def fp8_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: boo
     blockwise casts also write the transposed copy): forward the QKV and fc1 inputs (h each per token) and the
     output-projection and fc2 inputs; backward the output gradients of the output projection and fc2 (h each)
     and of QKV and fc1. Transformer Engine's weights are cast once per step and left out; torchao's are cast in
-    every micro-batch (torchao_weight_cast_bytes, added per micro-batch, not per token). Under sequence parallelism the h-wide
+    every micro-batch (torchao_weight_cast_bytes, added per micro-batch, not per token). Under sequence parallelism the
+    h-wide
     tensors that TP all-gathers (the two inputs, the two gradients; torchao's float8 DTensor TP casts the
     gradient shard too: Float8RowwiseParallel at eab345c) are cast on the rank's sequence shard before the
     gather (as comm.gather_bytes sends them); a per-tensor fp8 tensor gathers its row-wise data only, so on

@@ -33,7 +33,8 @@ CUBLAS_WORKSPACE_BYTES, and those pull requests."""
 CUBLAS_TRAINING_HANDLES = 2
 """(cuBLAS handle, stream) pairs that run PyTorch's own cuBLAS GEMMs in a training step, each keeping its workspace
 (PyTorch 2.0 until the per-operation workspaces of pull request 194311, 2026-08, docs/formulas.md#mem.runtime): the
-Python thread's handle (the forward) and the handle of autograd's CUDA device thread (the backward and its recompute), both on the compute
+Python thread's handle (the forward) and the handle of autograd's CUDA device thread (the backward and its recompute),
+both on the compute
 stream. ATen gives each host thread its own handle (DeviceThreadHandlePool::PoolWindow::reserve) and keys each
 workspace by (handle, stream) (CublasHandlePool.cpp setWorkspaceForHandle, never freed but by
 clearCublasWorkspaces); the autograd engine runs a CUDA device's backward functions on a thread of its own

@@ -164,7 +164,8 @@ def graph_ceiling(job: ServeJob, plan: ServePlan, host: GraphHost | None = None)
     its server for the job's batch leaves that batch eager (sglang_batch_left_eager: then that list's top),
     TensorRT-LLM its list up to max_num_tokens), over decode_query_len (vLLM counts tokens: a speculative
     verification of b requests is b x (1 + k) of them, against the sizes fitted to it, effective_graph_sizes);
-    None without graphs; 0 for SGLang's empty default list (sglang_default_list_empty: every step eager). Derived: docs/formulas.md#infer.graph_padding"""
+    None without graphs; 0 for SGLang's empty default list (sglang_default_list_empty: every step eager).
+    Derived: docs/formulas.md#infer.graph_padding"""
     if sglang_default_list_empty(job):
         return 0  # decode graphs off in the export: every decode step runs eager (uncaptured_launch_seconds)
     sizes = captured_graph_sizes(job, plan)
@@ -576,7 +577,8 @@ def layer_linear_shapes(m: ModelSpec, plan: ServePlan, moe: bool) -> list[tuple[
 def serve_gemm_efficiency(gpu: Any, dtype: str, M: Any, N: float, K: float) -> Any:
     """Fraction of peak of one serving GEMM: the best large-GEMM fraction x M / (M + SERVE_GEMM_M_HALF) (few
     rows: small-M kernels pick small tiles, so no 128-row tile padding, but fill their pipelines poorly) x
-    N-tile quantisation x K / (K + the format's half-length, GpuSpec.gemm_k_half_for). Derived: docs/formulas.md#infer.step"""
+    N-tile quantisation x K / (K + the format's half-length, GpuSpec.gemm_k_half_for).
+    Derived: docs/formulas.md#infer.step"""
     n_fill = N / (np.ceil(N / TILE) * TILE)
     return gpu.max_gemm_fraction(dtype) * M / (M + SERVE_GEMM_M_HALF) * n_fill * K / (K + gpu.gemm_k_half_for(dtype))
 

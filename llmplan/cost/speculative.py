@@ -94,7 +94,8 @@ def draft_passes(k: int, engine: Engine, gained: float) -> tuple[float, ...]:
     False: rejected drafts stay in as padding), then k - 1 passes of one token. SGLang: k - 1 draft passes of
     one token ("1 token from draft prefill and (#spec steps - 1) tokens here") and, after verification, a
     draft extend over each sequence's accepted tokens + 1 (extend_lens = accept_length + 1: `gained` on
-    average; priced unpadded: only SGLang's verification pads to its capture list). TensorRT-LLM: k passes of one token (not
+    average; priced unpadded: only SGLang's verification pads to its capture list). TensorRT-LLM: k passes of one token
+    (not
     verified). Source: vllm-project/vllm vllm/v1/spec_decode/llm_base_proposer.py
     @00c4f22dae4795e34658bead82fa071e6bb7ae39, SpecDecodeBaseProposer.propose, set_inputs_first_pass
     (net_num_new_slots_per_request 0 with hidden states); vllm/config/speculative.py

@@ -53,6 +53,7 @@ from llmplan.cost.comm import (
     tp_forward_rs_share,
     tp_overlap_contention,
     tp_chunk_step_waits,
+    tp_role_bytes,
     tp_sm_margin_seconds,
     tp_unfused_rs_share,
 )
@@ -284,8 +285,9 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     moe_top = 0  # MoE layers of the stage that has most
     for s in stages:
         moe_top = maximum(moe_top, s[3])
-    per_mb, worst, (sc, tp_mb, cp_mb, ep_mb, z3_mb, router_mb) = _stage_micro_batches(m, plan, stages, (gpu, comm), per_stage,
-                                                                            l_max, maximum(moe_top, 1))
+    per_mb, worst, (sc, tp_mb, cp_mb, ep_mb, z3_mb, router_mb) = _stage_micro_batches(
+        m, plan, stages, (gpu, comm), per_stage, l_max, maximum(moe_top, 1)
+    )
     pp_exposed = pp_exposed_per_step(plan, comm.pp, sc.total, kappa, last_stage_slack(per_mb))
     # Activation offload: the copies to host memory and back that outlast their window, forward and backward
     # (cost.offload; Derived: docs/formulas.md#mem.offload)
@@ -362,10 +364,11 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
         k_i = g_i.contention
         r_i = recomputed_share(plan, layers)
         tp_s = c_i.tp / n * layers / l_max
-        tp_i = tp_exposed(plan, tp_s, sc, k_i, r_i, rs_share=tp_forward_rs_share(m, plan, r_i),
+        roles = tp_role_bytes(m, plan, r_i)  # the TP collectives' bytes per role: priced once, used thrice
+        tp_i = tp_exposed(plan, tp_s, sc, k_i, r_i, rs_share=tp_forward_rs_share(m, plan, r_i, roles),
                           unfused_share=tp_unfused_rs_share(m, plan, r_i),
-                          ub_kappa=tp_overlap_contention(m, plan, r_i, g_i.sm_count),
-                          step_waits=tp_chunk_step_waits(m, plan, tp_s, sc.gemm, r_i)) \
+                          ub_kappa=tp_overlap_contention(m, plan, r_i, g_i.sm_count, roles),
+                          step_waits=tp_chunk_step_waits(m, plan, tp_s, sc.gemm, r_i, roles)) \
             + symm_mem_tp_seconds(m, plan, g_i, layers, r_i) \
             + tp_sm_margin_seconds(m, plan, sc.gemm, r_i, g_i.sm_count) \
             + tp_edge_exposed(plan, c_i.tp_edge / n, c_i.tp_edge_async / n, output_seconds(m, plan, g_i)[0], k_i)

@@ -40,7 +40,8 @@ MEGATRON_FSDP_TARGETS = ("megatron", "megatron-bridge")
 """Training targets whose export writes ZeRO-2 / ZeRO-3 as Megatron-FSDP's optim_grads / optim_grads_params
 (megatron.fsdp_pairs, bridge.fsdp_overrides) and refuses such a plan priced without megatron_fsdp
 (megatron.fsdp_zero2_refusals): a targeted search prices its ZeRO-2 / 3 plans with megatron_fsdp
-(cli.search.train_search) unless the user named --megatron-fsdp / --no-megatron-fsdp. Not torchrun / slurm: a search does not know
+(cli.search.train_search) unless the user named --megatron-fsdp / --no-megatron-fsdp. Not torchrun / slurm: a search
+does not know
 which target their launch wraps (export --wrap; default_wrap: the first that accepts the plan), and the
 DeepSpeed and torchtitan wraps refuse megatron_fsdp (common.megatron_fsdp_refusal), so pricing it would keep
 only the plans Megatron-LM runs."""
@@ -175,7 +176,8 @@ states below fp32, remainders, the SwiGLU input in fp8, the jit_fuser activation
 reduction, outer optimizer sharding, activation / expert fc1 offload, recompute of the first layers, and 0.3.0's fp8
 tensorwise scaling; DeepSpeed's Muon, gradient NaN check / pre-scaling, fp8 / fp4 training, Adam states below fp32,
 remainders, the SwiGLU input in fp8, the jit_fuser activation, activation and expert fc1 offload, hybrid sharding,
-FP8 attention, and TP with PP (tp_pp: AutoTP under its pipeline engine); Megatron's FP8 attention, bf16 layers under fp8 delayed scaling and a bf16 / no master; Megatron-
+FP8 attention, and TP with PP (tp_pp: AutoTP under its pipeline engine); Megatron's FP8 attention, bf16 layers under fp8
+delayed scaling and a bf16 / no master; Megatron-
 Bridge's attention kernel other than native flash, bf16 / no master, fp8 moments, CUDA graphs, a precision it has no
 preset for, or fp8 layers kept in bf16 other than its preset keeps). Each target's rules in the order its check
 meets them, so that the first rule that refuses a plan is the one its check names (where no other rule of the check

@@ -13,13 +13,14 @@ from typing import Any
 
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
-                                   launcher_schedule, megatron_expert_notes, megatron_expert_refusals,
-                                   megatron_layout, pp_sync_notes, need_mode, op_fuser, refuse, refuse_first, rendezvous_lines, sh_header,
-                                   squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
-                                   parallel_block_refusal,
-                                   torch_ring_refusal)
-from llmplan.export.megatron import FSDP_STRATEGY, MANUAL_GC_INTERVAL, balance_pairs, fsdp_zero2_refusals, precision_aware
+from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal,
+                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
+                                   launcher_schedule, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
+                                   pp_sync_notes, need_mode, op_fuser, refuse, refuse_first, rendezvous_lines,
+                                   sh_header, squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
+                                   parallel_block_refusal, torch_ring_refusal)
+from llmplan.export.megatron import (FSDP_STRATEGY, MANUAL_GC_INTERVAL, balance_pairs, fsdp_zero2_refusals,
+                                     precision_aware)
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
 
@@ -344,7 +345,8 @@ the Megatron-LM commit it pins (cd4afffa6)."""
 def fsdp_overrides(pf: PlanFile) -> list[tuple[str, object]]:
     """ZeRO-2 / ZeRO-3 as Megatron-Bridge runs them: Megatron-FSDP's optim_grads / optim_grads_params through its DDP
     config (use_megatron_fsdp, data_parallel_sharding_strategy, megatron.FSDP_STRATEGY: the main weights and the
-    gradients sharded, the model weights whole at ZeRO-2 and sharded at ZeRO-3; the Megatron-LM export's fsdp_pairs), the plan's master and gradient dtypes (Megatron-FSDP's main_grads_dtype None
+    gradients sharded, the model weights whole at ZeRO-2 and sharded at ZeRO-3; the Megatron-LM export's fsdp_pairs),
+    the plan's master and gradient dtypes (Megatron-FSDP's main_grads_dtype None
     keeps the gradients in the weights' bf16), the checkpoint format Megatron-Bridge asserts when a run saves or
     loads, and, where the plan averages inside the collective (grad_prescale off), disable_symmetric_registration:
     Megatron-Bridge turns average_in_collective off under Megatron-FSDP unless it is set, and it acts only with

@@ -1,5 +1,6 @@
 """torchrun and SLURM: launch any training target (Megatron-LM, torchtitan, a DeepSpeed script,
-Megatron-Bridge) on the plan's nodes (torchrun flags and the one-task-per-node SLURM pattern: torch.distributed.run (torchrun) documentation)."""
+Megatron-Bridge) on the plan's nodes (torchrun flags and the one-task-per-node SLURM pattern: torch.distributed.run
+(torchrun) documentation)."""
 
 from __future__ import annotations
 
@@ -79,14 +80,16 @@ def render_slurm(pf: PlanFile, wrap: str = "megatron") -> dict[str, str]:
     c = pf.cluster
     header = sh_header(pf, f"SLURM sbatch (one srun task per node running torchrun, wrapping {wrap})",
                        _notes(pf, wrap))
-    script = (header.replace("#!/usr/bin/env bash\n", "#!/bin/bash\n", 1)
-              + f"#SBATCH --job-name=llmplan-{pf.model.name}\n#SBATCH --nodes={c.num_nodes}\n"
-              f"#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node={c.gpus_per_node_used}\n"
-              "#SBATCH --exclusive\n"
-              "set -euo pipefail\n"
-              'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
-              'head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | cut -d" " -f1)\n'
-              + (defs + "\n" if defs else "")
-              + f'srun torchrun --nnodes {c.num_nodes} --nproc-per-node {c.gpus_per_node_used} --rdzv-id "$SLURM_JOB_ID" '
-              '--rdzv-backend c10d --rdzv-endpoint "$head_node_ip:29500" \\\n    ' + entry + "\n")
+    script = (
+        header.replace("#!/usr/bin/env bash\n", "#!/bin/bash\n", 1)
+        + f"#SBATCH --job-name=llmplan-{pf.model.name}\n#SBATCH --nodes={c.num_nodes}\n"
+        f"#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node={c.gpus_per_node_used}\n"
+        "#SBATCH --exclusive\n"
+        "set -euo pipefail\n"
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+        'head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | cut -d" " -f1)\n'
+        + (defs + "\n" if defs else "")
+        + f'srun torchrun --nnodes {c.num_nodes} --nproc-per-node {c.gpus_per_node_used} --rdzv-id "$SLURM_JOB_ID" '
+        '--rdzv-backend c10d --rdzv-endpoint "$head_node_ip:29500" \\\n    ' + entry + "\n"
+    )
     return {**files, "job.sbatch": script}

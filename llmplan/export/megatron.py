@@ -307,7 +307,8 @@ def parallel_flags(pf: PlanFile) -> list[str]:
         ("--cp-comm-type", p.cp_comm_type if p.cp > 1 and p.cp_comm_type != "p2p" else None),
         # a2a+p2p's two levels, a2a first (Megatron-LM@d98e8a6 model_parallel_config.py
         # hierarchical_context_parallel_sizes; tests/functional_tests/test_cases/gpt/
-        # gpt3_mcore_te_tp1_pp2_cp4_a2a_p2p_nondeterministic/model_config.yaml: "--hierarchical-context-parallel-sizes: 2 2")
+        # gpt3_mcore_te_tp1_pp2_cp4_a2a_p2p_nondeterministic/model_config.yaml: "--hierarchical-context-parallel-sizes:
+        # 2 2")
         ("--hierarchical-context-parallel-sizes", f"{p.cp_a2a_size} {p.cp // p.cp_a2a_size}"
          if p.cp > 1 and p.cp_comm_type == "a2a+p2p" else None),
     ]
@@ -774,7 +775,8 @@ def _check_optimizer(pf: PlanFile) -> None:
 
 
 FSDP_SOURCE = "NVIDIA/Megatron-LM@d98e8a6"
-"""The Megatron-LM commit whose Megatron-FSDP the ZeRO-2 / ZeRO-3 export is read from (tests/data/launchers/megatron-lm.json's
+"""The Megatron-LM commit whose Megatron-FSDP the ZeRO-2 / ZeRO-3 export is read from
+(tests/data/launchers/megatron-lm.json's
 parser): megatron/training/arguments.py validate_args and megatron/core/distributed/fsdp/src/megatron_fsdp/."""
 
 
@@ -788,7 +790,8 @@ def fsdp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     """ZeRO-2 / ZeRO-3 as Megatron-LM runs them: Megatron-FSDP with the optim_grads / optim_grads_params sharding
     strategy (FSDP_STRATEGY; param_and_grad_buffer.py _init_each_parameter_group_buffers at d98e8a6: the optimizer's
     main weights and the gradient buffer sharded over DP x CP, the model weights whole under optim_grads and
-    sharded, gathered unit by unit, under optim_grads_params), with the checkpoint format validate_args asserts beside it (fsdp_dtensor),
+    sharded, gathered unit by unit, under optim_grads_params), with the checkpoint format validate_args asserts beside
+    it (fsdp_dtensor),
     the distributed optimizer its v1 requires (validate_args sets it; written so that it is not a warning), and the
     plan's gradient and master dtypes (Megatron-FSDP's own: 'auto' keeps the gradients in the weights' dtype).
     Nothing for other stages (fsdp_zero2_refusals: the ZeRO-2 / 3 plans it does not run as priced)."""
@@ -804,8 +807,10 @@ def fsdp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
 def fsdp_zero2_refusals(pf: PlanFile) -> dict[str, tuple[str, bool, str]]:
     """Rule id -> (what, whether the plan has it, fix) for the ZeRO-2 / ZeRO-3 plans that Megatron-FSDP's optim_grads /
     optim_grads_params (fsdp_pairs) refuses or does not run as llmplan priced them. Source: NVIDIA/Megatron-LM@d98e8a6
-    megatron/training/arguments.py validate_args (under --use-megatron-fsdp: `assert os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1"`; its
-    `assert args.optimizer in ('sgd', 'adam')` is check_plan's muon_zero rule, met before any export); megatron/core/distributed/fsdp/src/megatron_fsdp/
+    megatron/training/arguments.py validate_args (under --use-megatron-fsdp: `assert
+    os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1"`; its
+    `assert args.optimizer in ('sgd', 'adam')` is check_plan's muon_zero rule, met before any export);
+    megatron/core/distributed/fsdp/src/megatron_fsdp/
     megatron_fsdp.py (optim_grads forces overlap_grad_reduce on, optim_grads_params overlap_param_gather too; its
     backward hook reduces every backward,
     grad_reduce_every_bprop; param.overwrite_main_grad: each micro-batch's gradient written, not added, into the
@@ -813,7 +818,8 @@ def fsdp_zero2_refusals(pf: PlanFile) -> dict[str, tuple[str, bool, str]]:
     CUDA_DEVICE_MAX_CONNECTIONS > 1 an event launches the userbuffer communication ahead of its GEMM on compute
     capability 9 only; tests/pytorch/distributed/test_comm_gemm_overlap.py at d0067d0 runs the 8-connection case on
     Hopper only). Derived: docs/formulas.md#comm.dp (a pipeline's ZeRO-2 priced once per step; megatron_fsdp priced
-    without a pipeline only); the last: a plan priced without Megatron-FSDP's memory (docs/formulas.md#mem.megatron_fsdp),
+    without a pipeline only); the last: a plan priced without Megatron-FSDP's memory
+    (docs/formulas.md#mem.megatron_fsdp),
     so that price and export agree."""
     p, gpu = pf.plan, pf.cluster.system.gpu.name
     on = p.zero >= 2
@@ -962,7 +968,7 @@ def script_body(pf: PlanFile, launcher: str) -> str:
         *rendezvous_lines(pf),
         "MEGATRON_LM=${MEGATRON_LM:-/workspace/Megatron-LM}",
         f"DATA_ARGS=({data})"
-        "   # real data: --data-path \"$DATA_PATH\" --tokenizer-type HuggingFaceTokenizer --tokenizer-model \"$TOKENIZER\"",
+        '   # real data: --data-path "$DATA_PATH" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER"',
         # Python's garbage collection at the same step on every rank (MANUAL_GC_INTERVAL), as NVIDIA's examples run
         "TRAIN_ARGS=(--train-iters ${TRAIN_ITERS:-1000} --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine "
         f"--weight-decay 0.1 --clip-grad 1.0 --log-interval 10 --manual-gc --manual-gc-interval {MANUAL_GC_INTERVAL})",

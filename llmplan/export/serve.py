@@ -345,7 +345,8 @@ when co-located."""
 def sglang_moe_flags(pf: PlanFile) -> list[tuple[str, object]]:
     """SGLang server arguments of the phase and MoE deployment (SGLang expert-parallelism and PD
     disaggregation docs): --disaggregation-mode, DP attention (--attn-dp-size, 0.5.23's spelling of the deprecated
-    --dp-size --enable-dp-attention) with the dense layers and LM head data-parallel too, --moe-a2a-backend deepep with its --deepep-mode, --enable-two-batch-overlap,
+    --dp-size --enable-dp-attention) with the dense layers and LM head data-parallel too, --moe-a2a-backend deepep with
+    its --deepep-mode, --enable-two-batch-overlap,
     --ep-num-redundant-experts."""
     p = pf.plan
     return [("--disaggregation-mode", p.phase if p.phase != "both" else None),

@@ -266,7 +266,8 @@ def sglang_server_ports(ranks: int, dpa: bool, prefill: bool, dist: bool) -> tup
 
 
 MASTER_PORT, RPC_PORT = 29501, 13345
-"""vLLM's ports of a deployment over nodes besides --port (vllm serve's 8000, the constant VLLM_PORT above): --master-port, the
+"""vLLM's ports of a deployment over nodes besides --port (vllm serve's 8000, the constant VLLM_PORT above):
+--master-port, the
 torch.distributed rendezvous of a DP rank over nodes on node 0 (ParallelConfig.master_port, default 29501), and
 --data-parallel-rpc-port, the DP ranks' handshake on the head ("fixed port for data parallel messaging, shared by
 all nodes", ParallelConfig.data_parallel_rpc_port; vLLM's default 29550, llmplan writes the documented example's

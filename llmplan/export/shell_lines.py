@@ -4,7 +4,8 @@ A long command line is broken between words: inside a bash array (`NAME=(...)`) 
 separates the array's elements as a space does; elsewhere with a backslash-newline, which bash removes before it
 reads the words (bash manual, 3.1.2.1 Escape Character). A trailing comment of a line that does not fit moves to
 its own comment lines above it; on the last line of a backslash-continued command, where a comment line would
-end the command, it stays trailing where it fits and otherwise moves above the command's first line. Words are never split: not inside quotes, `${...}` or a comment, and a `--flag
+end the command, it stays trailing where it fits and otherwise moves above the command's first line. Words are never
+split: not inside quotes, `${...}` or a comment, and a `--flag
 value` pair stays on one line where it fits. A script this lexer cannot follow (a here-document, a backquoted
 command, a quote left open at the end of a line) is left as written.
 """

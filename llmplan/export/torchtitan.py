@@ -425,9 +425,12 @@ def check_legacy(pf: PlanFile) -> None:
         raise refuse(LEGACY_TARGET, f"torchtitan {LEGACY_VERSION} has no model flavour for {m.name}",
                      f"use one of {', '.join(sorted(FLAVORS))}, or export to megatron")
     if p.cp > 1 and FLAVORS[m.name][0] == "gpt_oss":  # pytorch/torchtitan@73a0e69 models/gpt_oss/model/args.py
-        raise refuse(LEGACY_TARGET, f"context parallelism (cp {p.cp}) of {m.name} (torchtitan {LEGACY_VERSION}'s gpt_oss "
-                     "raises NotImplementedError: 'CP support for gpt-oss model is still in progress')",
-                     "export to torchtitan (0.3), or re-plan with --cp 1")
+        raise refuse(
+            LEGACY_TARGET,
+            f"context parallelism (cp {p.cp}) of {m.name} (torchtitan {LEGACY_VERSION}'s gpt_oss "
+            "raises NotImplementedError: 'CP support for gpt-oss model is still in progress')",
+            "export to torchtitan (0.3), or re-plan with --cp 1",
+        )
     if p.tp > 1 and not p.sp:
         raise refuse(LEGACY_TARGET, f"TP without sequence parallelism (torchtitan {LEGACY_VERSION} always shards "
                      "norms with TP)", "re-plan with --sp, or export to torchtitan (0.3)")

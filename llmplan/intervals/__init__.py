@@ -31,7 +31,8 @@ of POOL_MIN_FAMILIES+ families whose fallback, its pool's choice else the all-re
 out under 75% takes that fallback widened to the first wider pair that covers 75%: rule 6); the
 all-regime pair is the narrowest NOMINAL_CHOICES pair (every run alike) inside the target over every run, else
 the narrowest covering at least 75%, else the one nearest LEVEL. A family's residuals share its bias, so
-residuals pooled from other families under-cover it at their own 10th and 90th percentiles; choosing the pair by left-out coverage is split-conformal
+residuals pooled from other families under-cover it at their own 10th and 90th percentiles; choosing the pair by
+left-out coverage is split-conformal
 calibration, and the residual script reports the coverage with the pair itself chosen without the source it
 scores (nested). Memory and serving bands take the 10th and 90th percentiles of their own (one-family) residuals.
 

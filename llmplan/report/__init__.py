@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from llmplan.report.listing import hardware_json, hardware_tables, models_json, models_table
     from llmplan.report.search import plan_label, search_json, search_points, search_view, target_json, target_lines
     from llmplan.report.systems import systems_json, systems_view
-    from llmplan.report.serving import disagg_json, disagg_view, serve_json, serve_search_json, serve_search_view, serve_view
+    from llmplan.report.serving import (disagg_json, disagg_view, serve_json, serve_search_json, serve_search_view,
+                                        serve_view)
     from llmplan.report.training import estimate_json, estimate_view
 
 _HOME = {

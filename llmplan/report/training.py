@@ -368,10 +368,11 @@ def time_table(e: TrainingEstimate) -> Table:
            if tp.mfu_low_precision is not None else "")
     # a plan that does not fit cannot run: its step time is what the cost model gives, not what it achieves
     t.caption = ("" if e.memory.fits else "[bold red]not achievable[/] (the plan does not fit): ") + (
-                 f"{tp.tokens_per_s:,.0f} tokens/s, {tp.tflops_per_gpu:,.1f} TFLOP/s per GPU, MFU {100 * tp.mfu:.1f}%{low}, "
-                 f"HFU {100 * tp.hfu:.1f}%, exposed communication {100 * tp.comm_ratio:.1f}% of the step; "
-                 f"bottleneck: {e.bottleneck}; tensor cores priced at {100 * sustained_fraction(e):.1f}% of "
-                 f"peak (step.power)")
+        f"{tp.tokens_per_s:,.0f} tokens/s, {tp.tflops_per_gpu:,.1f} TFLOP/s per GPU, MFU {100 * tp.mfu:.1f}%{low}, "
+        f"HFU {100 * tp.hfu:.1f}%, exposed communication {100 * tp.comm_ratio:.1f}% of the step; "
+        f"bottleneck: {e.bottleneck}; tensor cores priced at {100 * sustained_fraction(e):.1f}% of "
+        f"peak (step.power)"
+    )
     iv = training_interval(e)
     (slo, shi), (tlo, thi), (mlo, mhi) = iv["step_s"], iv["tokens_per_s"], iv["mfu"]
     mem = iv["memory_bytes"]

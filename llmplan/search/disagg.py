@@ -105,7 +105,8 @@ def instance_plans(m: ModelSpec, cluster: ClusterSpec, weight_dtype: WeightDtype
     """One instance's candidate layouts for `phase`: TP instances inside the NVLink domain (EP over their TP
     ranks or not, for MoE) and, for MoE, DP-attention wide-EP instances of the co-located search's sizes
     (search.serve.wide_ep_sizes: even shares of a node, whole nodes, doubling, and the whole pool; SGLang
-    --base-gpu-id / --nnodes, vLLM's DP over nodes) with DeepEP, two-batch overlap when the group leaves the NVLink domain, and EPLB's redundant experts
+    --base-gpu-id / --nnodes, vLLM's DP over nodes) with DeepEP, two-batch overlap when the group leaves the NVLink
+    domain, and EPLB's redundant experts
     where the GPUs do not divide the experts. A DP-attention instance leaves the other phase at least one GPU
     of the pool unless `other_pool` (the other phase may sit on another pool of a PoolCluster), when it may
     take the whole pool."""

@@ -142,7 +142,9 @@ def default_space(m: ModelSpec, cluster: ClusterSpec, w: Workload, pins: dict[st
     max_tp = max_tp or cluster.system.domain_gpus
     max_cp = max_cp or 32
     values: dict[str, tuple[Any, ...]] = {
-        "tp": _a2a_level_in_domain(w, cluster, tuple(t for t in divisors(m.num_attention_heads) if t <= min(max_tp, n))),
+        "tp": _a2a_level_in_domain(
+            w, cluster, tuple(t for t in divisors(m.num_attention_heads) if t <= min(max_tp, n))
+        ),
         "pipeline": pipeline_layouts(m.num_hidden_layers, n, max_pp or n, pins),
         "cp": tuple(c for c in (1, 2, 4, 8, 16, 32) if c <= min(max_cp, n) and _two_levels(w, c)),
         "ep": tuple(e for e in divisors(m.num_experts) if e <= n) if m.is_moe else (1,),

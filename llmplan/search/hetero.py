@@ -2,7 +2,8 @@
 search), then the plans that spread over pools, built from the best shapes of the single-system search on
 all the cluster's GPUs: pipeline stages placed on pools in consecutive blocks (every order of the pools, the
 SPLITS counts of stages per pool nearest the pools' capacity) with the layers split by pool speed, and
-data-parallel replicas on every pool with batch shares by speed. Each is priced by llmplan.hetero.estimate_hetero and ranked by tokens/s."""
+data-parallel replicas on every pool with batch shares by speed. Each is priced by llmplan.hetero.estimate_hetero and
+ranked by tokens/s."""
 
 from __future__ import annotations
 

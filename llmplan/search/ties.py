@@ -116,7 +116,8 @@ def decide(a: Any, b: Any) -> tuple[int, str]:
     faster prediction then stays first); with the rule that decided. Rules in order: a plan whose memory
     interval's upper end fits the GPU before one at risk of running out of memory (oom_tier 0 or not); TP
     inside the NVLink domain; an MoE model's experts on their EP ranks rather than gathered by ZeRO-3; fewer of
-    EP and CP across NVLink domains (heavy_across); fewer parallel axes; a smaller CP degree; between two plans at risk, the one less over the GPU (a lower
+    EP and CP across NVLink domains (heavy_across); fewer parallel axes; a smaller CP degree; between two plans at risk,
+    the one less over the GPU (a lower
     oom_tier); lower ZeRO stage; less recompute.
     Memory comes first: a plan that may not run at all (one published memory peak in ten measured more than
     its interval's upper end over the prediction) goes after plans that will, whatever else they cost; two

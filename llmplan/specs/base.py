@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import types
+import unicodedata
 from functools import cache
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 """No use_attribute_docstrings here: the docstring under each spec field documents it in the source, and nothing
@@ -40,6 +41,20 @@ def loose_value(name: str, value: Any, kind: type | None) -> str | None:
     if kind is bool and isinstance(value, str):
         return f"{name} is the text {value[:40]!r}; write true or false without quotes"
     return None
+
+
+def printable_name(value: str) -> str:
+    """A spec's name as given, refused when it holds a control character (NUL, ESC, DEL, ...): the name is printed
+    in every report line and JSON document, and a terminal would act on the character."""
+    bad = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise ValueError(f"a name may not hold a control character (U+{ord(bad):04X} here): names are printed as "
+                         "given; remove it")
+    return value
+
+
+Name = Annotated[str, Field(min_length=1), AfterValidator(printable_name)]
+"""A model, GPU or system name: at least one character, no control character (printable_name)."""
 
 
 class Spec(BaseModel):

@@ -469,9 +469,11 @@ def ep_serve_engine_message(m: ModelSpec, plan: ServePlan, job: ServeJob) -> str
     valid = [d for d in divisors(plan.tp) if experts % d == 0]
     fix = f"valid ep at tp {plan.tp}: {bounded_list(valid)}"
     if plan.ep > plan.tp:
-        return (f"ep ({plan.ep}) above tp ({plan.tp}) spreads experts over several replicas, which {job.engine} "
-                f"does only with attention data parallel; add --dp-attention (tp 1, ep = GPUs), lower --ep ({fix}) or use "
-                "--engine vllm")
+        return (
+            f"ep ({plan.ep}) above tp ({plan.tp}) spreads experts over several replicas, which {job.engine} "
+            f"does only with attention data parallel; add --dp-attention (tp 1, ep = GPUs), lower --ep ({fix}) or use "
+            "--engine vllm"
+        )
     return (f"ep ({plan.ep}) must divide tp ({plan.tp}) under {job.engine}: it splits each replica's {plan.tp} TP "
             f"ranks into EP groups (MoE TP width tp / ep), so {plan.ep} leaves no whole width; {fix}")
 

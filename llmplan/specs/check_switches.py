@@ -103,11 +103,13 @@ def _fine_grained_host_fits(m: ModelSpec, p: Any, c: ClusterSpec) -> Any:
 def _fine_grained_host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) -> str:
     used, share = _fine_grained_host(m, p, c)
     s, g = c.system, c.gpus_per_node_used
-    return (f"fine-grained offload of {', '.join(p.fine_grained_offload_modules)} ({float(used) / GIB:.1f} GiB per GPU, "
-            f"{float(used) * g / GIB:.0f} GiB per node of {g} GPUs) exceeds host memory ({s.host_memory_gb:g} GB per "
-            f"{s.name} node, {s.host_memory_usable_fraction:.0%} usable: {share * g / GIB:.0f} GiB); offload fewer "
-            "modules (--offload-modules, --offload-moe-act), lower --micro-batch, or set host_memory_gb / "
-            "host_memory_usable_fraction in a --hardware profile")
+    return (
+        f"fine-grained offload of {', '.join(p.fine_grained_offload_modules)} ({float(used) / GIB:.1f} GiB per GPU, "
+        f"{float(used) * g / GIB:.0f} GiB per node of {g} GPUs) exceeds host memory ({s.host_memory_gb:g} GB per "
+        f"{s.name} node, {s.host_memory_usable_fraction:.0%} usable: {share * g / GIB:.0f} GiB); offload fewer "
+        "modules (--offload-modules, --offload-moe-act), lower --micro-batch, or set host_memory_gb / "
+        "host_memory_usable_fraction in a --hardware profile"
+    )
 
 
 MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_flex_backend",
@@ -690,7 +692,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "deepep, a --moe-capacity-factor, or cuda_graphs layers / none"),
     # Megatron-LM d98e8a6: DeepEP's normal dispatch makes the CPU wait for the GPU's received counts, "not compatible
     # with CUDA graph" (moe/fused_a2a.py:107-108, FusedDispatch.forward); the static per-rank budget of a graphed
-    # dropless layer "requires moe_flex_dispatcher_backend to be 'hybridep' or 'ncclep'" (transformer_config.py:1868-1873)
+    # dropless layer "requires moe_flex_dispatcher_backend to be 'hybridep' or 'ncclep'"
+    # (transformer_config.py:1868-1873)
     Rule("cuda_graphs_flex_backend",
          lambda m, p, c: (p.cuda_graphs != "full-iteration") | (not m.is_moe) | (p.moe_dispatcher != "deepep")
          | (p.moe_flex_backend != "deepep"),

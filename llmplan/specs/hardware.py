@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from llmplan.errors import bounded_list
+from llmplan.specs.base import Name
 from llmplan.specs.model import SPEC_CONFIG, Spec
 from llmplan.specs.plan_choices import AttentionRelease
 from llmplan.units import GB, GIB, TERA
@@ -64,7 +65,7 @@ class GpuSpec(Spec):
 
     model_config = SPEC_CONFIG
 
-    name: str = Field(min_length=1)
+    name: Name
     """Name users pass (e.g. h100-sxm)."""
     source: str = ""
     """Where the numbers come from."""
@@ -325,7 +326,8 @@ class GpuSpec(Spec):
     @property
     def decode_kv_achieved_bytes_per_s(self) -> float:
         """HBM bandwidth a decode attention kernel's KV-cache reads achieve: the peak times
-        decode_kv_hbm_efficiency, or hbm_efficiency where none is published (docs/formulas.md#infer.decode_kv_bandwidth)."""
+        decode_kv_hbm_efficiency, or hbm_efficiency where none is published
+        (docs/formulas.md#infer.decode_kv_bandwidth)."""
         share = self.hbm_efficiency if self.decode_kv_hbm_efficiency is None else self.decode_kv_hbm_efficiency
         return self.hbm_bytes_per_s * share
 
@@ -335,8 +337,11 @@ class GpuSpec(Spec):
         fp8 kernel ratio is measured (fp4_gemm_speedup), at the fp8 rate times that ratio.
         Derived: docs/formulas.md#compute.gemm"""
         fp8 = self.max_gemm_tflops_fp8 / self.tflops["fp8"] if self.max_gemm_tflops_fp8 and "fp8" in self.tflops else None
-        bf16 = self.max_gemm_tflops_bf16 / self.tflops[dtype] if self.max_gemm_tflops_bf16 and dtype in ("bf16", "fp16") \
-            and dtype in self.tflops else None
+        bf16 = (
+            self.max_gemm_tflops_bf16 / self.tflops[dtype]
+            if self.max_gemm_tflops_bf16 and dtype in ("bf16", "fp16") and dtype in self.tflops
+            else None
+        )
         fp4 = fp8
         if self.fp4_gemm_speedup and "fp8" in self.tflops and "fp4" in self.tflops:
             fp4 = (fp8 or 0.75) * self.fp4_gemm_speedup * self.tflops["fp8"] / self.tflops["fp4"]
@@ -417,7 +422,7 @@ class SystemSpec(Spec):
 
     model_config = SPEC_CONFIG
 
-    name: str = Field(min_length=1)
+    name: Name
     """Name users pass to --hardware (e.g. dgx-h100)."""
     source: str = ""
     """Where the numbers come from."""
@@ -520,8 +525,10 @@ class SystemSpec(Spec):
     nvls_factor: float = Field(default=1.07, gt=0, le=2)
     """All-reduce busbw / per-GPU spec with NVLink SHARP (8xH200 1.07; nccl-tests busbw measurements in ml-engineering network/README.md)."""
     nic_efficiency: float = Field(default=0.75, gt=0, le=1.5)
-    """Achieved fraction of the NIC rate across nodes (4 x 8 B200 over EFA: 0.74; nccl-tests busbw measurements in ml-engineering network/README.md;
-    DGX H100 over NDR InfiniBand, NVIDIA's published 32-GPU nccl-tests alltoall busbw 48 GB/s: 0.74, docs/validation.md#h100-ib-rates)."""
+    """Achieved fraction of the NIC rate across nodes (4 x 8 B200 over EFA: 0.74; nccl-tests busbw measurements in
+    ml-engineering network/README.md;
+    DGX H100 over NDR InfiniBand, NVIDIA's published 32-GPU nccl-tests alltoall busbw 48 GB/s: 0.74,
+    docs/validation.md#h100-ib-rates)."""
     allreduce_nic_efficiency: float | None = Field(default=None, gt=0, le=1.5)
     """Achieved fraction of the NIC rate for NCCL's ring collectives across nodes, one share for all of them:
     the ring / tree all-reduce and the ring all-gather / reduce-scatter, which run on the same ring graph at the

@@ -90,7 +90,8 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
             out.setdefault("moe_intermediate_size", cfg["intermediate_size"])
         if mt == "nemotron_h" and cfg.get("moe_shared_expert_intermediate_size"):
             out["shared_expert_intermediate_size"] = cfg["moe_shared_expert_intermediate_size"]
-        if mt not in ("nemotron_h", "llama4", "deepseek_v4", *GATED_DELTANET_TYPES):  # their layer lists place the MoE layers
+        # their layer lists place the MoE layers
+        if mt not in ("nemotron_h", "llama4", "deepseek_v4", *GATED_DELTANET_TYPES):
             _check_sparse_layout(cfg)
         out.update(_router(cfg, mt))
     else:
@@ -354,7 +355,8 @@ def _router(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
     e_score_correction_bias (topk_method "noaux_tc") and renormalises; Qwen2/3-MoE's config classes default
     norm_topk_prob to false (the published Qwen3-MoE files set true); Mixtral and gpt-oss softmax over the
     chosen experts (renormalised, no key)."""
-    deepseek = mt in ("deepseek_v3", "deepseek_v32", "deepseek_v4", "nemotron_h")  # Nemotron-3: sigmoid router with expert bias
+    # Nemotron-3: sigmoid router with expert bias
+    deepseek = mt in ("deepseek_v3", "deepseek_v32", "deepseek_v4", "nemotron_h")
     if mt == "llama4":  # sigmoid of the top-k logits, not renormalised, no bias (Llama4Router)
         return {"scoring_func": "sigmoid", "norm_topk_prob": False, "expert_bias": False, **_balance_loss(cfg)}
     norm_default = mt not in ("qwen2_moe", "qwen3_moe", "qwen3_next")

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from llmplan.specs.base import (  # noqa: F401  (re-exported: their home was this module)
     SPEC_CONFIG,
+    Name,
     Spec,
     loose_value,
     number_kind,
@@ -36,7 +37,7 @@ from llmplan.specs.model_limits import (  # noqa: F401  (re-exported: their home
 class ModelSpec(Spec):
     """A decoder-only transformer. Field names follow Hugging Face config.json; llmplan keys are marked."""
 
-    name: str = Field(min_length=1)
+    name: Name
     """llmplan key: the name users pass to --model."""
     source: str = ""
     """llmplan key: where the dimensions come from (paper, config.json URL, model card)."""
@@ -417,8 +418,11 @@ class ModelSpec(Spec):
         if self.hidden_act:
             return f"{self.hidden_act} (hidden_act)"
         if not self.gated_mlp:
-            return ("squared ReLU (relu2, Nemotron-H's default; the spec names no hidden_act)" if self.model_type == "nemotron_h"
-                    else "GELU (a plain two-matrix MLP; the spec names no hidden_act)")
+            return (
+                "squared ReLU (relu2, Nemotron-H's default; the spec names no hidden_act)"
+                if self.model_type == "nemotron_h"
+                else "GELU (a plain two-matrix MLP; the spec names no hidden_act)"
+            )
         return "a gated activation not named in the spec (hidden_act)"
 
     @property

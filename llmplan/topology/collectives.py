@@ -62,7 +62,9 @@ NCCL_TREE_HW_S = {"nvlink": {"LL": 0.6e-6, "LL128": 1.25e-6}, "pci": {"LL": 1.0e
 NCCL_TREE_BW_FACTOR = {"LL": 1 / 3.8, "LL128": 120 / 128}
 NCCL_LL128_CC = (7.0, 8.0, 9.0)
 NCCL_LL128_CC_FROM = 10.0
-NVLS_MIN_GPUS = 5  # NCCL uses NVLink SHARP for all-reduce from 5 GPUs (H200) / 6 (B200) up; nccl-tests busbw measurements in ml-engineering network/README.md
+# NCCL uses NVLink SHARP for all-reduce from 5 GPUs (H200) / 6 (B200) up; nccl-tests busbw measurements in
+# ml-engineering network/README.md
+NVLS_MIN_GPUS = 5
 
 
 def bus_factor(op: str, n: int) -> float:

@@ -2,7 +2,8 @@
 
 Ranks are numbered node-major (rank r sits on node r // gpus_per_node). The dense grid orders the axes
 innermost first, by default tp, cp, dp, pp (Megatron-LM's `tp-cp-ep-dp-pp`, whose dense grid skips ep);
-the expert grid is etp, ep, expert-dp, pp (Megatron-LM's expert grid). Source: Megatron-LM megatron/core/parallel_state.py (rank order tp-cp-ep-dp-pp)
+the expert grid is etp, ep, expert-dp, pp (Megatron-LM's expert grid). Source: Megatron-LM
+megatron/core/parallel_state.py (rank order tp-cp-ep-dp-pp)
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def _axis_dims(plan: Degrees, order: tuple[str, ...]) -> dict[str, tuple[tuple[i
     dims["edp_in"] = ((max(1, edp // r), etp * ep),)
     dims["edp_out"] = ((r, etp * ep * max(1, edp // r)),)
     # hierarchical context parallelism (a2a+p2p): the a2a level is consecutive ranks of each cp group, the ring
-    # across them (Megatron-LM@d98e8a6 parallel_state.py create_hierarchical_groups; docs/formulas.md#comm.cp_hierarchical)
+    # across them (Megatron-LM@d98e8a6 parallel_state.py create_hierarchical_groups;
+    # docs/formulas.md#comm.cp_hierarchical)
     k = plan.cp_a2a if plan.cp % plan.cp_a2a == 0 else 1
     dims["cp_a2a"] = ((k, strides["cp"]),)
     dims["cp_ring"] = ((plan.cp // k, strides["cp"] * k),)

@@ -1,0 +1,90 @@
+"""Bad inputs a hand sweep of the CLI found answered unclearly or not at all (docs/validation.md#tidy-67): a key
+given twice with different values (JSON and YAML readers kept the last one silently), a control character in a
+spec's name (echoed raw to the terminal), and json's error text cut at its trailing "at" (the place was lost).
+Each: exit 2, one line naming the file and the fix, no traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llmplan.fileio import excerpt
+
+HF = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+      "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192}
+
+
+def one_line(r, code: int = 2) -> str:
+    assert r.code == code, (r.code, r.err, r.out[:300])
+    assert "Traceback" not in r.err and "internal error" not in r.err
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1, r.err
+    return lines[0]
+
+
+def test_yaml_key_twice_with_different_values(cli, tmp_path: Path) -> None:
+    p = tmp_path / "twice.yaml"
+    p.write_text("base: dgx-h100\nnic_gbit_per_s: 400\nnic_gbit_per_s: 100\n")
+    line = one_line(cli("estimate", "-m", "llama-3.1-8b", "--hardware", p))
+    assert str(p) in line and "'nic_gbit_per_s' is given twice (line 3)" in line and "(400, then 100)" in line
+    assert "give it once" in line
+
+
+def test_json_key_twice_with_different_values(cli, tmp_path: Path) -> None:
+    p = tmp_path / "config.json"
+    text = json.dumps(HF)[:-1] + ', "hidden_size": 2048}'
+    p.write_text(text)
+    line = one_line(cli("estimate", "-m", p, "--hardware", "dgx-h100"))
+    assert "'hidden_size' is given twice with different values (4096, then 2048)" in line
+
+
+def test_key_twice_with_the_same_value_is_read(cli, tmp_path: Path) -> None:
+    """Not ambiguous: read as before (a config.json that repeats a key verbatim still loads)."""
+    p = tmp_path / "same.yaml"
+    p.write_text("base: dgx-h100\nnic_gbit_per_s: 400\nnic_gbit_per_s: 400\n")
+    assert cli("estimate", "-m", "llama-3.1-8b", "--hardware", p).code == 0
+
+
+def test_yaml_merge_key_override_is_not_a_duplicate(tmp_path: Path) -> None:
+    from llmplan.fileio import parse_document
+    data = parse_document("a: &x {p: 1, q: 2}\nb:\n  <<: *x\n  p: 3\n", "YAML", "t.yaml")
+    assert data == {"a": {"p": 1, "q": 2}, "b": {"p": 3, "q": 2}}
+
+
+@pytest.mark.parametrize("name,code", [("lla\x00ma", "U+0000"), ("bad\x1b[31mred", "U+001B")])
+def test_control_character_in_a_model_name(cli, tmp_path: Path, name: str, code: str) -> None:
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**HF, "name": name}))
+    line = one_line(cli("estimate", "-m", p, "--hardware", "dgx-h100"))
+    assert f"field 'name': a name may not hold a control character ({code} here)" in line
+    assert "\x00" not in line and "\x1b" not in line  # shown escaped, never raw
+
+
+def test_control_character_in_a_system_name(cli, tmp_path: Path) -> None:
+    p = tmp_path / "sys.yaml"
+    p.write_text('name: "dgx\\x1b[2J"\nbase: dgx-h100\n')
+    line = one_line(cli("estimate", "-m", "llama-3.1-8b", "--hardware", p))
+    assert "U+001B" in line and "\x1b" not in line
+
+
+def test_unicode_names_still_read(cli, tmp_path: Path) -> None:
+    p = tmp_path / "sys.yaml"
+    p.write_text("name: ünïcødé-系统\nbase: dgx-h100\n", encoding="utf-8")
+    r = cli("estimate", "-m", "llama-3.1-8b", "--hardware", p)
+    assert r.code == 0 and "ünïcødé-系统" in r.out
+
+
+def test_json_error_gives_line_and_column(cli, tmp_path: Path) -> None:
+    p = tmp_path / "config.json"
+    head = '{"model_type": "llama", "hidden_size'
+    p.write_text(head + "\n")  # a raw newline inside a string, the character after `head` (column 37)
+    line = one_line(cli("estimate", "-m", p, "--hardware", "dgx-h100"))
+    assert len(head) + 1 == 37
+    assert line.endswith("(line 1, column 37): not valid JSON: Invalid control character"), line
+
+
+def test_excerpt_escapes_control_characters() -> None:
+    assert excerpt("plain-ü") == "plain-ü"
+    assert excerpt("a\x1bb") == "'a\\x1bb'"
