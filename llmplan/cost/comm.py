@@ -113,6 +113,9 @@ class Dispatch:
     elem_bytes: float = ACT_BYTES
     """Bytes per element of the rows this call moves (FP8_DISPATCH_BYTES for an ep_dispatch_fp8 dispatch): the
     probs are fp32 whatever the rows' dtype, so their share of a call's bytes is taken of these."""
+    copies: int = 1
+    """Ranks of the call's group that receive each row an EP rank gets: the flex dispatcher's expert-TP degree
+    (its group is expert TP x EP, each EP rank's etp ranks consecutive: flex_copies); 1 for an EP group."""
 
 
 G = TypeVar("G", GroupSpan, str)
@@ -287,7 +290,9 @@ def hybridep_prob_share(d: Dispatch, ranks: int, g: int) -> float:
     NUM_OF_RANKS_PER_NODE floats a row). Derived: docs/formulas.md#comm.hybridep_probs"""
     if d.width <= 0 or ranks <= 0:
         return 0.0
-    return 0.5 * HYBRIDEP_PROB_BYTES * (d.experts / ranks) * g / (d.elem_bytes * d.width)
+    # the flex dispatcher's group is expert TP x EP: E·copies experts over its ranks (MoEFlexTokenDispatcher's
+    # num_experts = tp_size·E), E/ep a rank (docs/formulas.md#comm.etp_flex)
+    return 0.5 * HYBRIDEP_PROB_BYTES * (d.experts * d.copies / ranks) * g / (d.elem_bytes * d.width)
 
 
 HYBRIDEP_BENCH_LINK_BYTES_PER_S = 900e9
@@ -368,16 +373,21 @@ def a2a_shares(d: Dispatch | None, span: GroupSpan) -> tuple[float, float] | Non
     """NVLink and network shares of a GPU's send buffer in a DeepEP all-to-all whose group spans D > 1
     NVLink domains of g ranks (None: the uniform split). Internode, DeepEP sends a token over the network
     once to each remote node holding any of its experts, then forwards it over NVLink to those ranks: the
-    network carries nodes·(D-1)/D rows per token against the buffer's ranks rows, NVLink the buffer's
-    (g-1)/g. Source: DeepEP README (internode normal kernels: RDMA between nodes, NVLink forwarding);
-    DeepSeek-V3 technical report, section 3.2.2. Derived: docs/formulas.md#comm.ep"""
+    network carries nodes·(D-1)/D rows per token against the buffer's c·ranks rows, NVLink the buffer's
+    (g-1)/g. c = d.copies: the flex dispatcher's group is expert TP x EP (n = c·ep ranks), each EP rank's c
+    expert-TP ranks on one node; a token's row goes to all c (c·ranks rows in the buffer), still once a node
+    over the network: a node holds g/c EP ranks' experts. Source: DeepEP README (internode normal kernels:
+    RDMA between nodes, NVLink forwarding); deepseek-ai/DeepEP dd758ca csrc/kernels/legacy/internode.cu
+    (dispatch's kRDMASender: one RDMA copy a token for each node whose 8 is_token_in_rank flags hold any;
+    kRDMAAndNVLForwarder: NVLink to each flagged rank); DeepSeek-V3 technical report, section 3.2.2.
+    Derived: docs/formulas.md#comm.ep, docs/formulas.md#comm.etp_flex"""
     if d is None or span.domains <= 1:
         return None
-    n, D = span.size, span.domains
-    g = max(n // D, 1)
-    ranks = ranks_per_token(d.experts, d.top_k, n, d.routing, d.groups)
-    nodes = blocks_hit(d.experts, d.top_k, max(d.experts // n, 1) * g, d.routing, d.groups)
-    return (g - 1) / g, nodes * (D - 1) / D / ranks
+    n, D, c = span.size, span.domains, max(d.copies, 1)
+    g, ep = max(n // D, 1), max(n // c, 1)
+    ranks = ranks_per_token(d.experts, d.top_k, ep, d.routing, d.groups)
+    nodes = blocks_hit(d.experts, d.top_k, max(d.experts // ep, 1) * max(g // c, 1), d.routing, d.groups)
+    return (g - 1) / g, nodes * (D - 1) / D / (c * ranks)
 
 
 def _timed(axis: str, transfers: list[Transfer[GroupSpan]], system: SystemSpec) -> AxisComm:
@@ -424,7 +434,7 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
     )
 
 
-def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
+def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G, etp_group: G | None = None) -> list[Transfer[G]]:
     """Per layer and micro-batch: 2 all-reduces of sbh in forward and 2 in backward (2 more under full
     recompute); with SP each all-reduce becomes an all-gather plus a reduce-scatter of the same buffer, and
     the backward all-gathers the two saved sequence shards again for the weight gradients (Megatron-LM keeps
@@ -435,8 +445,9 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     forward gathers, Float8RowwiseParallel casts the output gradient before the backward ones); Transformer
     Engine's backward gathers of output gradients move both layouts' copies (TWO_USAGE_GATHER_RECIPES).
     The routed experts' pair under expert TP (tp_routed_blocks_per_layer) is the alltoall dispatcher's own
-    gather and reduce-scatter of the dispatched rows over the expert-TP group, no Transformer Engine quantizer, no
-    re-gather (routed_pair_transfers).
+    gather and reduce-scatter of the dispatched rows over the expert-TP group (`etp_group`; default `group`, the
+    same ranks at expert TP = TP), no Transformer Engine quantizer, no re-gather (routed_pair_transfers); it runs
+    under SP and at TP 1 (expert TP > 1 beside TP 1: the gather is the dispatcher's, whatever the dense layers).
     Without SP, pipeline scatter/gather (pp_scatter_gather) all-gathers each activation and gradient a stage
     receives, 2 per micro-batch and model chunk (pp_gathers).
     A hybrid stack's layer holds one sub-block (a mixer or an MLP / MoE block: Nemotron-H's M, *, E), each a
@@ -465,7 +476,9 @@ def tp_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
           Transfer("all-gather", grad_out, gather_bytes(m, plan, both_usages=True) * s * b * h, group),
           Transfer("reduce-scatter", with_sp, S, group),
           Transfer("all-gather", pp_gathers(plan), S, group)]
-    hs += routed_pair_transfers(m, plan, group, where(plan.sp, 2 * routed, 0), r)  # 2 pairs a layer
+    expert = group if etp_group is None else etp_group
+    # 2 pairs a layer; without SP at TP > 1 (which Megatron-Core refuses in training) the all-reduces count them
+    hs += routed_pair_transfers(m, plan, expert, where(plan.sp | (plan.tp == 1), 2 * routed, 0), r)
     return hs if m.mla is None or m.parallel_block else mla_latent_transfers(m, plan, group, hs, r)
 
 
@@ -1563,7 +1576,7 @@ def te_cp_split(transfers: Any) -> tuple[list[Any], list[Any]]:
     return [x for x in te if x.collective == "all-to-all"], [x for x in te if x.collective != "all-to-all"]
 
 
-def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]]:
+def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G, flex_group: G | None = None) -> list[Transfer[G]]:
     """Per MoE layer and micro-batch: dispatch and combine all-to-alls of the rank's T tokens, each sent as
     dispatch_rows(m, plan) rows, in forward and in backward (and again under full recompute, or when the
     selective recompute_modules hold "moe": Megatron-LM checkpoints the MoE layer's whole forward, router,
@@ -1574,13 +1587,17 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     per element, each combine bf16. The alltoall dispatcher sends the k routing probabilities of each token in a
     second all-to-all right after its tokens (one ROUTER_PROB_BYTES value a row, same splits), whose backward
     returns their gradient: 2 calls a layer and micro-batch and once more per recomputed forward; DeepEP and
-    HybridEP carry them inside the dispatch (topk_weights / probs) and combine backward. Counted on the candidate
-    stage with the most MoE layers (most_moe_layers). Source: NVIDIA/Megatron-LM at d98e8a64dd (and core_v0.15.0),
-    megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher.token_dispatch: all_to_all of
-    permutated_local_input_tokens, then of permuted_probs), tensor_parallel/mappings.py (_AllToAll.backward: the
-    reverse all_to_all), moe/fused_a2a.py (FusedDispatch: buffer.dispatch(topk_weights=...); HybridEPDispatch:
-    dispatch_with_permute(probs=...)). Derived: docs/formulas.md#comm.ep, docs/formulas.md#comm.ep_fp8,
-    docs/formulas.md#comm.ep_probs, docs/formulas.md#comm.ep_stage"""
+    HybridEP carry them inside the dispatch (topk_weights / probs) and combine backward. The alltoall
+    dispatcher's calls run over the EP group (`group`), the flex dispatcher's over expert TP x EP (`flex_group`,
+    default `group`), one transfer per expert-TP degree among the plans (flex_copies: Dispatch.copies).
+    Counted on the candidate stage with the most MoE layers (most_moe_layers). Source: NVIDIA/Megatron-LM at
+    d98e8a64dd (and core_v0.15.0), megatron/core/transformer/moe/token_dispatcher.py
+    (MoEAlltoAllTokenDispatcher.token_dispatch: all_to_all of permutated_local_input_tokens, then of
+    permuted_probs, over self.ep_group; MoEFlexTokenDispatcher: group=self.tp_ep_group),
+    tensor_parallel/mappings.py (_AllToAll.backward: the reverse all_to_all), moe/fused_a2a.py (FusedDispatch:
+    buffer.dispatch(topk_weights=...); HybridEPDispatch: dispatch_with_permute(probs=...)). Derived:
+    docs/formulas.md#comm.ep, docs/formulas.md#comm.ep_fp8, docs/formulas.md#comm.ep_probs,
+    docs/formulas.md#comm.ep_stage, docs/formulas.md#comm.etp_flex"""
     if not m.is_moe:
         return []
     s, b, h = plan.seq_len / plan.cp, plan.micro_batch, m.expert_width  # a latent MoE moves latent-width rows
@@ -1594,23 +1611,42 @@ def ep_transfers(m: ModelSpec, plan: ParallelPlan, group: G) -> list[Transfer[G]
     dense_layers, moe_layers = most_moe_layers(m, plan, candidate_stages(m, plan))
     again = maximum(recomputed_share(plan, dense_layers + moe_layers), where(plan.recomputes("moe"), 1.0, 0.0))
     per_layer = 4 + 2 * again
-    deepep = Dispatch(m.num_experts, m.num_experts_per_tok, plan.moe_routing, expert_groups(m),
-                      dispatch_sms(plan), plan.moe_flex_backend, h) \
-        if plan.moe_dispatcher == "deepep" else None  # a workload switch: one value for all plans of a search
     calls = plan.num_microbatches * moe_layers
-    if plan.ep_dispatch_fp8:  # a workload switch: dispatches (half the calls) in fp8 + scales, combines bf16
-        fp8 = None if deepep is None else replace(deepep, elem_bytes=FP8_DISPATCH_BYTES)  # probs stay fp32
-        out = [Transfer("all-to-all", calls * per_layer / 2, S * FP8_DISPATCH_BYTES / ACT_BYTES, group, fp8),
-               Transfer("all-to-all", calls * per_layer / 2, S, group, deepep)]
-    else:
-        out = [Transfer("all-to-all", calls * per_layer, S, group, deepep)]
-    if deepep is not None and deepep.backend == "hybridep":  # a workload switch, as above
+    if plan.moe_dispatcher != "deepep":  # a workload switch: one value for all plans of a search
+        # the alltoall dispatcher's own call for the routing probabilities (comm.ep_probs)
+        probs = ROUTER_PROB_BYTES * tokens * dispatch_rows(m, plan) * routing_imbalance(m, plan)
+        return a2a_calls(calls * per_layer, S, group, None, plan.ep_dispatch_fp8) \
+            + [Transfer("all-to-all", calls * (2 + again), probs, group)]
+    flex = group if flex_group is None else flex_group
+    deepep = Dispatch(m.num_experts, m.num_experts_per_tok, plan.moe_routing, expert_groups(m),
+                      dispatch_sms(plan), plan.moe_flex_backend, h)
+    out: list[Transfer[G]] = []
+    for etp, share in etp_degrees(plan):  # each expert-TP degree's plans: their Dispatch.copies
+        out += a2a_calls(share * calls * per_layer, S, flex, replace(deepep, copies=etp), plan.ep_dispatch_fp8)
+    if deepep.backend == "hybridep":  # a workload switch, as above
         out.append(Transfer("all-gather", plan.num_microbatches * moe_layers * (1 + again),
-                            routing_map_bytes(m, plan, tokens) * flex_copies(plan) ** 2, group))
-    if deepep is None:  # the alltoall dispatcher's own call for the routing probabilities (comm.ep_probs)
-        out.append(Transfer("all-to-all", calls * (2 + again),
-                            ROUTER_PROB_BYTES * tokens * dispatch_rows(m, plan) * routing_imbalance(m, plan), group))
+                            routing_map_bytes(m, plan, tokens) * flex_copies(plan) ** 2, flex))
     return out
+
+
+def a2a_calls(calls: Any, S: Any, group: G, d: Dispatch | None, fp8: bool) -> list[Transfer[G]]:
+    """`calls` dispatch and combine all-to-alls of S bytes (bf16 rows); with ep_dispatch_fp8 (a workload switch)
+    the dispatches, half the calls, move FP8_DISPATCH_BYTES an element, the combines bf16 (the probs stay fp32).
+    Derived: docs/formulas.md#comm.ep_fp8"""
+    if not fp8:
+        return [Transfer("all-to-all", calls, S, group, d)]
+    low = None if d is None else replace(d, elem_bytes=FP8_DISPATCH_BYTES)
+    return [Transfer("all-to-all", calls / 2, S * FP8_DISPATCH_BYTES / ACT_BYTES, group, low),
+            Transfer("all-to-all", calls / 2, S, group, d)]
+
+
+def etp_degrees(plan: ParallelPlan) -> list[tuple[int, Any]]:
+    """(expert-TP degree, 1 where a plan has it and 0 elsewhere) for each distinct degree among plan arrays; one
+    pair (its degree, 1) for one plan: what the flex dispatcher's transfers split by (Dispatch.copies)."""
+    etp = np.asarray(plan.etp_resolved)
+    if etp.ndim == 0:
+        return [(int(etp), 1.0)]
+    return [(int(e), (etp == e).astype(float)) for e in np.unique(etp)]
 
 
 def flex_copies(plan: ParallelPlan) -> Any:
@@ -1619,12 +1655,13 @@ def flex_copies(plan: ParallelPlan) -> Any:
     over the expert-TP ranks (each of an EP rank's etp ranks receives the token; tp_size x E experts, top
     tp_size x k), and each combine returns the etp partial outputs; no TP gather (tp_routed_blocks_per_layer).
     HybridEP's gathered routing map grows by etp twice (etp x E columns, etp x ep ranks). 1 for the alltoall
-    dispatcher (its expert-TP gather is routed_pair_transfers'). The NVLink / network split (a2a_shares) is the EP
-    group's: across NVLink domains it takes the network share of the etp-fold buffer, where DeepEP sends a token
-    once a node (an overcount by up to etp of the network part). Source: NVIDIA/Megatron-LM d98e8a6
-    megatron/core/transformer/moe/token_dispatcher.py (MoEFlexTokenDispatcher.__init__: group=self.tp_ep_group,
-    router_topk=self.tp_size * moe_router_topk, num_experts=self.tp_size * num_moe_experts;
-    _initialize_metadata). Derived: docs/formulas.md#comm.etp_pair"""
+    dispatcher (its expert-TP gather is routed_pair_transfers'). Across NVLink domains only NVLink carries the
+    copies: DeepEP and HybridEP send a token once to each node over the network and fan it out there over
+    NVLink (a2a_shares with Dispatch.copies, on the expert-TP x EP group's span). Source: NVIDIA/Megatron-LM
+    d98e8a6 megatron/core/transformer/moe/token_dispatcher.py (MoEFlexTokenDispatcher.__init__:
+    group=self.tp_ep_group, router_topk=self.tp_size * moe_router_topk, num_experts=self.tp_size *
+    num_moe_experts; _initialize_metadata). Derived: docs/formulas.md#comm.etp_pair,
+    docs/formulas.md#comm.etp_flex"""
     return plan.etp_resolved if plan.moe_dispatcher == "deepep" else 1  # a workload switch: one for a search
 
 
@@ -1787,11 +1824,12 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
                                      + torchao_amax_transfers(m, plan, spans["dpcp_in"], i), system),
                     class_key(m, plan))  # the stages of a class: one rank's transfers
     return CommBreakdown({
-        "tp": _timed("tp", tp_transfers(m, plan, spans["tp"]) + tp_step_end_transfers(m, plan, spans["tp"]), system),
+        "tp": _timed("tp", tp_transfers(m, plan, spans["tp"], spans["etp"]) + tp_step_end_transfers(m, plan, spans["tp"]),
+                     system),
         "pp": _timed("pp", pp_transfers(m, plan, spans["pp"]), system),
         "dp": dp[0],
         "cp": _timed("cp", cp_transfers(m, plan, spans["cp"], spans.get("cp_a2a"), spans.get("cp_ring")), system),
-        "ep": _timed("ep", ep_transfers(m, plan, spans["ep"]), system),
+        "ep": _timed("ep", ep_transfers(m, plan, spans["ep"], spans["tpep"]), system),
         # an MoE model's router: the auxiliary loss's token counts (comm.aux_loss_counts)
         **({"router": _timed("router", aux_loss_transfers(m, plan, spans["tpcp"], spans["tpdpcp"]), system)}
            if m.is_moe else {}),

@@ -124,8 +124,10 @@ def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
                         order: tuple[str, ...] = DEFAULT_ORDER, known: CommSeconds | None = None) -> CommSeconds:
     """Per-plan communication seconds of each axis (same transfers as cost.comm.step_comm). `known`: these plans'
-    seconds under another MoE dispatcher (search.run.DISPATCH_FIELDS): every axis but ep is taken from it, as no
-    transfer but the EP all-to-all reads the dispatcher (tests/test_search_deepep.py checks them alike)."""
+    seconds under another MoE dispatcher (search.run.DISPATCH_FIELDS): every axis but ep is taken from it, and tp
+    too where no plan runs expert TP > 1 (only the alltoall dispatcher gathers over expert TP:
+    comm.tp_routed_blocks_per_layer), as no other transfer reads the dispatcher (tests/test_search_deepep.py and
+    tests/test_flex_etp.py check them alike)."""
     layout = np.stack([plans.tp, plans.pp, plans.dp, plans.cp, plans.ep, plans.etp_resolved,
                        np.broadcast_to(plans.dp_replicate, np.shape(plans.tp)),
                        np.broadcast_to(cp_a2a_group(plans), np.shape(plans.tp))], axis=1)
@@ -180,8 +182,10 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         return sum((seconds(x.collective, axis or x.group, x.calls, x.message, x.dispatch) + copies(x)
                     for x in transfers), np.zeros(len(plans)))
 
-    if known is not None:
-        return replace(known, ep=total(ep_transfers(m, plans.as_plan, "ep")))
+    if known is not None:  # the routed experts' expert-TP pair is the alltoall dispatcher's alone (comm.tp)
+        tp = total(tp_transfers(m, plans.as_plan, "tp", "etp")) if np.any(np.asarray(plans.etp_resolved) > 1) \
+            else known.tp
+        return replace(known, tp=tp, ep=total(ep_transfers(m, plans.as_plan, "ep", "tpep")))
     # each candidate stage's rank reduces and gathers its own parameters (docs/formulas.md#step.stage_tail)
     stages = each_stage(candidate_stages(m, plans.as_plan),
                         lambda i: dp_transfers(m, plans.as_plan, "dpcp_in", "edp_in", i, "dpcp_out", "edp_out"))
@@ -190,14 +194,14 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
     step_end = total(mxfp8_amax_transfers(m, plans.as_plan, ("dpcp", "dpcp_in"), ("edp", "edp_in"))
                      + torchao_amax_transfers(m, plans.as_plan, "dpcp_in"))
     return CommSeconds(
-        tp=total(tp_transfers(m, plans.as_plan, "tp")),
+        tp=total(tp_transfers(m, plans.as_plan, "tp", "etp")),
         tp_step_end=total(tp_step_end_transfers(m, plans.as_plan, "tp")),
         pp=total(pp_transfers(m, plans.as_plan, "pp")),
         cp=total(cp := cp_transfers(m, plans.as_plan, "cp", "cp_a2a", "cp_ring")),
         cp_mixers=total(cp_mixer_split(cp)[1]),
         cp_a2a=total(te_cp_split(cp)[0]),
         cp_allgather=total(te_cp_split(cp)[1]),
-        ep=total(ep_transfers(m, plans.as_plan, "ep")),
+        ep=total(ep_transfers(m, plans.as_plan, "ep", "tpep")),
         router=total(aux_loss_transfers(m, plans.as_plan, "tpcp", "tpdpcp")),
         dp_reduce=dp_stages[0][0],
         dp_gather=dp_stages[0][1],

@@ -89,6 +89,11 @@ def _axis_dims(plan: Degrees, order: tuple[str, ...]) -> dict[str, tuple[tuple[i
     dims["tpcp"] = ((plan.tp, strides["tp"]), (plan.cp, strides["cp"]))
     dims["tpdpcp"] = ((plan.tp, strides["tp"]), (plan.cp, strides["cp"]), (plan.dp, strides["dp"]))
     dims["ep"] = ((ep, etp),)
+    # the expert-TP group (Megatron-Core expt_tp: the alltoall dispatcher's gather, cost.comm.tp_transfers) and the
+    # expert-TP x EP group (tp_ep: the flex dispatcher's, cost.comm.ep_transfers), consecutive ranks of the expert
+    # grid (parallel_state.py expert_decoder_rank_generator.get_ranks('tp'), get_ranks('tp-ep'))
+    dims["etp"] = ((etp, 1),)
+    dims["tpep"] = ((etp * ep, 1),)
     dims["edp"] = ((edp, etp * ep),)
     # hybrid sharding (Megatron-LM parallel_state.py: the partial groups are contiguous slices of each group's
     # ranks): the shard groups inside, their replicas across (docs/formulas.md#mem.hsdp)
@@ -163,7 +168,8 @@ def axis_span(axis: str, n_ranks: int, dims: tuple[tuple[int, int], ...], cluste
 
 def place(plan: Degrees, cluster: ClusterSpec, order: tuple[str, ...] = DEFAULT_ORDER) -> dict[str, GroupSpan]:
     """The span of every axis of a plan's degrees on `cluster` (axes: tp, cp, dp, pp, ep, edp, and dpcp: the
-    dp x cp group that reduces gradients and shards ZeRO states)."""
+    dp x cp group that reduces gradients and shards ZeRO states; etp and tpep: the expert-TP and expert-TP x EP
+    groups)."""
     if plan.num_gpus != cluster.num_gpus:
         raise LlmplanError(f"the plan uses {plan.num_gpus} GPUs (tp x pp x cp x dp) but the cluster has "
                            f"{cluster.num_gpus} ({cluster.num_nodes} nodes x {cluster.gpus_per_node_used}); "
