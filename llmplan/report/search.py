@@ -572,13 +572,17 @@ def dispatcher_text(setting: dict[str, Any]) -> str:
 
 def hybrid_line(h: HybridChoice) -> str:
     """What the hybrid-sharding pass (search.hybrid) priced on the shown setting's rows and what #1 runs."""
-    rows = len({t.rank for t in h.tried})
-    priced = f"{len(h.tried)} variant{'s' if len(h.tried) != 1 else ''} priced on {rows} row{'s' if rows != 1 else ''}"
+    done = [t for t in h.tried if t.outcome != "dp hidden"]
+    rows = len({t.rank for t in done})
+    priced = f"{len(done)} variant{'s' if len(done) != 1 else ''} priced on {rows} row{'s' if rows != 1 else ''}"
+    if not done:
+        return ("hybrid sharding: not priced (the exposed data-parallel time it could save is within the tie "
+                "resolution, or would not bring a row level with #1); --dp-replicate pins it")
     if h.first is not None:
         r, outer = h.first
         return (f"hybrid sharding: #1 runs dp-replicate {r}{' (optimizer sharded across the replicas)' if outer else ''}"
                 f" ({priced}); --dp-replicate 1 turns it off")
-    fit = [t for t in h.tried if t.tokens_per_s > 0]
+    fit = [t for t in done if t.tokens_per_s > 0]
     if not fit:
         return f"hybrid sharding: {priced}, none fits; --dp-replicate pins it"
     b = max(fit, key=lambda t: t.tokens_per_s / t.row_tokens_per_s)

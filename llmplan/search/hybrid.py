@@ -6,8 +6,9 @@ plan's data-parallel span, so the search does not enumerate it: after the settin
 the settings that can lead (cli.search.SettingSearch.hybrid_rows) whose ZeRO data-parallel group (dp x cp ranks
 beside their TP ranks; pp is the outermost axis, topology.placement) spans more than one NVLink domain is priced
 with the most replicas that keep each shard group at least one domain wide and fit the memory, with and without
-the optimizer sharded across the replicas (ZeRO-3 only: check rule dp_outer_optimizer), and joins its layout's
-variants (search.variants.merge): it is shown where it takes over. Megatron-LM parallel_state.py (2a75ac12c)
+the optimizer sharded across the replicas (ZeRO-3 only: check rule dp_outer_optimizer); one faster than its row by
+more than the tie resolution and written by some target takes the row (search.variants.merge). Gains within the
+resolution leave the plain row, as plain wins ties between settings. Megatron-LM parallel_state.py (2a75ac12c)
 places the partial groups as contiguous slices of each data-parallel group: shard groups inside a domain,
 replicas across (docs/formulas.md#mem.hsdp)."""
 
@@ -42,9 +43,11 @@ class HybridTry:
     row_tokens_per_s: float
     """The row's tokens/s without hybrid sharding."""
     outcome: str
-    """"shown" (it took its layout's row), "not shown" (faster, but the tie rules kept the row: search.variants.
-    takes_over), "slower", "no fit" (no replica count tried keeps the rules and fits with the headroom asked for)
-    or "not exported" (faster, but no target writes it)."""
+    """"shown" (it took its layout's row: faster beyond the tie resolution), "within resolution" (faster, but not by
+    more than the resolution: the plain row stands, as plain wins ties between settings), "slower", "no fit" (no
+    replica count tried keeps the rules and fits with the headroom asked for), "not exported" (faster beyond the
+    resolution, but no target writes it), or "dp hidden" (not priced: saving all of the row's exposed
+    data-parallel time would not gain the resolution, or not bring the row level with #1; tokens_per_s 0)."""
 
 
 @dataclass(frozen=True)
@@ -92,23 +95,36 @@ def hybrid_pass(res: Any, cluster: ClusterSpec, price: Callable[[ParallelPlan], 
                 writes: Callable[[TrainingEstimate], bool], pool: int) -> tuple[Any, list[HybridTry]]:
     """`res` (search.run.SearchResult) with each ranked row's hybrid variants (variants_of_row: per optimizer
     placement the first that fits; `price`: its estimate, or None where it breaks a rule or does not fit) that
-    score above the row and are written (`writes`) merged into its layout (search.variants.merge: shown where
-    it takes over) and the rows ranked again (search.layouts.rank, `pool` kept), and what was tried. A variant
-    slower than its row is not merged (it would only be counted beside it)."""
+    score above the row by more than the tie resolution and are written (`writes`) merged into its layout
+    (search.variants.merge: it takes the row) and the rows ranked again (search.layouts.rank, `pool` kept), and
+    what was tried (HybridTry). Hybrid sharding moves only data-parallel traffic (and enlarges the shards a rank
+    copies and updates), so it can save at most the row's exposed data-parallel time: a row where that is too
+    little to gain the resolution, or to come level with #1, is not priced. Not under the headroom objective
+    (smaller shard groups never free memory)."""
     from llmplan.search.layouts import rank, score
     from llmplan.search.variants import Group, merge
 
     tried: list[HybridTry] = []
     extra: dict[int, TrainingEstimate] = {}  # index in `tried` -> the estimate merged
+    if res.objective == "headroom" or res.resolution is None or not res.ranked:
+        return res, tried
+    gain = math.exp(res.resolution)
+    floor = score(res.ranked[0], res.objective) / gain
     for k, e in enumerate(res.ranked, start=1):
-        base = float(e.throughput.tokens_per_s)
+        base, row = float(e.throughput.tokens_per_s), score(e, res.objective)
+        bound = 1 / max(1e-9, 1 - float(e.time.exposed["dp"]) / float(e.time.total))  # all exposed DP time saved
+        hidden = bound <= gain or row * bound < floor
         for chain in variants_of_row(e.plan, cluster):
+            if hidden:
+                tried.append(HybridTry(k, chain[0].dp_replicate, chain[0].dp_outer_optimizer, 0.0, base, "dp hidden"))
+                continue
             got = next((x for x in map(price, chain) if x is not None), None)
             if got is None:
                 tried.append(HybridTry(k, chain[0].dp_replicate, chain[0].dp_outer_optimizer, 0.0, base, "no fit"))
                 continue
-            faster = score(got, res.objective) > score(e, res.objective)
-            outcome = "slower" if not faster else ("not shown" if writes(got) else "not exported")
+            s = score(got, res.objective)
+            outcome = ("slower" if s <= row else "within resolution" if s <= row * gain else
+                       "not shown" if writes(got) else "not exported")
             if outcome == "not shown":
                 extra[len(tried)] = got
             tried.append(HybridTry(k, got.plan.dp_replicate, got.plan.dp_outer_optimizer,
