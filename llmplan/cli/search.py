@@ -334,6 +334,9 @@ class SettingSearch:
     screens: dict = dataclasses.field(default_factory=dict)
     """Memory screens (with the comm seconds but EP's), shared by the searches that differ only in the MoE
     dispatcher, and each space's enumerated axes (search.run.search's screens)."""
+    hybrid: dict = dataclasses.field(default_factory=dict)
+    """Per index of `tried`: the hybrid-sharding variants hybrid_rows priced on that setting's rows
+    (search.hybrid.HybridTry)."""
     auto_fsdp: bool = False
     """Whether the search settles megatron_fsdp per setting (as_run): no --target, --megatron-fsdp not named, the
     ZeRO-3 unit per layer."""
@@ -372,12 +375,12 @@ class SettingSearch:
         space = straddling_space(whole, full) if full else whole
         if space is None:
             return None
-        res = run_search(self.m, cc, space, wv, goal.objective, goal.top, self.allowance, self.order,
+        res = run_search(self.m, cc, space, wv, goal.objective, max(goal.top, TIE_POOL), self.allowance, self.order,
                          progress=self.say, min_headroom=min_headroom_bytes(goal.min_headroom, cc.system.gpu.hbm_bytes),
                          checkpoint=self.checkpoint, vpp_pin=pins.vpp, named=self.named,
                          keep_plans=self.target is not None, screens=self.screens,
                          beat=beat if self.target is None else None, sides=False)
-        if self.target is None:
+        if self.target is None:  # the tie pool's rows whatever --top is (hybrid_rows varies them); shown cuts
             return res
         # the tie pool's layouts whatever --top is, as the untargeted search ranks them (search.run: max(top,
         # TIE_POOL)): a setting's #1 is then its robust pick, which first_setting compares across settings; a walk
@@ -417,6 +420,7 @@ class SettingSearch:
             self.rerun_outrun()
             if not last:
                 self.without_tp_overlap()
+        self.hybrid_rows()
         self.screens.clear()
 
     def rerun_outrun(self) -> None:
@@ -550,6 +554,43 @@ class SettingSearch:
         if added:
             self.tried = [({**t[0], "tp_comm_overlap": t[3].tp_comm_overlap}, *t[1:]) for t in self.tried] + added
 
+    def hybrid_rows(self) -> None:
+        """Hybrid sharding (search.hybrid) on the rows of the settings that can lead: the winning one and, for
+        tokens/s, each whose fastest plan is within the resolution of the fastest so far (win_floor), as
+        without_tp_overlap picks them. Its variants are priced on the rows as the setting holds them (its
+        workload, cluster and share) and kept only where some target writes them (export.exports: a
+        Megatron-FSDP plan is written over the whole data-parallel group only). Not with --target, nor where
+        --dp-replicate or --dp-outer-optimizer is named (the user set it for every plan)."""
+        from llmplan.search.hybrid import hybrid_pass
+        from llmplan.search.layouts import price
+        from llmplan.search.run import first_setting, win_floor
+        from llmplan.search.ties import TIE_POOL
+        if self.target is not None or {"dp_replicate", "dp_outer_optimizer"} & self.named:
+            return
+        win = first_setting([t[1] for t in self.tried])
+        throughput = self.goal.objective == "throughput"
+        floor = win_floor(*(t[1] for t in self.tried)) if throughput else None
+        for k, (v, res, cluster, w, chosen) in enumerate(self.tried):
+            if not res.ranked or (k != win and (floor is None or res.outrun or res.top_score < floor)):
+                continue
+            m = trained_model(self.m, w.base)
+            headroom = min_headroom_bytes(self.goal.min_headroom, cluster.system.gpu.hbm_bytes)
+
+            def priced(p: Any, m: ModelSpec = m, cc: ClusterSpec = cluster, h: float = headroom) -> Any:
+                got = price(m, cc, [p], self.allowance, self.order, self.checkpoint, h)
+                return got[0] if got else None
+
+            new, tried = hybrid_pass(res, cluster, priced, self.written, max(self.goal.top, TIE_POOL))
+            if tried:
+                self.tried[k] = (v, new, cluster, w, chosen)
+                self.hybrid[k] = tried
+
+    def written(self, e: TrainingEstimate) -> bool:
+        """Whether some training target writes plan `e` (export.exports on its plan document)."""
+        from llmplan.export import exports
+        from llmplan.planfile import document_plan
+        return any(why is None for why in exports(document_plan(self.doc_of(e))).values())
+
     def needs_megatron(self, first: TrainingEstimate) -> bool:
         """Whether `first`, a ZeRO-2 / 3 plan without a pipeline priced without megatron_fsdp, is one only
         Megatron-LM / Megatron-Bridge run for a reason of its own axes (torchtitan's selective recompute, expert
@@ -594,6 +635,7 @@ class SettingSearch:
     def shown(self, tokens: float) -> TrainSearch:
         """The best setting tried (the first of equals: plain wins ties), as `search` shows it."""
         from llmplan.cli.target import refuse_every_setting, training_sides
+        from llmplan.search.hybrid import HybridChoice
         from llmplan.search.run import SwitchChoice, best_score, complete_sides, first_setting
         from llmplan.search.run import shown as shown_rows
         if self.target is not None:  # none kept a plan: what refused them, over every setting tried
@@ -601,8 +643,15 @@ class SettingSearch:
         chose_fsdp = self.auto_fsdp and any(t[3].megatron_fsdp for t in self.tried)
         if chose_fsdp:  # as_run turned it on somewhere: the switches line says which way the shown plans run
             self.tried = [({**t[0], "megatron_fsdp": t[3].megatron_fsdp}, *t[1:]) for t in self.tried]
-        v, res, cluster, w, chosen = self.tried[first_setting([t[1] for t in self.tried])]
+        i = first_setting([t[1] for t in self.tried])
+        v, res, cluster, w, chosen = self.tried[i]
         res = complete_sides(res)  # priced for the result shown only (run: sides=False)
+        if self.target is None:  # run kept the tie pool's rows: the first --top of them, with their ties
+            res = shown_rows(res, self.goal.top)
+        if self.hybrid.get(i):  # what hybrid_rows tried on the rows shown, and whether #1 runs it
+            p = res.ranked[0].plan
+            res = dataclasses.replace(res, hybrid=HybridChoice(tuple(self.hybrid[i]), (
+                p.dp_replicate, p.dp_outer_optimizer) if p.dp_replicate > 1 else None))
         if self.target is not None:  # the side outputs of the result shown only, its --top rows (run kept the pool)
             res = shown_rows(res, self.goal.top)
             if res.walk is not None:  # the rows of another plan of their layout among those shown

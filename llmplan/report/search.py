@@ -18,6 +18,7 @@ from llmplan.report.training import advice_table, estimate_json, memory_risk, sp
 from llmplan.search.grid import Workload
 from llmplan.search.filtered import ROW_CHECKS, Side, Sides, Walk
 from llmplan.search.run import DomainChoice, SearchResult, SwitchChoice, explain
+from llmplan.search.hybrid import HybridChoice
 from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import Variants
 from llmplan.specs.layout import format_layout
@@ -477,6 +478,7 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         "pareto": [estimate_json(e) for e in res.pareto],
         **({"domain": domain_json(res.domain)} if res.domain is not None else {}),
         **({"switches": switches_json(res.switches)} if res.switches is not None else {}),
+        **({"hybrid_sharding": hybrid_json(res.hybrid)} if res.hybrid is not None else {}),
         **({"closest": estimate_json(res.closest), "suggestions": res.suggestions} if res.closest else {}),
         **refused_sides_json(res.sides),
         **target_json(res.target, res.not_exportable, res.walk, res.sides, res.walks, res.walk_index),
@@ -568,6 +570,34 @@ def dispatcher_text(setting: dict[str, Any]) -> str:
     return f"flex/{setting['moe_flex_backend']} (--moe-dispatcher deepep --moe-flex-backend {setting['moe_flex_backend']})"
 
 
+def hybrid_line(h: HybridChoice) -> str:
+    """What the hybrid-sharding pass (search.hybrid) priced on the shown setting's rows and what #1 runs."""
+    done = [t for t in h.tried if t.outcome != "dp hidden"]
+    rows = len({t.rank for t in done})
+    priced = f"{len(done)} variant{'s' if len(done) != 1 else ''} priced on {rows} row{'s' if rows != 1 else ''}"
+    if not done:
+        return ("hybrid sharding: not priced (the exposed data-parallel time it could save is within the tie "
+                "resolution, or would not bring a row level with #1); --dp-replicate pins it")
+    if h.first is not None:
+        r, outer = h.first
+        return (f"hybrid sharding: #1 runs dp-replicate {r}{' (optimizer sharded across the replicas)' if outer else ''}"
+                f" ({priced}); --dp-replicate 1 turns it off")
+    fit = [t for t in done if t.tokens_per_s > 0]
+    if not fit:
+        return f"hybrid sharding: {priced}, none fits; --dp-replicate pins it"
+    b = max(fit, key=lambda t: t.tokens_per_s / t.row_tokens_per_s)
+    return (f"hybrid sharding: {priced}, none shown; best #{b.rank} at dp-replicate {b.dp_replicate}"
+            f"{' (optimizer across)' if b.dp_outer_optimizer else ''}, {100 * (b.tokens_per_s / b.row_tokens_per_s - 1):+.1f}% "
+            f"({b.outcome}); --dp-replicate pins it")
+
+
+def hybrid_json(h: HybridChoice) -> dict[str, Any]:
+    return {"first": None if h.first is None else {"dp_replicate": h.first[0], "dp_outer_optimizer": h.first[1]},
+            "tried": [{"rank": t.rank, "dp_replicate": t.dp_replicate, "dp_outer_optimizer": t.dp_outer_optimizer,
+                       "tokens_per_s": t.tokens_per_s, "row_tokens_per_s": t.row_tokens_per_s, "outcome": t.outcome}
+                      for t in h.tried]}
+
+
 def switches_json(s: SwitchChoice) -> dict[str, Any]:
     return {**s.chosen, "tried": [{**v, "score": score} for v, score in s.tried]}
 
@@ -600,6 +630,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
             console.print(domain_line(res.domain))
         if res.switches is not None:
             console.print(switches_line(res.switches))
+        if res.hybrid is not None:
+            console.print(hybrid_line(res.hybrid), highlight=False)
         warning = ceiling_warning(best, cluster)
         if warning:
             console.print(f"[yellow]warning:[/] {warning}")

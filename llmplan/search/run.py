@@ -36,6 +36,7 @@ from llmplan.topology.placement import DEFAULT_ORDER, on_cluster, place
 from llmplan.units import GIB
 
 if TYPE_CHECKING:
+    from llmplan.search.hybrid import HybridChoice
     from llmplan.search.layouts import LayoutPins
 
 OBJECTIVES = ("throughput", "time-to-train", "gpu-hours", "headroom")
@@ -134,6 +135,9 @@ class SearchResult:
     tp_overlap_loses: bool = False
     """A plan of the tie pool (the rows ranked before --top cuts them) prices its userbuffer TP overlap slower than
     without it (TrainingEstimate.tp_overlap_gain < 0; cli.search.tp_overlap_loses reads it whatever --top is)."""
+    hybrid: "HybridChoice | None" = None
+    """Set when the command priced hybrid-sharding variants of the shown setting's rows (search.hybrid; cli.search
+    SettingSearch.hybrid_rows): what it tried and whether #1 runs it."""
     pending: "SidePlans | None" = None
     """search(sides=False): the side outputs (pareto, conventional, without_cp, with_ep, wide_ep) not yet priced;
     complete_sides prices them. None once priced, or where the search priced them itself."""
