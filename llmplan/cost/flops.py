@@ -15,6 +15,7 @@ import numpy as np
 
 from llmplan.arith import where
 from llmplan.cost.breakdown import Breakdown
+from llmplan.cost.memo import memoized
 from llmplan.cost.compressed import (
     attended_compressed_keys,
     compressed_keys,
@@ -59,7 +60,13 @@ def layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
     4·b·s²·a·d (QK^T and AV). Source: Narayanan et al. 2021 Eq. 3 (per-layer 24bsh² + 4bs²h, MHA, 4h MLP),
     generalised to GQA, MLA, gated MLP and MoE (top-k experts). A hybrid stack's average layer (mixers.py)
     holds its share of attention, its mean recurrent mixer and scan, and, without experts, its share of
-    dense MLP. Derived: docs/formulas.md#compute.flops, docs/formulas.md#mixers.hybrid"""
+    dense MLP. Computed once per plan, model and kind (cost.memo.memoized: the step time reads it for every
+    candidate stage and TP role). Derived: docs/formulas.md#compute.flops, docs/formulas.md#mixers.hybrid"""
+    return memoized(plan, ("layer_flops", m, moe), lambda: _layer_flops(m, plan, moe))
+
+
+def _layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
+    """layer_flops, computed. Derived: docs/formulas.md#compute.flops"""
     s, b, t = plan.seq_len / plan.cp, plan.micro_batch, plan.tp
     T = s * b
     mlp: float

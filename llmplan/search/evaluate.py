@@ -121,6 +121,17 @@ def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq, inv.ravel()
 
 
+def fastest(A: np.ndarray, B: np.ndarray, row: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Seconds of one call of `size` bytes per plan by its fastest algorithm: min over algorithms k of A[k, row]
+    + size x B[k, row] (`row`: each plan's span among the distinct ones), one algorithm column at a time (no
+    plans x algorithms array)."""
+    t = None
+    for a, b in zip(A, B, strict=True):
+        t_k = (a[0] if len(a) == 1 else a[row]) + size * (b[0] if len(b) == 1 else b[row])
+        t = t_k if t is None else np.minimum(t, t_k)
+    return t if t is not None else np.full(np.shape(size), np.inf)  # no algorithm: never
+
+
 def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
                         order: tuple[str, ...] = DEFAULT_ORDER, known: CommSeconds | None = None) -> CommSeconds:
     """Per-plan communication seconds of each axis (same transfers as cost.comm.step_comm). `known`: these plans'
@@ -166,17 +177,22 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
             coeff_cache[key] = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T), idx[inv]
         A, B, row = coeff_cache[key]
         size = np.broadcast_to(np.asarray(message, dtype=float), inv.shape)
-        t = None  # the fastest algorithm per plan, one algorithm column at a time (no plans x algorithms array)
-        for a, b in zip(A, B, strict=True):
-            t_k = (a[0] if len(a) == 1 else a[row]) + size * (b[0] if len(b) == 1 else b[row])
-            t = t_k if t is None else np.minimum(t, t_k)
         calls = np.broadcast_to(np.asarray(calls, dtype=float), inv.shape)
-        return np.where((calls > 0) & (size > 0), calls * t, 0.0)
+        sent = (calls > 0) & (size > 0)
+        if sent.all():
+            return calls * fastest(A, B, row, size)
+        out = np.zeros(inv.shape)  # only the plans that make the call: the same values, 0 elsewhere
+        at = np.flatnonzero(sent)
+        if len(at):
+            out[at] = calls[at] * fastest(A, B, row[at], size[at])
+        return out
 
     def copies(x: Any) -> np.ndarray:  # the HBM copies around a call (Transfer.copy_bytes), as transfer_seconds
-        calls = np.broadcast_to(np.asarray(x.calls, dtype=float), inv.shape)
+        called = np.broadcast_to(np.asarray(x.calls, dtype=float), inv.shape) > 0
+        if not called.any():  # no plan makes the call: no copies around it
+            return np.zeros(inv.shape)
         copied = np.broadcast_to(np.asarray(copy_seconds(x, system.gpu), dtype=float), inv.shape)
-        return np.where(calls > 0, copied, 0.0)
+        return np.where(called, copied, 0.0)
 
     def total(transfers: list, axis: str | None = None) -> np.ndarray:
         return sum((seconds(x.collective, axis or x.group, x.calls, x.message, x.dispatch) + copies(x)
