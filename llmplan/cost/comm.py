@@ -1140,7 +1140,7 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
                          host_s=where(params > 0, host, 0.0),
                          copy_bytes=where(copies, ZERO3_GATHER_COPIES * gathered_b / u, 0.0) + cast / u),
                 Transfer("all-to-all", where(a2a, reduce_calls * b_r, 0), reduced_b / u / b_r, group,
-                         copy_bytes=fp32_sum_copy_bytes(plan, reduced_b / u / b_r, ranks))]
+                         copy_bytes=where(a2a, fp32_sum_copy_bytes(plan, reduced_b / u / b_r, ranks), 0.0))]
         cast = 0.0  # the dense gather only: torchao's Float8Linear weights (no routed expert)
     if dense_outer is not None and expert_outer is not None:
         out += hsdp_transfers(plan, rp.dense / plan.zero_shard, dense_outer, u, whole,
