@@ -795,10 +795,12 @@ MBRIDGE_ERRATA = {
 (the override, by id, with the evidence); every other row as the table lists it."""
 
 
-BRIDGE_PRECISION = {"fp8-cs": ("fp8", "tensorwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
+BRIDGE_PRECISION = {"fp16": ("fp16", "tensorwise"), "fp8-cs": ("fp8", "tensorwise"), "mxfp8": ("fp8", "mxfp8"), "nvfp4": ("fp4", "nvfp4"),
                     "bf16": ("bf16", "tensorwise"), "fp8-blockwise": ("fp8", "blockwise"),
                     "fp8-mx": ("fp8", "mxfp8")}
-"""Megatron-Bridge's precision names: FP8-CS (per-tensor current scaling), FP8-MX (MXFP8), NVFP4, BF16."""
+"""Megatron-Bridge's precision names: FP8-CS (per-tensor current scaling), FP8-MX (MXFP8), NVFP4, BF16; and fp16,
+the records whose precision is exactly that (BLOOM's fp16 prequel rows: docs/validation.md#bridge-grads), priced
+in fp16 rather than the bf16 fallback (the same GEMM peak and 2-byte operands; their gradients are set apart)."""
 
 
 def system_for(gpu: str) -> str | None:

@@ -19,6 +19,7 @@ from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_b
                                    pp_sync_notes, need_mode, op_fuser, refuse, refuse_first, rendezvous_lines,
                                    sh_header, squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
                                    parallel_block_refusal, torch_ring_refusal)
+from llmplan.export.bridge_precision import written_out
 from llmplan.export.megatron import (FSDP_STRATEGY, MANUAL_GC_INTERVAL, balance_pairs, fsdp_zero2_refusals,
                                      precision_aware)
 from llmplan.planfile import PlanFile
@@ -90,21 +91,21 @@ def preset_key(p: Any) -> tuple[str, str]:
 
 def preset_refusal(p: Any) -> tuple[str, bool, str]:
     """(what, whether the plan breaks it, fix) for the plan's precision against Megatron-Bridge's presets: no
-    preset for it, or weights / gradient reduction other than its preset sets. The workload's fields alone: refused
-    whatever else the plan sets (export.EVERY_PLAN)."""
+    preset for it, or weights other than its preset sets. The workload's fields alone: refused whatever else the
+    plan sets (export.EVERY_PLAN). A gradient reduction other than the preset's is not refused: reduction_overrides
+    writes the preset out with the plan's grad_reduce_in_fp32."""
     key = preset_key(p)
     if key not in PRESETS:
         what = "fp32 training" if p.dtype == "fp32" else f"{p.dtype} {p.recipe} scaling"
         return (f"{what} (Megatron-Bridge's mixed-precision presets: bf16, fp16, fp8 tensorwise, blockwise, mxfp8, "
                 "nvfp4)", True, "re-plan with --precision bf16 or fp8-tensorwise, or export to torchtitan")
-    name, low_weights, grad_fp32 = PRESETS[key]
+    name, low_weights, _ = PRESETS[key]
     if p.dtype in ("fp8", "fp4") and p.fp8_params != low_weights and not (low_weights and p.optimizer == "muon"):
         flag = "--fp8-params" if low_weights else "--no-fp8-params"
         return (f"{p.dtype} {p.recipe} with weights {'not ' if low_weights else ''}kept in {p.dtype} (its preset "
                 f"{name} sets {p.dtype}_param_gather {str(low_weights).lower()})", True, f"re-plan with {flag}")
-    return (f"{p.grad_dtype} gradient reduction with {p.dtype} (its preset {name} sets grad_reduce_in_fp32 "
-            f"{str(grad_fp32).lower()})", (p.grad_dtype == "fp32") != grad_fp32,
-            f"re-plan with --grad-dtype {'fp32' if grad_fp32 else 'bf16'}")
+    # a gradient reduction other than the preset's is written out (reduction_overrides), not refused
+    return (f"{p.dtype} precision (its preset {name})", False, "")
 
 
 def preset(pf: PlanFile) -> str:
@@ -411,7 +412,24 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
     out += muon_overrides(pf)  # after the preset, whose low-precision weight gather it turns off
     if p.fp8_attention:  # MixedPrecisionConfig.fp8_dot_product_attention, after the preset that it amends
         out.append(("mixed_precision.fp8_dot_product_attention", True))
-    return out
+    return reduction_overrides(pf, out)
+
+
+def reduction_overrides(pf: PlanFile, out: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """`out` as is where the plan reduces its gradients as its preset does (PRESETS: grad_reduce_in_fp32) and
+    amends none of its fields; else the preset written out field by field with the plan's grad_reduce_in_fp32
+    (bridge_precision.written_out: bf16 gradients under a bf16 / fp8 / fp4 preset, fp32 ones under fp16_mixed),
+    the mixed_precision.* settings (muon_weight_gather_off, fp8 attention) folded in: after a preset's name,
+    Hydra's struct mode refuses a mixed_precision.* key ("Could not override"), whether the recipe holds the
+    name or a MixedPrecisionConfig."""
+    p = pf.plan
+    fp32 = p.grad_dtype == "fp32"
+    amend = {k.split(".", 1)[1]: v for k, v in out if k.startswith("mixed_precision.")}
+    if fp32 == PRESETS[preset_key(p)][2] and not amend:
+        return out
+    name = str(dict(out)["mixed_precision"])
+    kept = [(k, v) for k, v in out if k != "mixed_precision" and not k.startswith("mixed_precision.")]
+    return kept + written_out(name, {**amend, "grad_reduce_in_fp32": fp32})
 
 
 def parallel_overrides(pf: PlanFile) -> list[tuple[str, object]]:
