@@ -35,6 +35,7 @@ from typing import Any
 
 from llmplan.cost.attention_rate import triton_flash2_ratio
 from llmplan.cost.comm import comm_seconds, step_comm, te_default_margin_sms
+from llmplan.cost.elementwise import softmax_rows_fit
 from llmplan.cost.memory import TrainingMemory, training_memory
 from llmplan.cost.operators import operator_uses, with_fallbacks
 from llmplan.cost.serve_step import default_graph_sizes
@@ -528,8 +529,8 @@ def bigscience_softmax_kernel(rec: dict, fam: str, heads: int, tp: int, mb: int)
     passes (b, np, sq, sk) on to the kernel's get_batch_per_block(query_seq_len, key_seq_len, batches, attn_heads):
     the kernel sizes its block by key_seq_len = np, the heads per TP rank, and the causal path needs
     b·np % batches_per_block == 0 (scaled_masked_softmax.h: warp = min(next_pow2(np), 32), 128 / warp warps of 2
-    rows while next_pow2 <= 128). With 64 heads at TP 8 that is 32 rows a block: micro-batches 1 and 2 (8 and 16
-    rows) fall back, 4 and 8 fuse. The start-up check BigScience relied on (--abort-on-unmet-fused-kernel-
+    rows while next_pow2 <= 128), and b·np % 4 == 0 as every fused softmax (cost.elementwise.softmax_rows_fit).
+    With 64 heads at TP 8 that is 32 rows a block: micro-batches 1 and 2 (8 and 16 rows) fall back, 4 and 8 fuse. The start-up check BigScience relied on (--abort-on-unmet-fused-kernel-
     constraints, initialize.py) tests only heads / tp x mb % 4 ("(HEADS/TP)*MBS % 4 = 0", chronicles-prequel.md
     'NHEADs comparison'), so the fallback ran silently. The final run (from 2022-03-11, after the fix) sizes the
     block by sk = 2048: 4 rows, and every row of this family fuses there; other families fuse."""
@@ -539,7 +540,7 @@ def bigscience_softmax_kernel(rec: dict, fam: str, heads: int, tp: int, mb: int)
     pow2 = 1 << max(np_ - 1, 0).bit_length()
     warp = min(pow2, 32)
     per_block = (128 // warp) * (2 if pow2 <= 128 else 1)
-    return "fused" if (mb * np_) % 4 == 0 and (mb * np_) % per_block == 0 else "eager-fp32"
+    return "fused" if softmax_rows_fit(mb, np_) and (mb * np_) % per_block == 0 else "eager-fp32"
 
 
 BY_MODEL = ("trtllm", "mbridge-moe")

@@ -21,6 +21,7 @@ import accuracy as A
 from runs import load_runs
 
 from llmplan.cost.compute import EXPERT_GEMM_S, KERNEL_LAUNCH_S, runs_per_expert
+from llmplan.cost.elementwise import softmax_launches, te_mask_launches
 from llmplan.cost.moe import EAGER_OP_HOST_S, host_syncs_per_layer
 from llmplan.cost.kernels import layer_launch_average
 from llmplan.cost.overhead import (
@@ -81,7 +82,8 @@ def llmplan_side(p: dict[str, Any], recs: dict[str, dict]) -> dict[str, float]:
     launches = launches_per_step(m, plan)
     layers, syncs = max_stage_layers(m, plan), host_syncs_per_layer(m, plan)
     bound = float(host_seconds(plan, layers, 0.0, 0.0, m.num_moe_layers, syncs, 0.0, 1.0,
-                               layer_launch_average(m, plan)))  # GPU at zero time
+                               layer_launch_average(m, plan), softmax=softmax_launches(m, plan),
+                               mask_kernels=te_mask_launches(plan)))  # GPU at zero time
     return {"step": float(t.total), "compute": float(t.compute), "host": float(t.overheads["host"]),
             "comm": float(t.comm_exposed), "launches": launches, "launch_s": launches * KERNEL_LAUNCH_S,
             "expert_gemm_s": expert, "bound": bound, "n": n, "layers": m.num_hidden_layers, "moe_layers": m.num_moe_layers}

@@ -20,6 +20,7 @@ from typing import Any
 import accuracy as A
 from runs import load_runs
 
+from llmplan.cost.elementwise import softmax_launches, te_mask_launches
 from llmplan.cost.moe import host_syncs_per_layer
 from llmplan.cost.overhead import host_seconds
 from llmplan.cost.step import max_stage_layers
@@ -42,7 +43,9 @@ def row(rec: dict) -> dict[str, Any] | None:
     step_p, step_m = tokens / (pred * gpus), tokens / (meas * gpus)
     f = cluster.system.gpu.host_op_factor
     layers, syncs = max_stage_layers(m, plan), host_syncs_per_layer(m, plan)
-    bound = [float(host_seconds(plan, layers, 0.0, 0.0, m.num_moe_layers, syncs, 0.0, k)) / n for k in (f, 1.0)]
+    launches = {"softmax": softmax_launches(m, plan), "mask_kernels": te_mask_launches(plan)}
+    bound = [float(host_seconds(plan, layers, 0.0, 0.0, m.num_moe_layers, syncs, 0.0, k, **launches)) / n
+             for k in (f, 1.0)]
     return {"id": rec["id"], "f": f, "plan": plan, "n": n, "pred_mb": step_p / n, "gap_mb": (step_m - step_p) / n,
             "host_mb": float(estimate_training(m, cluster, plan).time.overheads["host"]) / n,
             "bound": bound[0], "bound_x86": bound[1], "need": step_m / n / bound[1], "err": 100 * (pred / meas - 1)}

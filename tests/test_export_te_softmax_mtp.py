@@ -143,3 +143,48 @@ def test_torchtitans_own_config_functions_build_mtp_only_where_they_ask():
     assert "MTPLoss" not in type(full.loss).__qualname__
     mtp = manager.ConfigManager().parse_args(["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel_mtp"])
     assert len(mtp.model_spec.model.mtp_layers) == 1 and type(mtp.loss).__qualname__ == "MTPLoss.Config"
+
+
+SEARCH = ["-m", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--no-flash-attention", "--top", "3"]
+
+
+def test_unfused_search_for_megatron_tries_te_and_exports(cli, tmp_path):
+    # Megatron-LM's --attention-backend unfused runs TE's softmax and the export refuses every other kernel
+    # (export.EVERY_PLAN["megatron"]): the search tries softmax_kernel te beside the default fused (main: exit 2)
+    r = cli("search", *SEARCH, "--target", "megatron", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["plans"][0]["plan"]["softmax_kernel"] == "te"
+    assert {t["softmax_kernel"] for t in doc["switches"]["tried"]} == {"fused", "te"}
+    saved = tmp_path / "best.json"
+    r = cli("search", *SEARCH, "--target", "megatron", "--save", saved)
+    assert r.code == 0, r.err
+    assert _export(cli, saved, "megatron", tmp_path / "o").code == 0
+
+
+def test_unfused_search_forcing_fused_for_megatron_names_the_rule_once(cli):
+    r = cli("search", *SEARCH, "--target", "megatron", "--softmax-kernel", "fused")
+    assert r.code == 2
+    line = r.err.strip()
+    assert "\n" not in line and "is refused whole: " + FUSED_LINE.removeprefix("error: ") in line, line
+
+
+def test_deepspeed_refuses_te_softmax(cli, tmp_path):
+    plan = _plan(cli, tmp_path, *LLAMA, "--tp", "1", "--no-flash-attention", "--softmax-kernel", "te")
+    assert _export(cli, plan, "deepspeed", tmp_path / "o").refusal() == (
+        "error: deepspeed cannot express this plan: Transformer Engine's unfused attention softmax (softmax_kernel "
+        "te: Megatron-Core's TE layer, whose mask build and kernel a DeepSpeed training script does not run); "
+        "re-plan with --softmax-kernel fused or --flash-attention, or export to megatron")
+    fused = _plan(cli, tmp_path, *LLAMA, "--tp", "1", "--no-flash-attention", "--grad-dtype", "bf16")
+    assert _export(cli, fused, "deepspeed", tmp_path / "f").code == 0
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "torchtitan-0.2"])
+@pytest.mark.parametrize("kernel", ["fused", "te"])
+def test_torchtitan_refuses_unfused_attention_with_a_flash_fix(cli, tmp_path, target, kernel):
+    # torchtitan's attention is SDPA (cuDNN / flash / memory-efficient ahead of math) or FlexAttention: no
+    # unfused plan runs as priced, whatever its softmax kernel (main exported `fused` and said of `te` that
+    # torchtitan runs Megatron's fused softmax)
+    plan = _plan(cli, tmp_path, *LLAMA, "--no-flash-attention", "--softmax-kernel", kernel)
+    line = _export(cli, plan, target, tmp_path / "o").refusal()
+    assert line.endswith("re-plan with --flash-attention") and "SDPA" in line and "Megatron" not in line, line

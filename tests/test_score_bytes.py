@@ -106,11 +106,13 @@ def test_each_kernels_bytes_a_score_with_and_without_dropout(kernel, fused_total
 def test_softmax_launches_by_kernel() -> None:
     """Kernels beyond the fused one per layer forward: eager adds the masked_fill_, eager-fp32 the casts, scale and
     mask; none with fused attention (no scores)."""
+    m = ModelSpec(**{**DENSE, "num_key_value_heads": 8}, hidden_size=512, num_attention_heads=8)
     plan = ParallelPlan(seq_len=1024, micro_batch=1, tp=1, flash_attention=False)
-    got = {k: softmax_launches(plan.model_copy(update={"softmax_kernel": k})) for k in ("fused", "eager", "eager-fp32")}
+    got = {k: softmax_launches(m, plan.model_copy(update={"softmax_kernel": k}))
+           for k in ("fused", "eager", "eager-fp32")}
     assert got == {"fused": 0, "eager": EAGER_SOFTMAX_KERNELS, "eager-fp32": EAGER_FP32_SOFTMAX_KERNELS}
     assert (EAGER_SOFTMAX_KERNELS, EAGER_FP32_SOFTMAX_KERNELS) == (1, 4)
-    assert softmax_launches(ParallelPlan(seq_len=1024, micro_batch=1, tp=1)) == 0
+    assert softmax_launches(m, ParallelPlan(seq_len=1024, micro_batch=1, tp=1)) == 0
 
 
 def test_selective_recompute_reruns_the_softmax_and_dropout_forward() -> None:

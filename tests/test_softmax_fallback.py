@@ -73,8 +73,8 @@ CASES = [  # (heads, tp, micro-batch, seq): the limit, the rows, the short-row b
 def test_fused_softmax_is_priced_only_where_megatrons_kernel_takes_the_scores(heads, tp, mb, s, dropout):
     m, plan = model(heads, dropout), ParallelPlan(seq_len=s, micro_batch=mb, tp=tp, flash_attention=False)
     fused = kernel_available(mb, heads // tp, s)
-    assert softmax_bytes(plan) == (CAUSAL_SOFTMAX_BYTES if fused else EAGER_FP32_SOFTMAX_BYTES)
-    assert softmax_launches(plan) == (0 if fused else EAGER_FP32_SOFTMAX_KERNELS)
+    assert softmax_bytes(m, plan) == (CAUSAL_SOFTMAX_BYTES if fused else EAGER_FP32_SOFTMAX_BYTES)
+    assert softmax_launches(m, plan) == (0 if fused else EAGER_FP32_SOFTMAX_KERNELS)
     per_score = SAVED[(not fused, dropout > 0)]
     scores = layer_activation_parts(m, plan, False).scores
     assert scores == pytest.approx(per_score * heads / tp * s * s * mb)
@@ -100,11 +100,11 @@ def test_other_kernels_and_fused_attention_are_unchanged():
     m = model(32)
     long = ParallelPlan(seq_len=8192, micro_batch=1, tp=8, flash_attention=False)
     # the 2020 eager path has no fused kernel to fall back from
-    assert softmax_bytes(long.model_copy(update={"softmax_kernel": "eager"})) == EAGER_SOFTMAX_BYTES
+    assert softmax_bytes(m, long.model_copy(update={"softmax_kernel": "eager"})) == EAGER_SOFTMAX_BYTES
     # fused attention writes no scores: no softmax launches, no stored scores
     flash = long.model_copy(update={"flash_attention": True})
-    assert softmax_launches(flash) == 0
+    assert softmax_launches(m, flash) == 0
     assert layer_activation_parts(m, flash, False).scores == 0
     # at 4,096 keys the fused kernel runs
     short = long.model_copy(update={"seq_len": 4096})
-    assert softmax_bytes(short) == CAUSAL_SOFTMAX_BYTES and softmax_launches(short) == 0
+    assert softmax_bytes(m, short) == CAUSAL_SOFTMAX_BYTES and softmax_launches(m, short) == 0

@@ -437,6 +437,7 @@ class SettingSearch:
         """The memory switch settings (search.run.switch_variants) with the CP comm types that run the model, each
         on the full racks and, where they have a power-of-two share, on it (best_domain); returns the CP comm
         types tried later, at the winner (search.variants.cp_comm_settings)."""
+        from llmplan.export import TE_SOFTMAX_TARGETS
         from llmplan.search.grid import Workload
         from llmplan.search.run import cp_comm_variants, power_of_two_domain, switch_variants
         from llmplan.search.variants import cp_comm_settings
@@ -448,7 +449,8 @@ class SettingSearch:
             base = Workload(**{**base.fields(), **cp_types[0]})
         for v in switch_variants(base, s.grad_dtype is not None, s.fp8_params is not None,
                                  try_scalings=self.target is not None and "fp8_scaling" not in self.named,
-                                 cp_comm_types=tuple(cp_types), overlap_pinned="overlap_grad_reduce" in self.named):
+                                 cp_comm_types=tuple(cp_types), overlap_pinned="overlap_grad_reduce" in self.named,
+                                 try_te_softmax=self.target in TE_SOFTMAX_TARGETS and "softmax_kernel" not in self.named):
             wv = self.as_run(Workload(**{**base.fields(), **v}))
             if s.fp8_params is None and v["fp8_params"] and self.tried and not self.keeps_fp8_params(wv):
                 continue  # fp8_params the search turned on itself, cut from every plan: the plain setting stands

@@ -111,7 +111,7 @@ def fp32_softmax_saved_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     fp32 torch ops (cost.elementwise.fp32_softmax: Megatron's, with the model's attention sinks, or Transformer
     Engine's, whose saved tensors are the same), else 0. Derived: docs/formulas.md#compute.softmax_fallback,
     #compute.te_softmax"""
-    return where(fp32_softmax(plan, m.attention_sinks), FP32_SOFTMAX_SAVED_BYTES[m.attention_dropout > 0], 0.0)
+    return where(fp32_softmax(m, plan), FP32_SOFTMAX_SAVED_BYTES[m.attention_dropout > 0], 0.0)
 
 
 def layer_activation_parts(m: ModelSpec, plan: ParallelPlan, moe: bool, scores: bool = True) -> LayerActivationParts:

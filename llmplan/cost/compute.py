@@ -47,6 +47,7 @@ from llmplan.cost.elementwise import (  # noqa: F401  (re-exported: their home w
     loss_bytes,
     moe_routing_bytes,
     sink_rescale_bytes,
+    te_mask_layer_bytes,
 )
 from llmplan.cost.flops import (  # noqa: F401  (re-exported: their home was this module)
     LayerFlops,
@@ -126,7 +127,8 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
     """Time of one micro-batch's forward and backward on a stage of n_dense + n_moe layers (plus the output
     layer when `last`): backward = 2 x forward; full recompute adds a forward of the layers, selective a
     forward of the attention core (a hybrid's recurrent scans not: recurrent_scan_seconds), op a forward of every
-    other matmul and of the memory-bound operators.
+    other matmul and of the memory-bound operators; Transformer Engine's unfused-attention mask
+    (te_mask_layer_bytes) is built in each forward of the attention core, backward none.
     Derived: docs/formulas.md#compute.time, docs/formulas.md#compute.core_attn_recompute"""
     per_layer = {moe: layer_seconds(m, plan, gpu, moe) for moe in ((False, True) if m.is_moe else (False,))}
     r = recomputed_share(plan, n_dense + n_moe)  # 1 under full recompute of every layer
@@ -137,6 +139,9 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
     attn_passes = 3 + (where(plan.full | core, 1, 0) if plan.recompute_layers is None else where(core, 1, r))
     # a hybrid's recurrent scans are no part of the attention core: they run again only under full recompute
     scan = recurrent_scan_seconds(m, plan, gpu)
+    # Transformer Engine's mask build runs in forward only: once, and again wherever the attention core's forward
+    # reruns (attn_passes - 3: full or core_attn recompute), at the read-modify-write rate of memory_seconds
+    mask = te_mask_layer_bytes(m, plan) / gpu.hbm_achieved_bytes_per_s
     gemm = attention = membound = fwd = 0.0
     for n, moe in ((n_dense, False), (n_moe, True)):
         if moe not in per_layer:
@@ -149,8 +154,8 @@ def stage_compute(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, n_dense: Any, 
                    if plan.recompute_modules else 0.0)
         gemm = gemm + n * (g1 * (1 + r + q + modules) + g_back)
         attention = attention + n * ((a1 - scan) * attn_passes + scan * (3 + r))
-        membound = membound + n * mb1 * passes
-        fwd = fwd + n * (g1 + a1 + mb1)
+        membound = membound + n * (mb1 * passes + mask * (attn_passes - 2))
+        fwd = fwd + n * (g1 + a1 + mb1 + mask)
     head, loss_s = output_seconds(m, plan, gpu)
     out, loss = where(last, head, 0.0), where(last, loss_s, 0.0)
     return StageCompute(gemm=gemm + 3 * out, attention=attention, memory_bound=membound + loss,

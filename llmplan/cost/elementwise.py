@@ -59,10 +59,9 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # selective recompute of the attention core (core_attn) runs the softmax and dropout forward once more
     rerun = where(plan.recomputes("core_attn"), score_forward_bytes(m, plan) / 3, 0.0)
     # a hybrid's softmax-attention layers alone hold scores, as the sinks and merges beside them; Transformer
-    # Engine's unfused attention also builds its s x s mask in every forward, the rerun's too (te_mask_bytes)
-    mask = te_mask_bytes(plan, m.attention_sinks) / 3 * s * s * where(plan.recomputes("core_attn"), 2, 1)
+    # Engine's mask build, forward only, is charged per build by cost.compute.stage_compute (te_mask_layer_bytes)
     scores = where(plan.flash_attention, 0.0,
-                   ((score_bytes(m, plan) + rerun) * m.num_attention_heads * s * T / t + mask) * attention_share(m))
+                   (score_bytes(m, plan) + rerun) * m.num_attention_heads * s * T / t * attention_share(m))
     routing = (moe_routing_train_bytes(m, plan) * T / sp + expert_node_bytes(m, plan) + moe_recompute_bytes(m, plan)
                if moe else 0.0)
     recurrent = mean_recurrent_memory_bytes(m, b) * T / t  # a hybrid's convolutions, scans and norms
@@ -291,7 +290,8 @@ def fused_softmax_fits(plan: ParallelPlan) -> Any:
 
 TE_SOFTMAX_KEYS = (16, 16384, 8)
 """(low, high, multiple): Transformer Engine's FusedScaleMaskSoftmax.is_kernel_available takes low < sk < high keys
-a row with sk % multiple == 0 (and sq % 4 == 0, sq a multiple of get_batch_per_block(sk): te_softmax_fits); else
+a row with sk % multiple == 0 (and sq % 4 == 0, b x np % 4 == 0, sq a multiple of get_batch_per_block(sk):
+te_softmax_fits); else
 forward_torch_softmax in fp32 (softmax_in_fp32 True by default). Source: NVIDIA/TransformerEngine@d0067d0da6
 transformer_engine/pytorch/attention/dot_product_attention/softmax.py. Derived: docs/formulas.md#compute.te_softmax"""
 
@@ -300,10 +300,16 @@ TE_MASKED_SOFTMAX_BYTES = (4.0, 6.0)
 kernel TE's FusedScaleMaskSoftmax runs for a causal mask since TE 2.0 (the aligned causal kernel's call is
 commented out, "until unalignment bug is fixed"): forward reads every score of the row (2) and writes every
 probability (2); backward reads the output gradient and the saved probabilities over the whole row (2 + 2) and
-writes the input gradient (2). The uint8 mask it reads beside the scores is shared by the heads and L2-resident,
-not counted (its build is: TE_MASK_BYTES). Source: NVIDIA/TransformerEngine@d0067d0da6 transformer_engine/common/
+writes the input gradient (2). The uint8 mask it reads beside the scores (its build: TE_MASK_BYTES) is not
+counted: it is shared by the heads, but the grid runs every query row of one head before the next (blockIdx.x the
+rows, fastest; y the heads), so the mask's s x s bytes come back for each head only if they stay in L2 across that
+head's sweep (the mask and the 4 bytes a score the head reads and writes): a forward reads 1 byte a score more from
+HBM (5 in place of 4) once the mask outgrows L2, e.g. s^2 > 50 MB (H100 SXM's L2, NVIDIA H100 Tensor Core GPU
+Architecture whitepaper), s above about 7,000. GpuSpec holds no L2 size, so that read is not priced: te plans past
+that length are up to a tenth of the kernel's bytes low (docs/validation.md#smx-mend). Source: NVIDIA/TransformerEngine@d0067d0da6 transformer_engine/common/
 fused_softmax/scaled_masked_softmax.cu (scaled_masked_softmax_warp_forward / _backward: loads and stores over
-element_count, the key length) and pytorch/attention/dot_product_attention/softmax.py (forward_fused_softmax).
+element_count, the key length; the grid dim3(sq / batches_per_block, heads, batches)) and pytorch/attention/
+dot_product_attention/softmax.py (forward_fused_softmax).
 Derived: docs/formulas.md#compute.te_softmax"""
 
 TE_FP32_SOFTMAX_BYTES = (28.0, 32.0)
@@ -349,7 +355,8 @@ Derived: docs/formulas.md#compute.te_softmax"""
 TE_MASK_KERNELS = 11
 """Kernels Transformer Engine's unfused attention launches per layer forward building its mask (TE_MASK_BYTES: two
 arange, the difference, two offsets, two compares, ~, &, logical_not, the loader mask's logical_or) beyond the one
-softmax kernel; its fp32 fallback adds TE_FP32_SOFTMAX_KERNELS, the sink path 2 (cat, F.pad).
+softmax kernel (te_mask_launches: once per forward); its fp32 fallback adds TE_FP32_SOFTMAX_KERNELS, the sink path
+2 (cat, F.pad).
 Derived: docs/formulas.md#compute.te_softmax"""
 
 TE_FP32_SOFTMAX_KERNELS = 4
@@ -358,20 +365,38 @@ masked_fill_ and the logical_or with its cached causal mask (TE_FP32_SOFTMAX_BYT
 Derived: docs/formulas.md#compute.te_softmax"""
 
 
-def te_softmax_fits(plan: ParallelPlan, sinks: bool = False) -> Any:
+SOFTMAX_ROW_MULTIPLE = 4
+"""Multiple of rows (micro-batch x heads per tensor-parallel rank, attn_batches = b x np) that the fused
+scale-mask-softmax kernels take: FusedScaleMaskSoftmax.is_kernel_available requires attn_batches % 4 == 0
+(softmax_rows_fit). Source: NVIDIA/TransformerEngine@d0067d0da6 transformer_engine/pytorch/attention/
+dot_product_attention/softmax.py; the same check in NVIDIA/Megatron-LM@d98e8a64dd megatron/core/fusions/
+fused_softmax.py and bigscience-workshop/Megatron-DeepSpeed megatron/model/fused_softmax.py.
+Derived: docs/formulas.md#compute.te_softmax"""
+
+
+def softmax_rows_fit(micro_batch: Any, heads_per_rank: Any) -> Any:
+    """Whether a layer's attn_batches = micro_batch x heads_per_rank is a multiple of SOFTMAX_ROW_MULTIPLE, as the
+    fused softmax kernels' is_kernel_available requires. Elementwise on arrays. Derived:
+    docs/formulas.md#compute.te_softmax"""
+    return (micro_batch * heads_per_rank) % SOFTMAX_ROW_MULTIPLE == 0
+
+
+def te_softmax_fits(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Whether Transformer Engine's fused masked softmax takes one layer's [b, np, sq, sk] scores (sq the rank's
-    sequence, sk = sq, one more with attention sinks' column): TE_SOFTMAX_KEYS, sq % 4 == 0 and sq a multiple of
-    get_batch_per_block(sk) (8 up to 128 keys, else 4). Elementwise on plan arrays. The b x np % 4 check is not
-    applied (as fused_softmax_fits). Source: NVIDIA/TransformerEngine@d0067d0da6 .../dot_product_attention/
-    softmax.py (is_kernel_available, get_batch_per_block). Derived: docs/formulas.md#compute.te_softmax"""
+    sequence, sk = sq, one more with the model's attention sinks' column; np the query heads a TP rank):
+    TE_SOFTMAX_KEYS, sq % 4 == 0, b x np % 4 == 0 (softmax_rows_fit) and sq a multiple of
+    get_batch_per_block(sk) (8 up to 128 keys, else 4). Elementwise on plan arrays. Source:
+    NVIDIA/TransformerEngine@d0067d0da6 .../dot_product_attention/softmax.py (is_kernel_available,
+    get_batch_per_block). Derived: docs/formulas.md#compute.te_softmax"""
     low, high, multiple = TE_SOFTMAX_KEYS
     sq = plan.seq_len / plan.cp
-    sk = sq + (1 if sinks else 0)
+    sk = sq + (1 if m.attention_sinks else 0)
     per_block = where(sk <= 128, 8, 4)
-    return (sk > low) & (sk < high) & (sk % multiple == 0) & (sq % per_block == 0)
+    rows = softmax_rows_fit(plan.micro_batch, m.num_attention_heads / plan.tp)
+    return (sk > low) & (sk < high) & (sk % multiple == 0) & (sq % per_block == 0) & rows
 
 
-def fp32_softmax(plan: ParallelPlan, sinks: bool = False) -> Any:
+def fp32_softmax(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Whether the scores' softmax runs as fp32 torch ops (EAGER_FP32_SOFTMAX_BYTES, TE_FP32_SOFTMAX_BYTES): asked
     for (softmax_kernel eager-fp32); softmax_kernel fused where Megatron's kernel does not take the scores
     (fused_softmax_fits) or the model has attention sinks (Megatron-Core runs forward_torch_softmax whenever
@@ -379,21 +404,22 @@ def fp32_softmax(plan: ParallelPlan, sinks: bool = False) -> Any:
     (TransformerConfig.attention_softmax_in_fp32 True at d98e8a64dd; forced by apply_query_key_layer_scaling, on
     by default, in Megatron-LM 2021-22 transformer.py); softmax_kernel te where TE's kernel does not
     (te_softmax_fits). Derived: docs/formulas.md#compute.softmax_fallback, #compute.te_softmax"""
-    fallback = where(fused_softmax_fits(plan), sinks, True)
-    te_fallback = where(te_softmax_fits(plan, sinks), False, True)
+    fallback = where(fused_softmax_fits(plan), m.attention_sinks, True)
+    te_fallback = where(te_softmax_fits(m, plan), False, True)
     kernel = plan.softmax_kernel
     return where(kernel == "fused", fallback, where(kernel == "te", te_fallback, kernel == "eager-fp32"))
 
 
-def softmax_bytes(plan: ParallelPlan, sinks: bool = False) -> tuple[Any, Any]:
+def softmax_bytes(m: ModelSpec, plan: ParallelPlan) -> tuple[Any, Any]:
     """(forward, backward) bytes per score of the plan's softmax kernel (ParallelPlan.softmax_kernel): Megatron-LM's
     fused causal kernel (CAUSAL_SOFTMAX_BYTES), the 2020 release's eager 16-bit ops (EAGER_SOFTMAX_BYTES),
     Megatron's fp32 torch ops (EAGER_FP32_SOFTMAX_BYTES), asked for or the fused kernel's fallback (fp32_softmax),
     or Transformer Engine's masked kernel or fp32 torch ops (TE_MASKED_SOFTMAX_BYTES, TE_FP32_SOFTMAX_BYTES), with
-    attention sinks' column (SINK_COLUMN_BYTES). The dropout after it and TE's mask build are not included
-    (score_bytes, te_mask_bytes). Derived: docs/formulas.md#compute.score_bytes, #compute.softmax_fallback,
-    #compute.te_softmax"""
-    eager, fp32, te = plan.softmax_kernel == "eager", fp32_softmax(plan, sinks), plan.softmax_kernel == "te"
+    the model's attention sinks' column (SINK_COLUMN_BYTES). The dropout after it and TE's mask build are not
+    included (score_bytes, te_mask_bytes). Derived: docs/formulas.md#compute.score_bytes,
+    #compute.softmax_fallback, #compute.te_softmax"""
+    sinks = m.attention_sinks
+    eager, fp32, te = plan.softmax_kernel == "eager", fp32_softmax(m, plan), plan.softmax_kernel == "te"
     out = []
     for i in (0, 1):
         sink16, sink32 = (SINK_COLUMN_BYTES[16][i], SINK_COLUMN_BYTES[32][i]) if sinks else (0.0, 0.0)
@@ -404,33 +430,49 @@ def softmax_bytes(plan: ParallelPlan, sinks: bool = False) -> tuple[Any, Any]:
     return out[0], out[1]
 
 
-def te_mask_bytes(plan: ParallelPlan, sinks: bool = False) -> Any:
+def te_mask_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """HBM bytes per (query, key) position of one layer's forward that Transformer Engine's unfused attention
     (softmax_kernel te) spends on its mask, whatever the heads: the build and the loader mask's logical_or
-    (TE_MASK_BYTES + TE_MASK_OR_BYTES), the fp32 fallback's second logical_or, or the sink path's pad (per sample
-    2); 0 for the other kernels. Derived: docs/formulas.md#compute.te_softmax"""
+    (TE_MASK_BYTES + TE_MASK_OR_BYTES), the fp32 fallback's second logical_or, or, with the model's attention
+    sinks, the pad (per sample 2); 0 for the other kernels. Derived: docs/formulas.md#compute.te_softmax"""
     fixed, per_sample = TE_MASK_OR_BYTES
     b = plan.micro_batch
-    extra = (per_sample * b) if sinks else where(fp32_softmax(plan), fixed + per_sample * b, 0.0)
+    extra = (per_sample * b) if m.attention_sinks else where(fp32_softmax(m, plan), fixed + per_sample * b, 0.0)
     return where(plan.softmax_kernel == "te", TE_MASK_BYTES + fixed + per_sample * b + extra, 0.0)
 
 
-def softmax_launches(plan: ParallelPlan, sinks: bool = False) -> Any:
+def te_mask_layer_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes of one build of Transformer Engine's mask for one layer, one micro-batch (te_mask_bytes over the
+    rank's s/cp x s/cp positions; a hybrid's attention layers' share): 0 with fused attention. Forward only, so
+    cost.compute.stage_compute charges it once per forward the layer's attention core runs (twice under full or
+    core_attn recompute), not in the three forward-equivalent passes of elementwise_bytes.
+    Derived: docs/formulas.md#compute.te_softmax"""
+    s = plan.seq_len / plan.cp
+    return where(plan.flash_attention, 0.0, te_mask_bytes(m, plan) * s * s * attention_share(m))
+
+
+def softmax_launches(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Kernels the plan's softmax launches per layer forward beyond the fused kernel's one (ParallelPlan.
     softmax_kernel: fused 0, eager EAGER_SOFTMAX_KERNELS, eager-fp32 and the fused kernel's fallback
-    EAGER_FP32_SOFTMAX_KERNELS: fp32_softmax; te TE_MASK_KERNELS and, falling back, TE_FP32_SOFTMAX_KERNELS), one
-    more with attention sinks' cat (te: and the mask's pad), in the units of cost.overhead.host_seconds, which
-    charges (3 + r) times them for forward and backward: TE's mask build, forward only, counts a third of its
-    launches; none with fused attention, which writes no scores.
-    Derived: docs/formulas.md#compute.score_bytes, docs/formulas.md#compute.softmax_fallback,
-    #compute.te_softmax"""
-    fp32, te = fp32_softmax(plan, sinks), plan.softmax_kernel == "te"
+    EAGER_FP32_SOFTMAX_KERNELS: fp32_softmax; te, falling back, TE_FP32_SOFTMAX_KERNELS), one more with the model's
+    attention sinks' cat (te: and the mask's pad), in the units of cost.overhead.host_seconds, which charges
+    (3 + r) times them for forward and backward; none with fused attention, which writes no scores. TE's mask
+    build, forward only, is te_mask_launches. Derived: docs/formulas.md#compute.score_bytes,
+    docs/formulas.md#compute.softmax_fallback, #compute.te_softmax"""
+    sinks = m.attention_sinks
+    fp32, te = fp32_softmax(m, plan), plan.softmax_kernel == "te"
     megatron = where(fp32, EAGER_FP32_SOFTMAX_KERNELS, where(plan.softmax_kernel == "eager", EAGER_SOFTMAX_KERNELS, 0))
     # the sink path's mask is arbitrary: no logical_or with the causal one on the fallback
     te_kernels = where(fp32, TE_FP32_SOFTMAX_KERNELS - (1 if sinks else 0), 0) + (2 if sinks else 0)
-    # the mask's launches run in forward only: a third in the forward-equivalent units host_seconds charges
-    extra = where(te, te_kernels + TE_MASK_KERNELS / 3, megatron + (1 if sinks else 0))
+    extra = where(te, te_kernels, megatron + (1 if sinks else 0))
     return where(plan.flash_attention, 0, extra)
+
+
+def te_mask_launches(plan: ParallelPlan) -> Any:
+    """Kernels Transformer Engine's unfused attention (softmax_kernel te) launches per layer building its mask
+    (TE_MASK_KERNELS), in forward only: cost.overhead.host_seconds charges them once per forward (1 + r), not
+    (3 + r) as softmax_launches; 0 otherwise or with fused attention. Derived: docs/formulas.md#compute.te_softmax"""
+    return where(plan.flash_attention, 0, where(plan.softmax_kernel == "te", TE_MASK_KERNELS, 0))
 
 
 def score_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -438,7 +480,7 @@ def score_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     elementwise_bytes (the stage charges three times them): the plan's softmax (softmax_bytes, with the model's
     attention sinks) and, with attention dropout, the dropout over the probabilities (DROPOUT_BYTES), forward and
     backward over 3. Derived: docs/formulas.md#compute.score_bytes"""
-    fwd, bwd = softmax_bytes(plan, m.attention_sinks)
+    fwd, bwd = softmax_bytes(m, plan)
     dropout = sum(DROPOUT_BYTES) if m.attention_dropout > 0 else 0.0
     return (fwd + bwd + dropout) / 3
 
@@ -448,7 +490,7 @@ def score_forward_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     selective recompute of the attention core (core_attn) moves again before the backward.
     Source: Korthikanti et al. 2022 (arXiv:2205.05198) §5, the QK^T, softmax, softmax dropout and attention over V
     recomputed. Derived: docs/formulas.md#compute.score_bytes"""
-    return softmax_bytes(plan, m.attention_sinks)[0] + (DROPOUT_BYTES[0] if m.attention_dropout > 0 else 0.0)
+    return softmax_bytes(m, plan)[0] + (DROPOUT_BYTES[0] if m.attention_dropout > 0 else 0.0)
 
 
 FUSED_NORM_BYTES = (4.0, 6.0)

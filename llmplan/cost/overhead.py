@@ -11,7 +11,6 @@ from typing import Any
 from llmplan.arith import expected_max_normal, maximum, minimum, where
 from llmplan.cost.comm import STAGED_GATHER_BYTES, megatron_fsdp_mxfp8_cast, mxfp8_staged_gather
 from llmplan.cost.compute import KERNEL_LAUNCH_S, optimizer_queued_share
-from llmplan.cost.elementwise import softmax_launches
 from llmplan.cost.model_states import bf16_parts_extra_bytes
 from llmplan.cost.moe import EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS
 from llmplan.cost.stages import mtp_weight_sets
@@ -247,7 +246,8 @@ def mxfp8_master_cast_seconds(m: ModelSpec, plan: ParallelPlan, optimizer_s: Any
 
 def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layers: Any = 0,
                  syncs_per_layer: Any = 0.0, layer_gpu_s: Any = 0.0, host_factor: Any = 1.0,
-                 layer_kernels: Any = None, router_ops: Any = 0) -> Any:
+                 layer_kernels: Any = None, router_ops: Any = 0, softmax: Any = 0,
+                 mask_kernels: Any = 0) -> Any:
     """Time the GPU waits for the host to launch kernels: at the start of the step (the optimizer step reads
     the gradient norm back to the host, so the queue is empty) one layer's forward launches; and, per
     micro-batch, whatever the host's launches (LAYER_KERNELS per layer forward plus the TP collectives and, with
@@ -263,7 +263,10 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     forward once more under recompute, in place of the LAYER_KERNELS / MOE_LAYER_KERNELS / GRAPH_LAUNCHES
     estimate (kept for callers without a model spec). `router_ops`: the eager operators a MoE layer's router
     issues beyond the fused router with an auxiliary loss that MOE_CYCLE_HOST_OPS counts (cost.kernels
-    router_host_ops: one operator a kernel; outside per-layer graphs, which capture the router).
+    router_host_ops: one operator a kernel; outside per-layer graphs, which capture the router). `softmax`: an
+    unfused softmax's launches per layer forward beyond the fused kernel's (cost.elementwise.softmax_launches(m,
+    plan)), charged (3 + r) as the layer's; `mask_kernels`: Transformer Engine's mask build's
+    (cost.elementwise.te_mask_launches), forward only, charged (1 + r); both 0 for callers without a model.
     Derived: docs/formulas.md#step.kernel_count, #moe.router_fusion
     Source: CUDA C++ Programming Guide (asynchronous launches: the host runs ahead of the GPU until it
     synchronises). Derived: docs/formulas.md#step.overhead, #step.host_sync, #step.host_cpu"""
@@ -271,17 +274,18 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     ring = where(plan.cp > 1, CP_STEP_KERNELS * plan.cp - 1, 0)  # the attention kernel becomes cp ring steps
     launch_s = KERNEL_LAUNCH_S * host_factor
     kernels = where(plan.fused_kernels, LAYER_KERNELS, EAGER_LAYER_KERNELS)  # eager: the ops one by one
-    softmax = softmax_launches(plan)  # an unfused softmax's kernels beyond the fused one (eager, eager-fp32)
+    # TE's mask build: once per forward (1 + r), beside the softmax's kernels charged (3 + r) in per_layer
+    mask = where(graphed, 0, mask_kernels) * launch_s
     per_layer = where(graphed, GRAPH_LAUNCHES, kernels + where(plan.tp > 1, 2, 0) + ring + softmax) * launch_s
     per_moe = where(graphed, GRAPHED_MOE_EAGER, MOE_LAYER_KERNELS) * launch_s
     p2p = where(plan.pp > 1, P2P_CHUNK_LAUNCHES * plan.vpp, 0) * launch_s  # per chunk, whatever its layers
-    launches = (per_layer * layers + per_moe * moe_layers) * (3 + r) + p2p
-    start = per_layer
+    launches = (per_layer * layers + per_moe * moe_layers) * (3 + r) + mask * (1 + r) * layers + p2p
+    start = per_layer + mask
     if layer_kernels is not None:  # the structural count (cost.kernels), fused plans
         extra = where(graphed, 0, softmax) * launch_s  # an unfused softmax's kernels, as in per_layer
-        counted = (layer_kernels.fwd * (1 + r) + layer_kernels.bwd) * launch_s + extra * (3 + r)
+        counted = (layer_kernels.fwd * (1 + r) + layer_kernels.bwd) * launch_s + extra * (3 + r) + mask * (1 + r)
         launches = where(plan.fused_kernels, counted * layers + p2p, launches)
-        start = where(plan.fused_kernels, layer_kernels.fwd * launch_s + extra, per_layer)
+        start = where(plan.fused_kernels, layer_kernels.fwd * launch_s + extra + mask, start)
     launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
     ops = where(graphed, MOE_POST_SYNC_HOST_OPS + GRAPH_LAUNCHES, MOE_CYCLE_HOST_OPS + router_ops)
     sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s, host_factor)

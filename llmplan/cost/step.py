@@ -58,6 +58,7 @@ from llmplan.cost.comm import (
     tp_unfused_rs_share,
 )
 from llmplan.cost.hybrid_stage import mtp_chunk_compute, priced_stage_compute
+from llmplan.cost.elementwise import softmax_launches, te_mask_launches
 from llmplan.cost.kernels import layer_launch_average, router_host_ops
 from llmplan.cost.memory import candidate_stages, class_key, each_stage
 from llmplan.cost.model_states import (bf16_gathered_params, bf16_kept_params, gradient_params,
@@ -323,7 +324,8 @@ def step_time(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, comm: CommSeconds,
     layer_gpu = (sc.forward + ep_mb / (2 + r_max)) / l_max  # one layer's forward, its dispatch and combine
     overheads = {"host": host_seconds(plan, l_max, worst, r_max, moe_top, host_syncs_per_layer(m, plan),
                                       layer_gpu, gpu.host_op_factor, layer_launch_average(m, plan),
-                                      router_host_ops(m, plan) if m.is_moe else 0),
+                                      router_host_ops(m, plan) if m.is_moe else 0, softmax_launches(m, plan),
+                                      te_mask_launches(plan)),
                  "stragglers": straggler_seconds(plan, n * sc.total + bubble),
                  "measured": gpu.step_overhead_s + 0 * n,
                  "grad_buffer": grad_buffer,

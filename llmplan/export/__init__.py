@@ -36,6 +36,11 @@ UNFUSED_LOSS_TARGETS = ("deepspeed",)
 """Training targets whose loss at tp > 1 is the unfused vocabulary-parallel one (deepspeed.py fused_loss_refusal:
 DeepSpeed's AutoTP loss all-reduces three times): a targeted search searches them with fused_loss false
 (cli.search.train_search) unless the user named --fused-loss or --unfused-loss."""
+TE_SOFTMAX_TARGETS = ("megatron", "torchrun", "slurm")
+"""Targets whose unfused attention runs Transformer Engine's softmax (softmax_kernel te): Megatron-LM's
+--attention-backend unfused under its default TE layer spec, and torchrun / slurm, which wrap it (default_wrap). A
+search for one of them without fused attention also tries softmax_kernel te (search.run.switch_variants)."""
+
 MEGATRON_FSDP_TARGETS = ("megatron", "megatron-bridge")
 """Training targets whose export writes ZeRO-2 / ZeRO-3 as Megatron-FSDP's optim_grads / optim_grads_params
 (megatron.fsdp_pairs, bridge.fsdp_overrides) and refuses such a plan priced without megatron_fsdp
@@ -136,7 +141,8 @@ def target_mode(target: str) -> str:
 
 TORCHTITAN_COMMON: dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]] = {
     "optimizer": torchtitan.muon_refusal, "dtype": torchtitan.dtype_refusal,
-    "grad_checks": torchtitan.grad_checks_refusal, "optimizer_dtypes": torchtitan.optimizer_dtype_refusal,
+    "grad_checks": torchtitan.grad_checks_refusal, "flash_attention": torchtitan.unfused_attention_refusal,
+    "optimizer_dtypes": torchtitan.optimizer_dtype_refusal,
     "param_remainders": torchtitan.param_remainders_refusal, "swiglu_fp8_input": swiglu_fp8_refusal,
     "jit_activation": jit_activation_refusal, "fp8_attention": torchtitan.fp8_attention_refusal,
     "grad_dtype": torchtitan.grad_reduce_refusal,
@@ -147,6 +153,7 @@ TORCHTITAN_COMMON: dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]] = 
 
 EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]] = {
     "megatron": {"fp8_attention": megatron.fp8_attention_refusal, "param_gather": megatron.param_gather_refusal,
+                 **megatron.SOFTMAX_REFUSALS,
                  "master_dtype": megatron.master_dtype_refusal, "bf16_layers": delayed_bf16_layers_refusal},
     "megatron-bridge": {"attention_kernel": bridge.attention_kernel_refusal,
                         "master_dtype": bridge.master_dtype_refusal,
@@ -163,7 +170,7 @@ EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]
                   "offload_layers": deepspeed.offload_layers_refusal, "dp_replicate": deepspeed.dp_replicate_refusal,
                   "offload_moe_act": deepspeed.offload_moe_act_refusal,
                   "offload_modules": deepspeed.offload_modules_refusal,
-                  "fp8_attention": deepspeed.fp8_attention_refusal,
+                  "fp8_attention": deepspeed.fp8_attention_refusal, "softmax_te": deepspeed.te_softmax_refusal,
                   "tp_pp": deepspeed.pipelined_autotp_refusal},
     "torchtitan": {**TORCHTITAN_COMMON, "fp8_recipe": torchtitan.tensorwise_refusal},
     "torchtitan-0.2": {**TORCHTITAN_COMMON, "fp8_scaling": torchtitan.delayed_scaling_refusal},
@@ -176,8 +183,9 @@ states below fp32, remainders, the SwiGLU input in fp8, the jit_fuser activation
 reduction, outer optimizer sharding, activation / expert fc1 offload, recompute of the first layers, and 0.3.0's fp8
 tensorwise scaling; DeepSpeed's Muon, gradient NaN check / pre-scaling, fp8 / fp4 training, Adam states below fp32,
 remainders, the SwiGLU input in fp8, the jit_fuser activation, activation and expert fc1 offload, hybrid sharding,
-FP8 attention, and TP with PP (tp_pp: AutoTP under its pipeline engine); Megatron's FP8 attention, bf16 layers under fp8
-delayed scaling and a bf16 / no master; Megatron-
+FP8 attention, Transformer Engine's unfused softmax and TP with PP (tp_pp: AutoTP under its pipeline engine); torchtitan's
+unfused attention (its attention is SDPA or FlexAttention); Megatron's FP8 attention, an unfused softmax other than
+Transformer Engine's (softmax_<kernel>), bf16 layers under fp8 delayed scaling and a bf16 / no master; Megatron-
 Bridge's attention kernel other than native flash, bf16 / no master, fp8 moments, CUDA graphs, a precision it has no
 preset for, or fp8 layers kept in bf16 other than its preset keeps). Each target's rules in the order its check
 meets them, so that the first rule that refuses a plan is the one its check names (where no other rule of the check

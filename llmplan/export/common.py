@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from llmplan import __version__
+from llmplan.arith import where
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.compute import runs_per_expert
 from llmplan.cost.gemm import squared_relu_mlp
@@ -267,17 +268,24 @@ SOFTMAX_KERNEL_WORDS = {
 
 def softmax_kernel_refusals(pf: PlanFile, runs: str = "fused", fix: str | None = None) -> list[tuple[str, bool, str]]:
     """(what, whether the plan needs it, fix) for an unfused attention whose softmax the plan prices by a kernel
-    path other than `runs`, the one this launcher's unfused attention runs: fused for the launchers refused here
-    by default (Megatron-Core's FusedScaleMaskSoftmax, masked_softmax_fusion on by default); te for Megatron-LM's
+    path other than `runs`, the one this launcher's unfused attention runs: fused for Megatron-Core's own
+    FusedScaleMaskSoftmax (masked_softmax_fusion on by default; no export target runs it now); te for Megatron-LM's
     --attention-backend unfused under its default Transformer Engine layer spec (NVIDIA/Megatron-LM@d98e8a64dd
     gpt_builders.py, language_module.py _set_attention_backend: NVTE_UNFUSED_ATTN only; --attention-backend local
     asserts --spec local), which runs TE's UnfusedDotProductAttention and FusedScaleMaskSoftmax. `fix` replaces
     "re-plan with --softmax-kernel <runs>" where the launcher refuses unfused attention anyway (Megatron-Bridge).
     docs/formulas.md#compute.score_bytes, #compute.eager_softmax, #compute.te_softmax."""
-    p = pf.plan
-    return [(f"{text}; this launcher runs {SOFTMAX_KERNEL_WORDS[runs].split(' (')[0]}",
-             p.softmax_kernel == kernel and not p.flash_attention, fix or f"re-plan with --softmax-kernel {runs}")
-            for kernel, text in SOFTMAX_KERNEL_WORDS.items() if kernel != runs]
+    return [softmax_kernel_refusal(pf.plan, kernel, runs, fix) for kernel in SOFTMAX_KERNEL_WORDS if kernel != runs]
+
+
+def softmax_kernel_refusal(p: Any, kernel: str, runs: str = "fused", fix: str | None = None) -> tuple[str, bool, str]:
+    """(what, whether the plan needs it, fix) for one softmax_kernel value `kernel` of an unfused attention on a
+    launcher whose unfused attention runs `runs` (softmax_kernel_refusals); its condition reads the plan's
+    softmax_kernel and flash_attention alone, elementwise on a search's arrays, so that a target refusing every
+    unfused plan of that kernel lists it in export.EVERY_PLAN (the Megatron-LM export: every kernel but te)."""
+    bad = where(p.flash_attention, False, p.softmax_kernel == kernel)
+    return (f"{SOFTMAX_KERNEL_WORDS[kernel]}; this launcher runs {SOFTMAX_KERNEL_WORDS[runs].split(' (')[0]}", bad,
+            fix or f"re-plan with --softmax-kernel {runs}")
 
 
 EP_OVERLAP_RULES = ("ep_comm_overlap_ep", "recompute_moe_overlap", "ep_overlap_vpp", "ep_overlap_full_recompute",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from llmplan.arith import where
 from llmplan.export.common import (WIDTH, accumulation_notes, check_accumulation, comment_strings, header_lines,
                                    is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
                                    kept_grad_shards_refusal, fp32_embedding_grads_refusal, fp32_sum_refusal, delay_wgrad_refusal, refuse, refuse_first, router_fusion_refusal, router_padding_refusal, sh_header, swiglu_fp8_refusal, megatron_fsdp_refusal,
@@ -95,6 +96,16 @@ def offload_modules_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     return (f"fine-grained activation offload of {', '.join(p.offload_modules)} (Megatron-Core's offload_modules; "
             "DeepSpeed's cpu_checkpointing offloads only the checkpointed layer inputs of full recompute)",
             bool(p.offload_modules), "re-plan without --offload-modules, or export to megatron")
+
+
+def te_softmax_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Transformer Engine's unfused attention softmax (softmax_kernel te, without fused attention), refused whatever
+    else the plan sets (export.EVERY_PLAN): its mask build and scaled_masked_softmax are Megatron-Core's TE layer
+    spec (Megatron-LM --attention-backend unfused), not the attention a DeepSpeed train.py runs."""
+    return ("Transformer Engine's unfused attention softmax (softmax_kernel te: Megatron-Core's TE layer, whose "
+            "mask build and kernel a DeepSpeed training script does not run)",
+            where(p.flash_attention, False, p.softmax_kernel == "te"),
+            "re-plan with --softmax-kernel fused or --flash-attention, or export to megatron")
 
 
 def fp8_attention_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
@@ -234,6 +245,7 @@ def _feature_rules(p: ParallelPlan) -> list[tuple[str, bool, str]]:
         offload_moe_act_refusal(p),
         offload_modules_refusal(p),
         fp8_attention_refusal(p),
+        te_softmax_refusal(p),
         pipelined_autotp_refusal(p),  # after the EVERY_PLAN rules, which a plan with it may also meet
     ]
 

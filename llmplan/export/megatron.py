@@ -4,13 +4,16 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, need_mode, refuse, refuse_first, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
-                                   norm_kernel_refusals, softmax_kernel_refusals,
+                                   norm_kernel_refusals, softmax_kernel_refusals, softmax_kernel_refusal,
+                                   SOFTMAX_KERNEL_WORDS,
                                    pp_sync_notes, op_fuser,
                                    parallel_block_refusal, squared_relu,
                                    torch_ring_refusal, tp_refusals)
@@ -628,6 +631,12 @@ def fp8_attention_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     return ("FP8 dot-product attention (Megatron-Core's TransformerConfig.fp8_dot_product_attention; Megatron-LM's "
             "arguments.py at d98e8a6 has no flag for it)", bool(p.fp8_attention),
             "export to megatron-bridge, or re-plan without fp8_attention")
+
+
+SOFTMAX_REFUSALS = {f"softmax_{kernel}": functools.partial(softmax_kernel_refusal, kernel=kernel, runs="te")
+                    for kernel in SOFTMAX_KERNEL_WORDS if kernel != "te"}
+"""The unfused softmax kernels this export refuses whatever else the plan sets (export.EVERY_PLAN; the check's
+softmax_kernel_refusals(pf, "te")): every one but Transformer Engine's, which --attention-backend unfused runs."""
 
 
 def master_dtype_refusal(p: ParallelPlan) -> tuple[str, bool, str]:

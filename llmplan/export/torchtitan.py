@@ -12,10 +12,11 @@
 
 from __future__ import annotations
 
+from llmplan.arith import where
 from llmplan.export.common import (accumulation_notes, check_accumulation, expert_bias, header_lines, hf_repo,
                                    launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse, refuse_first,
                                    sh_header, tp_refusals, virtual_stage_layers, norm_kernel_refusals,
-                                   softmax_kernel_refusals, swiglu_fp8_refusal, jit_activation_refusal, megatron_fsdp_refusal,
+                                   swiglu_fp8_refusal, jit_activation_refusal, megatron_fsdp_refusal,
                                    parallel_block_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, fp32_sum_refusal, whole_embedding_refusal, delay_wgrad_refusal,
                                    ep_overlap_refusal, router_fusion_refusal, router_padding_refusal)
 from llmplan.planfile import PlanFile
@@ -136,6 +137,18 @@ def grad_checks_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "set grad_nan_check and grad_prescale false, or export to megatron")
 
 
+def unfused_attention_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Attention without a fused kernel (flash_attention false, its scores written to HBM and priced by
+    softmax_kernel), refused whatever else the plan sets (export.EVERY_PLAN): torchtitan's attention is SDPA, whose
+    ScaledDotProductAttentionWrapper asks for the cuDNN, flash and memory-efficient kernels ahead of the math
+    one (sdpa_kernel with set_priority), or FlexAttention / varlen attention, compiled kernels that write no scores;
+    no job option runs a softmax over stored scores. Source: pytorch/torchtitan torchtitan/models/attention.py at
+    0012170a (ScaledDotProductAttentionWrapper, FlexAttentionWrapper, VarlenAttentionWrapper)."""
+    return ("attention without a fused kernel (flash_attention false: a softmax over stored scores; torchtitan's "
+            "attention is SDPA's cuDNN / flash / memory-efficient kernels or FlexAttention, which store none)",
+            where(p.flash_attention, False, True), "re-plan with --flash-attention")
+
+
 def dp_outer_optimizer_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """The optimizer sharded across replicas, refused whatever else the plan sets (export.EVERY_PLAN)."""
     return ("the optimizer sharded across the hybrid-sharding replicas (Megatron-FSDP's outer optim sharding; "
@@ -191,7 +204,7 @@ def _check_common(pf: PlanFile, target: str) -> None:
     refuse_first(target, [dtype_refusal(p)])
     refuse_first(target, [grad_checks_refusal(p)])
     refuse_first(target, [*tp_refusals(pf), *op_fuser_refusals(pf), *norm_kernel_refusals(pf),
-                          *softmax_kernel_refusals(pf), parallel_block_refusal(pf), kept_grad_shards_refusal(pf),
+                          unfused_attention_refusal(p), parallel_block_refusal(pf), kept_grad_shards_refusal(pf),
                           fp32_embedding_grads_refusal(pf), fp32_sum_refusal(pf), whole_embedding_refusal(pf), ep_overlap_refusal(pf),
                           delay_wgrad_refusal(pf), router_fusion_refusal(pf), router_padding_refusal(pf)])
     if p.pp_blocking_sends and p.pp > 1:  # torch.distributed.pipelining posts isend / irecv, no device sync

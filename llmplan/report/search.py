@@ -543,6 +543,9 @@ def switches_line(s: SwitchChoice) -> str:
     if "fp8_scaling" in s.chosen:  # tried under a target (search.run.switch_variants)
         on.append(f"fp8 {s.chosen['fp8_scaling']} scaling")
         flags.append("--fp8-scaling")
+    if "softmax_kernel" in s.chosen:  # tried without fused attention under a target (search.run.switch_variants)
+        on.append(f"softmax kernel {s.chosen['softmax_kernel']}")
+        flags.append("--softmax-kernel")
     if "moe_dispatcher" in s.chosen:  # tried on MoE plans with ep > 1 (search.run.dispatcher_variants)
         on.append(f"MoE dispatcher {dispatcher_text(s.chosen)}")
         flags += ["--moe-dispatcher", "--moe-flex-backend"]

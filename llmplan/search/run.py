@@ -217,14 +217,18 @@ def cp_comm_variants(m: ModelSpec, w: Workload, pinned: bool, cp_free: bool) -> 
 
 def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool,
                     try_scalings: bool = False, cp_comm_types: tuple[dict[str, Any], ...] = (),
-                    overlap_pinned: bool = False) -> list[dict[str, Any]]:
+                    overlap_pinned: bool = False, try_te_softmax: bool = False) -> list[dict[str, Any]]:
     """The settings of grad_dtype and fp8_params a search tries: the pinned value, or both where the
     workload's precision allows it (bf16 gradient buffers with any compute dtype below fp32; low-precision
     primary weights where check_plan's workload rules on fp8_params allow it, check_switches.fp8_params_allowed:
     an fp8 / fp4 recipe other than torchao's rowwise, not under Muon). The plain setting first (it wins ties). With
     `try_scalings` (a launcher target named, --fp8-scaling not given) an fp8 tensorwise workload also tries
     current scaling after delayed: a target that runs only one of them (torchtitan's dynamic scaling) keeps its
-    plans, and delayed, cheaper by its amax passes, wins wherever both export. With more than one
+    plans, and delayed, cheaper by its amax passes, wins wherever both export. With `try_te_softmax` (a target
+    that runs Transformer Engine's unfused attention named, --softmax-kernel not given: export.TE_SOFTMAX_TARGETS)
+    a workload without fused attention also tries softmax_kernel te after its own: the Megatron-LM export refuses
+    every other unfused softmax (export.EVERY_PLAN), so that search keeps the plans that launcher runs. With more
+    than one
     `cp_comm_types` (variants.cp_comm_settings: cp_comm_type, and cp_a2a_size under a2a+p2p) each setting is
     tried under each. A switch that acts under one gradient dtype only keeps the search to it, so that its other
     try, where no plan can use the switch, does not refuse the search (refuse_unused_switches): grad_reduce_dtype
@@ -245,6 +249,8 @@ def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool,
         base = [{**v, "overlap_grad_reduce": False} if v["grad_dtype"] == "fp32" else v for v in base]
     if try_scalings and w.dtype == "fp8" and w.recipe == "tensorwise":
         base = [{**v, "fp8_scaling": sc} for sc in ("delayed", "current") for v in base]
+    if try_te_softmax and not w.flash_attention and w.softmax_kernel != "te":
+        base = [{**v, "softmax_kernel": k} for k in (w.softmax_kernel, "te") for v in base]
     if len(cp_comm_types) < 2:  # the workload's own, or the one comm type that runs the model (cli.search)
         return base
     return [{**v, **ct} for ct in cp_comm_types for v in base]
