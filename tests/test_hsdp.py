@@ -151,7 +151,7 @@ def test_describe_names_the_replicas_and_the_sharded_optimizer_in_words(tmp_path
     assert made.code == 0, made.err
     assert " ".join(made.out.split()).count("dp-replicate 2 (optimizer sharded across replicas)") == 1
     assert max(map(len, made.out.splitlines())) <= 80
-    # no exporter runs the outer-sharded optimizer yet (each refuses it), so the header writer itself
+    # the header writer itself (the Megatron exports write this plan: tests/test_export_megatron_hsdp.py)
     from llmplan.export.common import comment_block, header_lines
     from llmplan.planfile import load_plan
     header = comment_block(header_lines(load_plan(path), "any"))

@@ -560,9 +560,9 @@ class SettingSearch:
         """Hybrid sharding (search.hybrid) on the rows of the settings that can lead: the winning one and, for
         tokens/s, each whose fastest plan is within the resolution of the fastest so far (win_floor), as
         without_tp_overlap picks them. Its variants are priced on the rows as the setting holds them (its
-        workload, cluster and share) and kept only where some target writes them (export.exports: a
-        Megatron-FSDP plan is written over the whole data-parallel group only). Not with --target, nor where
-        --dp-replicate or --dp-outer-optimizer is named (the user set it for every plan)."""
+        workload, cluster and share) and kept only where some target writes them (export.exports: the
+        optimizer across the replicas by the Megatron exports alone, Megatron-FSDP's outer optim). Not with
+        --target, nor where --dp-replicate or --dp-outer-optimizer is named (the user set it for every plan)."""
         from llmplan.search.hybrid import hybrid_pass
         from llmplan.search.layouts import price
         from llmplan.search.run import first_setting, win_floor

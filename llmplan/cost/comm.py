@@ -143,6 +143,10 @@ class Transfer(Generic[G]):
     step_end: bool = False
     """Run once a step outside the micro-batches, serial with the step: exposed whole (after the optimizer step:
     mxfp8_amax_transfers; before it: tp_step_end_transfers)."""
+    outer: bool = False
+    """Hybrid sharding's collective across the replicas (hsdp_transfers): once a step, in the last micro-batch's
+    backward (reduction) and the first's forward (gather), even where the shard group's run every micro-batch
+    (hsdp_split, docs/formulas.md#step.hsdp_outer)."""
     te_cp: bool = False
     """One of Transformer Engine's a2a / all_gather context-parallel collectives (te_cp_collectives), not a
     hybrid mixer's all-to-all (te_cp_split, cp_mixer_split)."""
@@ -404,6 +408,13 @@ def reduce_gather_split(transfers: Any) -> tuple[list[Any], list[Any]]:
     return [t for t in timed if t.collective != "all-gather"], [t for t in timed if t.collective == "all-gather"]
 
 
+def hsdp_split(transfers: Any) -> tuple[list[Any], list[Any]]:
+    """(the reductions, the all-gathers) of reduce_gather_split that cross the hybrid-sharding replicas
+    (Transfer.outer): CommSeconds.dp_outer_reduce / dp_outer_gather, on the scalar and the vectorised path.
+    Derived: docs/formulas.md#step.hsdp_outer"""
+    return tuple([t for t in part if t.outer] for part in reduce_gather_split(transfers))  # type: ignore[return-value]
+
+
 def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
     """Per-axis seconds for the step-time model, dp split into gradient reduction and weight gathers
     (reduce_gather_split)."""
@@ -414,6 +425,7 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
         return sum(transfer_seconds(t, system) for t in reduce), sum(transfer_seconds(t, system) for t in gather)
 
     dp_reduce, dp_gather = split(dp)
+    outer_reduce, outer_gather = (sum(transfer_seconds(t, system) for t in part) for part in hsdp_split(dp))
     return CommSeconds(
         tp=sum(transfer_seconds(t, system) for t in comm.axes["tp"].transfers if not t.step_end),
         tp_step_end=sum(transfer_seconds(t, system) for t in comm.axes["tp"].transfers if t.step_end),
@@ -424,6 +436,7 @@ def comm_seconds(comm: CommBreakdown, system: SystemSpec) -> CommSeconds:
         cp_allgather=sum(transfer_seconds(t, system) for t in te_cp_split(comm.axes["cp"].transfers)[1]),
         dp_reduce=dp_reduce,
         dp_gather=dp_gather,
+        dp_outer_reduce=outer_reduce, dp_outer_gather=outer_gather,
         dp_step_end=sum(transfer_seconds(t, system) for t in dp if t.step_end),
         host=comm.host_layer_bytes / system.host_bytes_per_s,
         host_moe_act=comm.host_moe_act_bytes / system.host_bytes_per_s,
@@ -1164,9 +1177,10 @@ def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any,
     outer_optim = plan.dp_outer_optimizer
     reduced_b, gathered_b = sync_bytes(plan, shard, kept)
     calls = where(on, u, 0)
-    return [Transfer("all-reduce", where(outer_optim, 0, calls), reduced_b / u, outer),
-            Transfer("reduce-scatter", where(outer_optim, calls, 0), reduced_b / u, outer),
-            Transfer("all-gather", where(outer_optim, calls * outer_weight_copies(plan), 0), gathered_b / u, outer)]
+    return [Transfer("all-reduce", where(outer_optim, 0, calls), reduced_b / u, outer, outer=True),
+            Transfer("reduce-scatter", where(outer_optim, calls, 0), reduced_b / u, outer, outer=True),
+            Transfer("all-gather", where(outer_optim, calls * outer_weight_copies(plan), 0), gathered_b / u, outer,
+                     outer=True)]
 
 
 REDUCE_CAST_PASSES = 2

@@ -6,7 +6,7 @@ Works on one ParallelPlan and, elementwise, on plan arrays (see llmplan/arith.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -61,6 +61,13 @@ class CommSeconds:
     dp_host: Any = 0.0
     """Host seconds per step that the ZeRO-3 collectives spend launching their per-rank copies while the GPU
     waits (cost.comm.zero3_host_seconds; 0 but with zero3_unit tensor)."""
+    dp_outer_reduce: Any = 0.0
+    """The part of dp_reduce across hybrid sharding's replicas (cost.comm.hsdp_split; 0 with dp_replicate 1): once a
+    step, behind the last micro-batch's backward, also where the shard group reduces every micro-batch
+    (docs/formulas.md#step.hsdp_outer)."""
+    dp_outer_gather: Any = 0.0
+    """The part of dp_gather across hybrid sharding's replicas (cost.comm.hsdp_split): once a step, before the
+    first micro-batch's forward (docs/formulas.md#step.hsdp_outer)."""
     dp_step_end: Any = 0.0
     """Seconds per step of the DP collectives that run after the optimizer step, serial with it (the first
     stage's rank: cost.comm.mxfp8_amax_transfers; 0 but for Megatron-FSDP's MXFP8 weights)."""
@@ -237,9 +244,10 @@ def dp_exposed_per_mb(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, k
     tensor, r = plan.zero3_unit == "tensor", recomputed_share(plan, layers)
     pre_f, pre_b = where(tensor, pre_f, 1.0), where(tensor, r * pre_r + (1 - r) * pre_b, 1.0)
     gathers = zero3_gathers(plan, layers, m)
-    ag = where(plan.gathered_per_microbatch, comm.dp_gather / (gathers * n), 0.0)
+    # the replicas' once-a-step collectives are the step's (dp_exposed_per_step; step.hsdp_outer)
+    ag = where(plan.gathered_per_microbatch, (comm.dp_gather - comm.dp_outer_gather) / (gathers * n), 0.0)
     ag_b = ag * (gathers - 1)  # the backward's gather, and a per-tensor recompute's
-    rs = where(plan.sharded_per_microbatch, comm.dp_reduce / n, 0.0)
+    rs = where(plan.sharded_per_microbatch, (comm.dp_reduce - comm.dp_outer_reduce) / n, 0.0)
     backward = sc.total - sc.forward
     edge = 1 - 1 / maximum(layers, 1)  # the share of a pass's gather or reduction that has compute beside it
     mf, unit_share = megatron_fsdp_unit_share(plan, m)
@@ -483,6 +491,24 @@ def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute,
     Source: Megatron-Core distributed/param_and_grad_buffer.py (buckets reduced as their gradients are ready,
     in reverse order; gathered in forward order; finish_param_sync waits on the bucket group's handle).
     Derived: docs/formulas.md#step.dp, docs/formulas.md#step.dp_one_bucket"""
+    reduce, gather = _step_windows(plan, comm, sc, kappa, params_on_rank, last_param, optimizer_s)
+    # where the shard group reduces (gathers) every micro-batch (dp_exposed_per_mb), only hybrid sharding's
+    # collectives across the replicas are the step's, in the same windows (docs/formulas.md#step.hsdp_outer)
+    per_mb, gathered = plan.sharded_per_microbatch, plan.gathered_per_microbatch
+    if np.any(per_mb & (plan.dp_replicate > 1)):
+        o_reduce, o_gather = _step_windows(plan, replace(comm, dp_reduce=comm.dp_outer_reduce,
+                                                         dp_gather=comm.dp_outer_gather),
+                                           sc, kappa, params_on_rank, last_param, optimizer_s)
+    else:
+        o_reduce, o_gather = 0.0, 0.0
+    return where(per_mb, o_reduce, reduce) + where(gathered, o_gather, gather)
+
+
+def _step_windows(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute, kappa: float, params_on_rank: Any,
+                  last_param: Any, optimizer_s: Any) -> tuple[Any, Any]:
+    """(exposed reduction, exposed gather) of comm.dp_reduce / dp_gather run once a step: the reduction behind
+    the last backward, the gather behind the first forward, one edge bucket of each exposed (dp_exposed_per_step).
+    Derived: docs/formulas.md#step.dp"""
     backward = sc.total - sc.forward
     share = bucket_share(plan, params_on_rank, last_param)
     last, first, first_exposed = edge_buckets(plan, comm, share, optimizer_s, kappa)
@@ -494,4 +520,4 @@ def dp_exposed_per_step(plan: ParallelPlan, comm: CommSeconds, sc: StageCompute,
                    first_exposed + overlap(comm.dp_gather - first,
                                            chunked_sync_window(plan, comm.dp_gather - first, sc.forward), kappa),
                    comm.dp_gather)
-    return where(plan.sharded_per_microbatch, 0.0, reduce) + where(plan.gathered_per_microbatch, 0.0, gather)
+    return reduce, gather

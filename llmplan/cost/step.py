@@ -536,9 +536,9 @@ def _stage_tail(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, c: CommSeconds, 
     kept = bf16_kept_params(m, plan, stage)  # fp8_params' bf16 parts (mem.fp8_param_bf16_parts)
     opt = (optimizer_step_seconds(rp.total, plan, gpu, rp.expert, kept, muon_params(m, plan, stage))
            + newton_schulz_seconds(m, plan, gpu, stage))  # Muon's step (optim.muon_ns)
-    reduce = dp_exposed_per_step(plan, replace(c, dp_gather=0.0), sc, kappa, rp.total, emb)
+    reduce = dp_exposed_per_step(plan, replace(c, dp_gather=0.0, dp_outer_gather=0.0), sc, kappa, rp.total, emb)
     # the first chunk's gather beside the other chunks' step (step.dp_optstep_gather)
-    gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0), sc, kappa, rp.total, emb, opt)
+    gather = dp_exposed_per_step(plan, replace(c, dp_reduce=0.0, dp_outer_reduce=0.0), sc, kappa, rp.total, emb, opt)
     return ((reduce, grad_buffer_seconds(plan, rp.total, gpu)),
             (gather, opt, zero3_copy_out_seconds(plan, rp.total, gpu, bf16_gathered_params(m, plan, stage).total),
              mxfp8_param_unstage_seconds(plan, low_precision_weights(m, plan, stage), gpu)),

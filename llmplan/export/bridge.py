@@ -20,7 +20,8 @@ from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_b
                                    sh_header, squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
                                    parallel_block_refusal, torch_ring_refusal)
 from llmplan.export.bridge_precision import written_out
-from llmplan.export.megatron import (FSDP_STRATEGY, MANUAL_GC_INTERVAL, balance_pairs, fsdp_zero2_refusals,
+from llmplan.export.megatron import (FSDP_STRATEGY, MANUAL_GC_INTERVAL, outer_dp_strategy, balance_pairs,
+                                     fsdp_zero2_refusals,
                                      precision_aware)
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
@@ -360,6 +361,10 @@ def fsdp_overrides(pf: PlanFile) -> list[tuple[str, object]]:
         ("ddp.data_parallel_sharding_strategy", FSDP_STRATEGY[p.zero]), ("checkpoint.ckpt_format", "fsdp_dtensor"),
         ("ddp.megatron_fsdp_main_params_dtype", TORCH_DTYPES[p.optimizer_master_dtype]),
         ("ddp.megatron_fsdp_main_grads_dtype", grads), ("ddp.megatron_fsdp_grad_comm_dtype", grads)]
+    if p.dp_replicate > 1:  # Megatron-FSDP HSDP (model_overrides writes num_distributed_optimizer_instances):
+        # DistributedDataParallelConfig.outer_dp_sharding_strategy, as perf_recipes/deepseek/gb300/deepseek_v3.py
+        # deepseek_v3_pretrain_128gpu_gb300_fp8mx_hsdp_config sets it ("optim", 4 instances; FSDP_SOURCE)
+        out.append(("ddp.outer_dp_sharding_strategy", outer_dp_strategy(p)))
     if not p.grad_prescale:
         out.append(("ddp.disable_symmetric_registration", True))
     return out
@@ -369,7 +374,7 @@ def fsdp_zero2_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
     """(what, whether the plan has it, fix) for the ZeRO-2 / 3 plans that Megatron-FSDP's optim_grads /
     optim_grads_params under Megatron-Bridge (fsdp_overrides) refuses or does not run as priced: the Megatron-LM
     export's reasons (megatron.fsdp_zero2_refusals: a pipeline, no overlapped reduction or (ZeRO-3) weight gather,
-    hybrid sharding, an added gradient, a plan priced without megatron_fsdp), and
+    the optimizer sharded across replicas below ZeRO-3, an added gradient, a plan priced without megatron_fsdp), and
     CUDA_DEVICE_MAX_CONNECTIONS 1, which _validate_and_apply_megatron_fsdp_configs asserts against (FSDP_SOURCE;
     TE's TP overlap, which wants 1 before Blackwell, is refused on its own). Derived: docs/formulas.md#comm.dp"""
     p = pf.plan

@@ -809,8 +809,21 @@ def fsdp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
         return []
     grads = "bf16" if p.grad_dtype == "bf16" and p.dtype != "fp32" else "fp32"
     return [("--use-megatron-fsdp", True), ("--data-parallel-sharding-strategy", FSDP_STRATEGY[p.zero]),
+            # hybrid sharding (HSDP): ddp_pairs writes --num-distributed-optimizer-instances dp_replicate, which
+            # mcore_fsdp_adapter.py _init_dist_index (d98e8a6) reads as enable_hsdp: shard over the partial
+            # (intra-instance) DP x CP group, replicate over the inter-instance group; the outer strategy "optim"
+            # shards the optimizer across the replicas too (dp_outer_optimizer), "no_shard" replicates it
+            ("--outer-dp-sharding-strategy", outer_dp_strategy(p) if p.dp_replicate > 1 else None),
             ("--ckpt-format", "fsdp_dtensor"), ("--megatron-fsdp-main-params-dtype", p.optimizer_master_dtype),
             ("--megatron-fsdp-main-grads-dtype", grads), ("--megatron-fsdp-grad-comm-dtype", grads)]
+
+
+def outer_dp_strategy(p: ParallelPlan) -> str:
+    """Megatron-FSDP's outer (inter-replica) sharding strategy for a hybrid-sharded plan: "optim" where the plan
+    shards the optimizer across the replicas (dp_outer_optimizer), else "no_shard" (Megatron-LM d98e8a6
+    arguments.py --outer-dp-sharding-strategy choices no_shard / optim; Megatron-Core
+    DistributedDataParallelConfig.outer_dp_sharding_strategy, the same values)."""
+    return "optim" if p.dp_outer_optimizer else "no_shard"
 
 
 def fsdp_zero2_refusals(pf: PlanFile) -> dict[str, tuple[str, bool, str]]:
@@ -845,8 +858,13 @@ def fsdp_zero2_refusals(pf: PlanFile) -> dict[str, tuple[str, bool, str]]:
         "no_gather_overlap": (f"{z2} without the overlapped weight gather (Megatron-FSDP turns it on for sharded "
          "weights)", p.zero == 3 and not p.overlap_param_gather,
          "re-plan with --overlap-param-gather, or --zero 2 or 1"),
-        "hybrid": (f"{z2} with hybrid sharding (dp_replicate {p.dp_replicate}: this export writes {z2.split()[-1][:-1]} over "
-         "the whole data-parallel group only)", on and p.dp_replicate > 1, f"re-plan with --dp-replicate 1, or {lower}"),
+        # Megatron-FSDP HSDP is written (fsdp_pairs); what its code rejects: the optimizer sharded across the
+        # replicas without full sharding inside them (param_and_grad_buffer.py at d98e8a6 / cd4afffa6 raises
+        # NotImplementedError; check_plan's dp_outer_optimizer rule refuses it first)
+        "hybrid": (f"{z2} with the optimizer sharded across {p.dp_replicate} replicas (Megatron-FSDP raises "
+         "\"[Megatron-FSDP] Optimizer fully-sharded HFSDP is only supported with full-sharding on DP-Shard.\")",
+         on and p.dp_replicate > 1 and p.dp_outer_optimizer and p.zero != 3,
+         "re-plan without --dp-outer-optimizer, or with --zero 3"),
         "grad_accumulation": (f"{z2} with grad_accumulation {p.grad_accumulation} (Megatron-FSDP writes each "
          "micro-batch's sharded gradient into its bucket: fused in the GEMM, or copied)", on and p.grad_accumulation in ("add", "cast-add"),
          f"re-plan with --grad-accumulation fused or copy, or {lower}"),

@@ -15,7 +15,7 @@ import numpy as np
 from llmplan.cost.comm import (aux_loss_transfers, copy_seconds, cp_mixer_split, cp_transfers, dispatch_coeffs,
                                dp_transfers, te_cp_split, ep_transfers, mxfp8_amax_transfers, pp_transfers,
                                torchao_amax_transfers,
-                               reduce_gather_split, tp_edge_transfers, tp_step_end_transfers,
+                               reduce_gather_split, hsdp_split, tp_edge_transfers, tp_step_end_transfers,
                                tp_transfers)
 from llmplan.cost.memory import (ActivationBytes, TrainingMemory, candidate_stages, each_stage, stage_memory,
                                  training_memory)
@@ -221,6 +221,7 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         router=total(aux_loss_transfers(m, plans.as_plan, "tpcp", "tpdpcp")),
         dp_reduce=dp_stages[0][0],
         dp_gather=dp_stages[0][1],
+        dp_outer_reduce=total(hsdp_split(dp)[0]), dp_outer_gather=total(hsdp_split(dp)[1]),
         dp_stages=tuple(dp_stages),
         tp_edge_stages=tuple(each_stage(candidate_stages(m, plans.as_plan), lambda i: tuple(
             total(x) for x in tp_edge_transfers(m, plans.as_plan, "tp", i)))),
