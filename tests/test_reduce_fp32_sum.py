@@ -64,6 +64,8 @@ def test_transfers_by_hand() -> None:
     ({"zero": 0}, False),  # no distributed optimizer: Megatron-Core all-reduces
     ({"grad_reduce": "all-reduce"}, False),
     ({"dp": 8, "dp_replicate": 2}, False),  # asserted off with num_distributed_optimizer_instances > 1
+    # arguments.py at d98e8a64dd sets use_distributed_optimizer False for Muon (the layer-wise optimizer)
+    ({"optimizer": "muon"}, False),
 ])
 def test_check_plan_holds_it_to_the_distributed_optimizer(update, ok) -> None:
     names = [v.rule for v in check_plan(M, PLAN.model_copy(update=update), CLUSTER)]
@@ -164,3 +166,44 @@ def test_megatron_fp16_gradient_dtype_flags(cli, tmp_path) -> None:
     code, text, err = _exported(cli, tmp_path, "megatron", dtype="fp16")
     assert code == 0, err
     assert "--accumulate-allreduce-grads-in-fp32" not in text and "--grad-reduce-in-bf16" not in text
+
+
+def test_muon_refused_in_one_line_naming_it(cli) -> None:
+    from llmplan.cost.model_states import fp32_sum_reduction
+    assert not fp32_sum_reduction(PLAN.model_copy(update={"optimizer": "muon"}))
+    r = cli(*EST, "--grad-dtype", "bf16", "--optimizer", "muon")
+    assert r.code == 2 and "Traceback" not in r.err
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert len(" ".join(lines).split("error: ")) == 2, r.err
+    assert "optimizer muon" in r.err and "not Muon" in " ".join(r.err.split())
+
+
+def test_prescaling_priced_with_the_sum() -> None:
+    # reduce_scatter_with_fp32_accumulation asserts op == ReduceOp.SUM (d98e8a64dd), so Megatron-LM's DDP
+    # multiplies the buffer by 1/dp first: a read and a write of 2-byte gradients per parameter of the rank
+    from llmplan.cost.overhead import grad_buffer_seconds
+    gpu = CLUSTER.system.gpu
+    on = float(grad_buffer_seconds(PLAN, 1e9, gpu))
+    assert on == pytest.approx(2 * 2 * 1e9 / gpu.hbm_achieved_bytes_per_s, rel=1e-12)
+    assert float(grad_buffer_seconds(PLAN.model_copy(update={"grad_reduce_fp32_sum": False}), 1e9, gpu)) == 0.0
+    assert float(grad_buffer_seconds(PLAN.model_copy(update={"grad_prescale": True}), 1e9, gpu)) == on
+
+
+@pytest.mark.parametrize("target", ["megatron", "megatron-bridge"])
+def test_never_averages_in_the_collective_beside_it(cli, tmp_path, target) -> None:
+    # Megatron-LM d98e8a64dd: `assert op == torch.distributed.ReduceOp.SUM`, and average_in_collective makes
+    # the op AVG (param_and_grad_buffer.py start_grad_sync): the two flags never together
+    dtype = "fp16" if target == "megatron-bridge" else "bf16"
+    for prescale in (False, True):
+        code, text, err = _exported(cli, tmp_path, target, dtype=dtype, grad_prescale=prescale)
+        assert code == 0, err
+        if target == "megatron":
+            assert "--ddp-reduce-scatter-with-fp32-accumulation" in text
+            assert "--ddp-average-in-collective" not in text
+        else:
+            assert "ddp.reduce_scatter_with_fp32_accumulation=true" in text
+            assert "ddp.average_in_collective=true" not in text and "ddp.average_in_collective=false" in text
+    # without the switch the average stays where the plan priced it
+    code, text, err = _exported(cli, tmp_path, target, dtype=dtype, grad_reduce_fp32_sum=False)
+    assert code == 0, err
+    assert ("--ddp-average-in-collective" if target == "megatron" else "ddp.average_in_collective=true") in text

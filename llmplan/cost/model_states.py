@@ -172,12 +172,22 @@ def reduce_cast_bytes(plan: Any, n_params: Any) -> Any:
 def fp32_sum_reduction(plan: Any) -> Any:
     """Whether a plan's gradient reduce-scatter sums in fp32 by an all-to-all (grad_reduce_fp32_sum where it
     acts: Megatron-Core's distributed optimizer, zero 1 with grad_reduce reduce-scatter, 2-byte gradients, no
-    Megatron-FSDP and one optimizer instance; check_plan rule grad_reduce_fp32_sum_rs). Source: NVIDIA/Megatron-LM
-    d98e8a64dd megatron/core/distributed/param_and_grad_buffer.py (the fp32-accumulation reduce-scatter only under
-    use_distributed_optimizer; asserted off with num_distributed_optimizer_instances > 1), megatron/training/
-    arguments.py (turned off under --accumulate-allreduce-grads-in-fp32). Derived: docs/formulas.md#comm.fp32_sum"""
+    Megatron-FSDP, one optimizer instance and not Muon; check_plan rule grad_reduce_fp32_sum_rs). Source:
+    NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/param_and_grad_buffer.py (the fp32-accumulation
+    reduce-scatter only under use_distributed_optimizer; asserted off with num_distributed_optimizer_instances > 1),
+    megatron/training/arguments.py (turned off under --accumulate-allreduce-grads-in-fp32; use_distributed_optimizer
+    set False for Muon, the layer-wise optimizer). Derived: docs/formulas.md#comm.fp32_sum"""
     return (plan.grad_reduce_fp32_sum & grad_shards_reduce_scattered(plan) & (plan.grad_bytes == 2.0)
-            & np.logical_not(plan.megatron_fsdp) & (plan.dp_replicate == 1))
+            & np.logical_not(plan.megatron_fsdp) & (plan.dp_replicate == 1) & (plan.optimizer != "muon"))
+
+
+def grad_prescaled(plan: Any) -> Any:
+    """Whether Megatron-LM's DDP multiplies each bucket by 1/(dp x cp) and reduces with a sum: grad_prescale, or
+    grad_reduce_fp32_sum where it acts, since reduce_scatter_with_fp32_accumulation asserts a SUM op and
+    average_in_collective would make it AVG. Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/
+    reduce_scatter_with_fp32_accumulation.py (assert op == ReduceOp.SUM), param_and_grad_buffer.py
+    (start_grad_sync: reduce_op AVG under average_in_collective). Derived: docs/formulas.md#step.grad_buffer"""
+    return plan.grad_prescale | fp32_sum_reduction(plan)
 
 
 def fp32_sum_call_params(plan: Any, n_params: Any, stage: Any = 0) -> Any:
