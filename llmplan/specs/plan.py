@@ -306,10 +306,10 @@ class ParallelPlan(PlanQuantities, Spec):
     Megatron-Core's reduce_scatter_with_fp32_accumulation (Megatron-LM --ddp-reduce-scatter-with-fp32-accumulation,
     Megatron-Bridge ddp.reduce_scatter_with_fp32_accumulation). Each bucket is sent by an all-to-all at the gradient
     dtype into a new tensor of the bucket's size, summed locally in fp32 and written back downcast: the same bytes on
-    the wire as a ring reduce-scatter, an all-to-all on the network, one scratch bucket (and its fp32 sum of
-    1/N of it) beside the held states, and the sum's HBM passes. Acts only with zero 1, grad_reduce
-    reduce-scatter and 2-byte gradients without megatron_fsdp, dp_replicate or Muon (check_plan rule
-    grad_reduce_fp32_sum_rs: Megatron-LM turns it off under --accumulate-allreduce-grads-in-fp32). It asserts a
+    the wire as a ring reduce-scatter, an all-to-all on the network, scratch buckets (and their fp32 sums of
+    1/N of them) beside the held states (docs/formulas.md#mem.fp32_sum), and the sum's HBM passes. Acts only
+    with zero 1, grad_reduce reduce-scatter and 2-byte gradients without megatron_fsdp, dp_replicate or Muon
+    (check_plan rule grad_reduce_fp32_sum_rs: Megatron-LM turns it off under --accumulate-allreduce-grads-in-fp32). It asserts a
     SUM reduction, so where it acts the gradients are pre-scaled by 1/(dp x cp) and priced so, whatever
     grad_prescale says (cost.model_states.grad_prescaled; the exports never write average_in_collective). Source:
     NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/reduce_scatter_with_fp32_accumulation.py,
