@@ -3,7 +3,8 @@ user files.
 
 Reading: at most MAX_INPUT_BYTES, UTF-8 text, JSON or YAML whose nesting and YAML aliases are bounded, a
 mapping at the top; only regular files (a device, FIFO or socket is refused before it can block or stream);
-every problem is one clear error naming the file. Writing (publish, the one writer): never over an existing
+every problem is one clear error naming the file (a JSON key given twice with different values is a warning
+naming it, read with the last value, as Python's json does). Writing (publish, the one writer): never over an existing
 file without --force, even one another process creates meanwhile; atomically and all-or-nothing for a set of
 files (temporary files in the same folder, then hard link or rename; on any error, Ctrl-C or kill the
 temporary files are removed and what was published is rolled back), and an unwritable or occupied path is one
@@ -15,12 +16,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import secrets
+import shutil
 import stat
+import sys
 import tempfile
 import unicodedata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -73,17 +77,36 @@ class _BoundedLoader(yaml.SafeLoader):
 
 def _twice(key: Any, first: Any, then: Any, where: str = "") -> str:
     return (f"key {excerpt(key, 40)!r} is given twice{where} with different values ({excerpt(first, 40)}, then "
-            f"{excerpt(then, 40)}); a reader keeps one of them silently: give it once")
+            f"{excerpt(then, 40)}); llmplan does not guess which one a YAML spec, profile or plan file means: give "
+            "the key once")
 
 
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json.loads' object_pairs_hook: a JSON object, refused when one key is given twice with different values."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out and out[key] != value:
-            raise LlmplanError(_twice(key, out[key], value))
-        out[key] = value
-    return out
+JSON_DUPLICATES_WARNED: set[tuple[str, str, str]] = set()
+"""(file, key, kept value) already warned about: a file read twice in one run warns once."""
+
+
+def _json_duplicate_line(text: str, key: str) -> str:
+    """' (line N)' of a JSON key's second occurrence where the key is written exactly twice in `text` (which
+    occurrence repeats is then certain), else ''."""
+    hits = list(re.finditer(re.escape(json.dumps(key, ensure_ascii=False)) + r"\s*:", text))
+    return f" (line {text.count(chr(10), 0, hits[1].start()) + 1})" if len(hits) == 2 else ""
+
+
+def _last_pairs(text: str, origin: str, warnings: list[str]) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """json.loads' object_pairs_hook: a JSON object keeping the last of a key given twice with different values,
+    as Python's json and Hugging Face transformers' config loading do, with a warning for `warnings`."""
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out and out[key] != value and (origin, key, repr(value)) not in JSON_DUPLICATES_WARNED:
+                JSON_DUPLICATES_WARNED.add((origin, key, repr(value)))
+                warnings.append(f"{origin}: key {excerpt(key, 40)!r} is given twice"
+                                f"{_json_duplicate_line(text, key)} with different values ({excerpt(out[key], 40)}, "
+                                f"then {excerpt(value, 40)}); read with the last, {excerpt(value, 40)}, as Python's "
+                                "json and Hugging Face transformers read it")
+            out[key] = value
+        return out
+    return hook
 
 
 def _depth(obj: Any, limit: int = MAX_NESTING) -> int:
@@ -188,9 +211,12 @@ def parse_document(text: str, kind: str, origin: str) -> dict[str, Any]:
                            "spec or config.json, a hardware profile or a plan file); fill it in or give another file")
     try:
         if kind == "JSON":
-            data = json.loads(text, object_pairs_hook=_unique_pairs)
+            warnings: list[str] = []
+            data = json.loads(text, object_pairs_hook=_last_pairs(text, origin, warnings))
             if _depth(data) > MAX_NESTING:
                 raise LlmplanError(f"nests deeper than {MAX_NESTING} levels")
+            for w in warnings:
+                _warn(w)
         else:
             loader = _BoundedLoader(text)
             try:
@@ -215,6 +241,14 @@ def parse_document(text: str, kind: str, origin: str) -> dict[str, Any]:
         raise LlmplanError(f"{path}: expected a mapping of keys to values at the top level, got {got}; give a file "
                            "of `key: value` entries (a JSON object)")
     return data
+
+
+def _warn(message: str) -> None:
+    """A `warning:` line on stderr (report.message_text: one line when piped, folded within 80 columns on a
+    terminal)."""
+    from llmplan.report.common import message_text
+    columns = shutil.get_terminal_size().columns if sys.stderr.isatty() else None
+    sys.stderr.write(message_text("warning", message, columns))
 
 
 def _has_control(text: str) -> bool:

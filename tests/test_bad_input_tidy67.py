@@ -1,5 +1,6 @@
 """Bad inputs a hand sweep of the CLI found answered unclearly or not at all (docs/validation.md#tidy-67): a key
-given twice with different values (JSON and YAML readers kept the last one silently), a control character in a
+given twice with different values in YAML (refused: llmplan's own files; a JSON one is read with the last value,
+as Python's json and Hugging Face transformers read it, with a warning), a control character in a
 spec's name (echoed raw to the terminal), and json's error text cut at its trailing "at" (the place was lost).
 Each: exit 2, one line naming the file and the fix, no traceback."""
 
@@ -29,15 +30,37 @@ def test_yaml_key_twice_with_different_values(cli, tmp_path: Path) -> None:
     p.write_text("base: dgx-h100\nnic_gbit_per_s: 400\nnic_gbit_per_s: 100\n")
     line = one_line(cli("estimate", "-m", "llama-3.1-8b", "--hardware", p))
     assert str(p) in line and "'nic_gbit_per_s' is given twice (line 3)" in line and "(400, then 100)" in line
-    assert "give it once" in line
+    assert "llmplan does not guess which one a YAML spec, profile or plan file means: give the key once" in line
 
 
-def test_json_key_twice_with_different_values(cli, tmp_path: Path) -> None:
+def test_json_key_twice_with_different_values_warns_and_keeps_the_last(cli, tmp_path: Path) -> None:
+    """Python's json (object_pairs_hook absent: a dict keeps the last) and Hugging Face transformers'
+    PretrainedConfig (json.loads of the file) read a repeated key's last value: llmplan reads what they read, and
+    says so in one warning line naming the key, its line and the value kept."""
     p = tmp_path / "config.json"
-    text = json.dumps(HF)[:-1] + ', "hidden_size": 2048}'
-    p.write_text(text)
-    line = one_line(cli("estimate", "-m", p, "--hardware", "dgx-h100"))
-    assert "'hidden_size' is given twice with different values (4096, then 2048)" in line
+    # line 1 "{", lines 2-9 the 8 keys of HF, line 10 the repeat
+    p.write_text(json.dumps(HF, indent=1)[:-2] + ',\n "hidden_size": 2048\n}')
+    assert json.loads(p.read_text())["hidden_size"] == 2048  # the stdlib's reading
+    r = cli("estimate", "-m", p, "--hardware", "dgx-h100", "--json")
+    assert r.code == 0, r.err
+    warn = [x for x in r.err.splitlines() if x.strip()]
+    assert len(warn) == 1 and warn[0].startswith(f"warning: {p}: key 'hidden_size' is given twice (line 10)"), r.err
+    assert "(4096, then 2048); read with the last, 2048" in warn[0]
+    # the model read is the last value's: the same estimate as a file that gives hidden_size 2048 once
+    q = tmp_path / "once.json"
+    q.write_text(json.dumps({**HF, "hidden_size": 2048}))
+    once = cli("estimate", "-m", q, "--hardware", "dgx-h100", "--json")
+    assert once.code == 0 and not once.err.strip(), once.err
+    assert json.loads(r.out)["time"] == json.loads(once.out)["time"]
+
+
+def test_json_key_twice_in_nested_objects_warns_without_a_line(tmp_path: Path, capsys) -> None:
+    from llmplan.fileio import parse_document
+    text = '{"a": {"k": 1, "k": 2}, "b": {"k": 3}}'
+    assert parse_document(text, "JSON", "n.json") == {"a": {"k": 2}, "b": {"k": 3}}
+    err = capsys.readouterr().err
+    assert err == "warning: n.json: key 'k' is given twice with different values (1, then 2); read with the last, " \
+                  "2, as Python's json and Hugging Face transformers read it\n"
 
 
 def test_key_twice_with_the_same_value_is_read(cli, tmp_path: Path) -> None:

@@ -124,7 +124,7 @@ class OptimizerCopies(Breakdown):
     """The bf16 copy of the fp32 gradients the all-reduce sends under grad_reduce_dtype bf16 (reduce bytes x
     params, unsharded: reduce_cast_bytes)."""
     sum_scratch: Any = 0.0
-    """Megatron-Core's all-to-all output and fp32 sum of the largest bucket under grad_reduce_fp32_sum
+    """Megatron-Core's all-to-all outputs and fp32 sums live at once under grad_reduce_fp32_sum
     (fp32_sum_scratch_bytes)."""
 
 
@@ -172,23 +172,41 @@ def reduce_cast_bytes(plan: Any, n_params: Any) -> Any:
 def fp32_sum_reduction(plan: Any) -> Any:
     """Whether a plan's gradient reduce-scatter sums in fp32 by an all-to-all (grad_reduce_fp32_sum where it
     acts: Megatron-Core's distributed optimizer, zero 1 with grad_reduce reduce-scatter, 2-byte gradients, no
-    Megatron-FSDP and one optimizer instance; check_plan rule grad_reduce_fp32_sum_rs). Source: NVIDIA/Megatron-LM
-    d98e8a64dd megatron/core/distributed/param_and_grad_buffer.py (the fp32-accumulation reduce-scatter only under
-    use_distributed_optimizer; asserted off with num_distributed_optimizer_instances > 1), megatron/training/
-    arguments.py (turned off under --accumulate-allreduce-grads-in-fp32). Derived: docs/formulas.md#comm.fp32_sum"""
+    Megatron-FSDP, one optimizer instance and not Muon; check_plan rule grad_reduce_fp32_sum_rs). Source:
+    NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/param_and_grad_buffer.py (the fp32-accumulation
+    reduce-scatter only under use_distributed_optimizer; asserted off with num_distributed_optimizer_instances > 1),
+    megatron/training/arguments.py (turned off under --accumulate-allreduce-grads-in-fp32; use_distributed_optimizer
+    set False for Muon, the layer-wise optimizer). Derived: docs/formulas.md#comm.fp32_sum"""
     return (plan.grad_reduce_fp32_sum & grad_shards_reduce_scattered(plan) & (plan.grad_bytes == 2.0)
-            & np.logical_not(plan.megatron_fsdp) & (plan.dp_replicate == 1))
+            & np.logical_not(plan.megatron_fsdp) & (plan.dp_replicate == 1) & (plan.optimizer != "muon"))
 
 
-def fp32_sum_call_params(plan: Any, n_params: Any, stage: Any = 0) -> Any:
-    """Parameters of the largest reduce-scatter call of `n_params` on a rank of pipeline stage `stage`
-    (Megatron-Core's DDP): a bucket (exposure.bucket_params) of the first model chunk with overlap_grad_reduce
-    on the first stage, else a whole chunk (bucket_size None without the overlap or past stage 0,
-    exposure.later_stage_unbucketed; each later model chunk one bucket). Derived: docs/formulas.md#mem.fp32_sum"""
+def grad_prescaled(plan: Any) -> Any:
+    """Whether Megatron-LM's DDP multiplies each bucket by 1/(dp x cp) and reduces with a sum: grad_prescale, or
+    grad_reduce_fp32_sum where it acts, since reduce_scatter_with_fp32_accumulation asserts a SUM op and
+    average_in_collective would make it AVG. Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/
+    reduce_scatter_with_fp32_accumulation.py (assert op == ReduceOp.SUM), param_and_grad_buffer.py
+    (start_grad_sync: reduce_op AVG under average_in_collective). Derived: docs/formulas.md#step.grad_buffer"""
+    return plan.grad_prescale | fp32_sum_reduction(plan)
+
+
+def fp32_sum_live_params(plan: Any, n_params: Any, stage: Any = 0) -> Any:
+    """Parameters of one bucket list (dense or expert) of a rank of pipeline stage `stage` whose
+    reduce_scatter_with_fp32_accumulation scratch is live at once at the step's finish_grad_sync (Megatron-Core's
+    DDP, one per model chunk). With overlap_grad_reduce each bucket group drains only its predecessor in its own
+    list, and the list's last group waits for finish_grad_sync: on the first stage the first model chunk's last
+    bucket (exposure.bucket_params) beside the vpp - 1 later chunks, each one bucket (disable_bucketing for
+    model_chunk_idx > 0); past stage 0 (bucket_size None, exposure.later_stage_unbucketed) all vpp chunks whole.
+    Without the overlap each call is dispatched and waited in turn: one whole chunk (bucket_size None).
+    Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/distributed_data_parallel.py (__init__:
+    previous_grad_reduce_bucket_group per list; bucket_size None for disable_bucketing or pp_rank > 0),
+    megatron/training/models/dist_utils.py (disable_bucketing = model_chunk_idx > 0), finalize_model_grads.py
+    (finish_grad_sync of every chunk). Derived: docs/formulas.md#mem.fp32_sum"""
     from llmplan.cost.exposure import bucket_params, later_stage_unbucketed  # exposure imports memory, then this
     chunk = n_params / plan.vpp
-    bucketed = plan.overlap_grad_reduce & (plan.vpp == 1) & np.logical_not(later_stage_unbucketed(plan, stage))
-    return where(bucketed, minimum(bucket_params(plan), chunk), chunk)
+    bucketed = plan.overlap_grad_reduce & np.logical_not(later_stage_unbucketed(plan, stage))
+    first = where(bucketed, minimum(bucket_params(plan), chunk), chunk)
+    return where(plan.overlap_grad_reduce, (plan.vpp - 1) * chunk + first, chunk)
 
 
 FP32_SUM_BYTES = 4.0
@@ -197,16 +215,15 @@ FP32_SUM_BYTES = 4.0
 
 
 def fp32_sum_scratch_bytes(plan: Any, n_params: Any, shard: Any, stage: Any = 0) -> Any:
-    """Bytes Megatron-Core's reduce_scatter_with_fp32_accumulation allocates for one call under
-    grad_reduce_fp32_sum, of a rank's `n_params` reduce-scattered over `shard` ranks: the all-to-all's output,
-    `torch.empty_like(input_tensor)` of the whole bucket in the gradient dtype, and the fp32 sum of the rank's
-    1/shard of it, for the largest call (fp32_sum_call_params); one call's at a time (each bucket group drains
-    its predecessor before it allocates, d98e8a64dd; 88e7ab0918 added the drain). 0 where it does not act.
+    """Bytes Megatron-Core's reduce_scatter_with_fp32_accumulation holds at once under grad_reduce_fp32_sum, for
+    one bucket list of a rank's `n_params` reduce-scattered over `shard` ranks: for each call live together
+    (fp32_sum_live_params) the all-to-all's output, `torch.empty_like(input_tensor)` of the whole bucket in the
+    gradient dtype, and the fp32 sum of the rank's 1/shard of it. 0 where it does not act.
     Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/reduce_scatter_with_fp32_accumulation.py,
     param_and_grad_buffer.py (start_grad_sync: previous_grad_reduce_bucket_group). Derived: docs/formulas.md#mem.fp32_sum"""
-    call = fp32_sum_call_params(plan, n_params, stage)
+    live = fp32_sum_live_params(plan, n_params, stage)
     return where(fp32_sum_reduction(plan) & (n_params > 0),
-                 call * plan.grad_bytes + call / maximum(shard, 1) * FP32_SUM_BYTES, 0.0)
+                 live * plan.grad_bytes + live / maximum(shard, 1) * FP32_SUM_BYTES, 0.0)
 
 
 def kept_grad_shard_bytes(plan: ParallelPlan, rp: RankParams, emb32: Any = 0.0) -> Any:
@@ -323,9 +340,11 @@ def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradien
     cd, ce = optimizer_copies(plan, rp.dense, od, stage), optimizer_copies(plan, rp.expert, oe, stage)
     grad_b = plan.grad_bytes
     # the bf16 copy of the group under all-reduce (reduce_cast_bytes), one group at a time
-    # and Megatron-Core's fp32-sum scratch of one bucket (fp32_sum_scratch_bytes), one call at a time
-    reduce_peak = states + cd.bucket + ce.bucket + maximum(cd.reduce_cast, ce.reduce_cast) \
-        + maximum(cd.sum_scratch, ce.sum_scratch)
+    # and Megatron-Core's fp32-sum scratch (fp32_sum_scratch_bytes): with the overlap the dense and expert lists
+    # each hold theirs to finish_grad_sync, together; without it one call at a time
+    sums = where(plan.overlap_grad_reduce, cd.sum_scratch + ce.sum_scratch,
+                 maximum(cd.sum_scratch, ce.sum_scratch))
+    reduce_peak = states + cd.bucket + ce.bucket + maximum(cd.reduce_cast, ce.reduce_cast) + sums
     step_peak = states - gradients + rp.dense * grad_b / od + rp.expert * grad_b / oe \
         + cd.flat + cd.cast + ce.flat + ce.cast
     return cd.total + ce.total, maximum(reduce_peak, step_peak) + kept_grad_shard_bytes(plan, rp, emb32)

@@ -11,7 +11,7 @@ from typing import Any
 from llmplan.arith import expected_max_normal, maximum, minimum, where
 from llmplan.cost.comm import STAGED_GATHER_BYTES, megatron_fsdp_mxfp8_cast, mxfp8_staged_gather
 from llmplan.cost.compute import KERNEL_LAUNCH_S, optimizer_queued_share
-from llmplan.cost.model_states import bf16_parts_extra_bytes
+from llmplan.cost.model_states import bf16_parts_extra_bytes, grad_prescaled
 from llmplan.cost.moe import EAGER_OP_HOST_S, HOST_SYNC_S, MOE_CYCLE_HOST_OPS, MOE_POST_SYNC_HOST_OPS
 from llmplan.cost.stages import mtp_weight_sets
 from llmplan.specs.hardware import GpuSpec
@@ -88,14 +88,15 @@ def straggler_seconds(plan: ParallelPlan, busy: Any) -> Any:
 def grad_buffer_seconds(plan: ParallelPlan, params_on_rank: Any, gpu: GpuSpec) -> Any:
     """Seconds per step of Megatron-LM's DDP passes over the rank's gradient buffer before each data-parallel
     reduction, on the compute stream: the NaN check's norm of every bucket (grad_nan_check: one read) and the
-    1/(dp x cp) pre-scaling (grad_prescale: a read and a write), each grad_bytes per parameter of the rank, once
+    1/(dp x cp) pre-scaling (grad_prescale, or grad_reduce_fp32_sum where it acts: grad_prescaled; a read and a
+    write), each grad_bytes per parameter of the rank, once
     per step (ZeRO 0/1, or any pipeline: one reduction per step) or once per micro-batch (ZeRO-2/3 without a
     pipeline reduce every micro-batch), at the GPU's achieved HBM bandwidth. The host's wait on each bucket's
     norm is not priced (about HOST_SYNC_S + EAGER_OP_HOST_S per bucket).
     Source: NVIDIA/Megatron-LM megatron/core/distributed/param_and_grad_buffer.py at core_r0.8.0
     (Bucket.start_grad_sync: grad_data.norm, grad_data *= gradient_scaling_factor).
     Derived: docs/formulas.md#step.grad_buffer"""
-    passes = where(plan.grad_nan_check, 1, 0) + where(plan.grad_prescale, 2, 0)
+    passes = where(plan.grad_nan_check, 1, 0) + where(grad_prescaled(plan), 2, 0)
     reductions = where(plan.sharded_per_microbatch, plan.num_microbatches, 1)
     return passes * reductions * plan.grad_bytes * params_on_rank / gpu.hbm_achieved_bytes_per_s
 

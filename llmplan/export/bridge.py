@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmplan.cost.params import stage_layer_list
+from llmplan.cost.model_states import grad_prescaled
 from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal,
                                    kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
@@ -365,7 +366,7 @@ def fsdp_overrides(pf: PlanFile) -> list[tuple[str, object]]:
         # DistributedDataParallelConfig.outer_dp_sharding_strategy, as perf_recipes/deepseek/gb300/deepseek_v3.py
         # deepseek_v3_pretrain_128gpu_gb300_fp8mx_hsdp_config sets it ("optim", 4 instances; FSDP_SOURCE)
         out.append(("ddp.outer_dp_sharding_strategy", outer_dp_strategy(p)))
-    if not p.grad_prescale:
+    if not grad_prescaled(p):
         out.append(("ddp.disable_symmetric_registration", True))
     return out
 
@@ -555,7 +556,8 @@ def ddp_optimizer_overrides(pf: PlanFile) -> list[tuple[str, object]]:
         # 0.6's pin; check_plan holds grad_reduce_fp32_sum to zero 1, reduce-scatter and 2-byte gradients)
         *([("ddp.reduce_scatter_with_fp32_accumulation", True)] if p.grad_reduce_fp32_sum else []),
         # DistributedDataParallelConfig: the NaN check's bucket norms and the 1/dp pre-scaling the plan prices
-        ("ddp.check_for_nan_in_grad", p.grad_nan_check), ("ddp.average_in_collective", not p.grad_prescale),
+        # (never average_in_collective beside the fp32 accumulation, which asserts a SUM reduction: grad_prescaled)
+        ("ddp.check_for_nan_in_grad", p.grad_nan_check), ("ddp.average_in_collective", not bool(grad_prescaled(p))),
         # the DDP bucket the plan priced (exposure.bucket_params): comm_overlap is null, so nothing sets
         # CommOverlapConfig's 128 x 2^20; None leaves Megatron-Core's max(40M, 1M x dp)
         *([("ddp.bucket_size", p.dp_bucket_params)] if p.dp_bucket_params is not None else []),

@@ -8,6 +8,7 @@ import functools
 
 import numpy as np
 
+from llmplan.cost.model_states import grad_prescaled
 from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, need_mode, refuse, refuse_first, rendezvous_lines,
@@ -346,8 +347,9 @@ def ddp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
             # Megatron-LM's defaults are the NaN check's bucket norms and the 1/dp pre-scaling before the
             # reduction (docs/formulas.md#step.grad_buffer). The pre-scaling is off where the plan priced it
             # off; the NaN check, a safety check, stays on (grad_nan_notes says what that costs; a
-            # full-iteration graph writes the NaN flag itself: cuda_graph_pairs)
-            ("--ddp-average-in-collective", not p.grad_prescale),
+            # full-iteration graph writes the NaN flag itself: cuda_graph_pairs). Never beside
+            # --ddp-reduce-scatter-with-fp32-accumulation, which asserts a SUM reduction (grad_prescaled)
+            ("--ddp-average-in-collective", not bool(grad_prescaled(p))),
             # the DDP bucket the plan priced (exposure.bucket_params); unset: Megatron-Core's max(40M, 1M x dp)
             ("--ddp-bucket-size", p.dp_bucket_params),
             # grad_accumulation add: the DDP hook's main_grad.add_ instead of the fused weight-gradient GEMM

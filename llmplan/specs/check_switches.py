@@ -369,11 +369,13 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
     SwitchUse("grad_reduce_fp32_sum_rs", ("grad_reduce_fp32_sum",), fp32_sum_reduction,
               lambda p: f"grad_reduce_fp32_sum with zero {p.zero}, grad_reduce {p.grad_reduce}, grad_dtype "
                         f"{p.grad_dtype}, dtype {p.dtype}, megatron_fsdp {p.megatron_fsdp}, dp_replicate "
-                        f"{p.dp_replicate}: Megatron-Core's reduce_scatter_with_fp32_accumulation replaces the "
-                        "distributed optimizer's reduce-scatter of 16-bit gradients (Megatron-LM turns it off "
-                        "under fp32 gradients, and asserts one optimizer instance), so it acts only with zero 1, "
-                        "grad_reduce reduce-scatter, 2-byte gradients, no megatron_fsdp and dp_replicate 1; use "
-                        "--zero 1 --grad-reduce reduce-scatter --grad-dtype bf16, or drop --grad-reduce-fp32-sum"),
+                        f"{p.dp_replicate}, optimizer {p.optimizer}: Megatron-Core's "
+                        "reduce_scatter_with_fp32_accumulation replaces the distributed optimizer's reduce-scatter "
+                        "of 16-bit gradients (Megatron-LM turns it off under fp32 gradients, asserts one optimizer "
+                        "instance, and runs Muon without the distributed optimizer), so it acts only with zero 1, "
+                        "grad_reduce reduce-scatter, 2-byte gradients, no megatron_fsdp, dp_replicate 1 and not "
+                        "Muon; use --zero 1 --grad-reduce reduce-scatter --grad-dtype bf16 --optimizer adam, or "
+                        "drop --grad-reduce-fp32-sum"),
     SwitchUse("pp_blocking_sends_pp", ("pp_blocking_sends",), lambda p: p.pp > 1,
               lambda p: f"pp_blocking_sends with pp {p.pp}: it makes the sends between pipeline stages wait, so it "
                         "acts only with pp > 1; use --pp 2 or more or drop --pp-blocking-sends"),

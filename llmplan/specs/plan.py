@@ -306,10 +306,12 @@ class ParallelPlan(PlanQuantities, Spec):
     Megatron-Core's reduce_scatter_with_fp32_accumulation (Megatron-LM --ddp-reduce-scatter-with-fp32-accumulation,
     Megatron-Bridge ddp.reduce_scatter_with_fp32_accumulation). Each bucket is sent by an all-to-all at the gradient
     dtype into a new tensor of the bucket's size, summed locally in fp32 and written back downcast: the same bytes on
-    the wire as a ring reduce-scatter, an all-to-all on the network, one scratch bucket (and its fp32 sum of
-    1/N of it) beside the held states, and the sum's HBM passes. Acts only with zero 1, grad_reduce
-    reduce-scatter and 2-byte gradients without megatron_fsdp or dp_replicate (check_plan rule
-    grad_reduce_fp32_sum_rs: Megatron-LM turns it off under --accumulate-allreduce-grads-in-fp32). Source:
+    the wire as a ring reduce-scatter, an all-to-all on the network, scratch buckets (and their fp32 sums of
+    1/N of them) beside the held states (docs/formulas.md#mem.fp32_sum), and the sum's HBM passes. Acts only
+    with zero 1, grad_reduce reduce-scatter and 2-byte gradients without megatron_fsdp, dp_replicate or Muon
+    (check_plan rule grad_reduce_fp32_sum_rs: Megatron-LM turns it off under --accumulate-allreduce-grads-in-fp32). It asserts a
+    SUM reduction, so where it acts the gradients are pre-scaled by 1/(dp x cp) and priced so, whatever
+    grad_prescale says (cost.model_states.grad_prescaled; the exports never write average_in_collective). Source:
     NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/reduce_scatter_with_fp32_accumulation.py,
     param_and_grad_buffer.py. docs/formulas.md#comm.fp32_sum, docs/formulas.md#mem.fp32_sum"""
     grad_accumulation: Literal["fused", "add", "cast-add", "copy"] = "fused"
@@ -329,8 +331,8 @@ class ParallelPlan(PlanQuantities, Spec):
     grad_prescale: bool = False
     """Megatron-LM's DDP multiplies each bucket's gradients by 1/(dp x cp) before reducing them with a sum
     (gradient_scaling_factor, its default), a read and a write of the rank's gradients per reduction. False:
-    the average taken inside the collective (--ddp-average-in-collective; Megatron-Bridge and NeMo 2 recipes)
-    (docs/formulas.md#step.grad_buffer)."""
+    the average taken inside the collective (--ddp-average-in-collective; Megatron-Bridge and NeMo 2 recipes),
+    except where grad_reduce_fp32_sum acts, whose reduction must be a sum (docs/formulas.md#step.grad_buffer)."""
     zero3_unit: Literal["layer", "tensor"] = "layer"
     """What ZeRO-3 gathers and reduces in one collective: a layer (PyTorch FSDP / FSDP2 units, the default: the
     recompute forward runs on the backward's gather) or each weight tensor on its own (DeepSpeed's stage 3 of
