@@ -1176,7 +1176,7 @@ def hsdp_reduce_per_microbatch(plan: ParallelPlan) -> Any:
 def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any, kept: Any) -> list[Transfer[G]]:
     """Hybrid sharding's collectives across the dp_replicate replicas, once per step, on a rank's `shard`
     parameters (its shard group's share): the gradient shard all-reduced (Megatron-LM's partial distributed
-    optimizer; Megatron-FSDP outer no_shard, torchtitan's HSDP), or with the optimizer sharded across the
+    optimizer; Megatron-FSDP outer no_shard), or with the optimizer sharded across the
     replicas (dp_outer_optimizer) reduce-scattered and the updated shard all-gathered back, one call per
     ZeRO-3 unit (`u`) times outer_weight_copies (MXFP8's rowwise and columnwise copies under ZeRO-3); `kept` of
     the shard's parameters stay bf16 under fp8_params (kept_gather_extra_bytes). Source: NVIDIA/Megatron-LM
