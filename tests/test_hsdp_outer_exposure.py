@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pytest
 
+from llmplan.cost.comm import comm_seconds
 from llmplan.estimate import estimate_training
 from llmplan.specs.check import check_plan
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
@@ -50,3 +51,50 @@ def test_the_replicas_reduction_hides_behind_one_backward_not_every_micro_batchs
     e = estimate_training(m, c, p)
     dp = e.comm.axes["dp"].seconds
     assert e.time.exposed["dp"] > 0.9 * dp
+
+
+def _dp_calls(e, collective, outer):
+    return sum(t.calls for t in e.comm.axes["dp"].transfers if t.collective == collective and t.outer == outer)
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_fsdp2_hsdp_all_reduces_across_the_replicas_every_micro_batch(n):
+    # PyTorch FSDP2 (torchtitan's HSDP): each post_backward runs foreach_reduce, the reduce-scatter over the shard
+    # group and, with all_reduce_grads (True unless set_requires_all_reduce(False)), the all-reduce of its output
+    # over the replicate group (pytorch/pytorch 002a76fbf torch/distributed/fsdp/_fully_shard/
+    # _fsdp_param_group.py); torchtitan 1fdf90d / v0.2.2 train_step never turn it off between micro-batches. So
+    # per step: n x units reduce-scatters and n x units all-reduces, none of them in the once-a-step windows.
+    m, c = builtin_models()["llama-3.1-8b"], ClusterSpec(system=builtin_systems()["jean-zay-a100"], num_nodes=2)
+    p = ParallelPlan(tp=1, dp=16, micro_batch=1, global_batch=16 * n, seq_len=2048, zero=3, dp_replicate=2)
+    assert not check_plan(m, p, c)
+    e = estimate_training(m, c, p)
+    # per-layer units are priced as one call a gather / reduction (docs/formulas.md#comm.zero3_unit): n a step
+    assert _dp_calls(e, "reduce-scatter", False) == n
+    assert _dp_calls(e, "all-reduce", False) == n
+    assert _dp_calls(e, "all-reduce", True) == 0
+    assert comm_seconds(e.comm, c.system).dp_outer_reduce == 0.0  # nothing in the once-a-step windows
+
+
+def test_megatron_fsdp_hsdp_all_reduces_across_the_replicas_once_a_step():
+    # Megatron-FSDP (outer no_shard): the DP-Outer all-reduce only in the last micro-batch (step.hsdp_outer)
+    m, c = builtin_models()["llama-3.1-8b"], ClusterSpec(system=builtin_systems()["jean-zay-a100"], num_nodes=2)
+    p = ParallelPlan(tp=1, dp=16, micro_batch=1, global_batch=64, seq_len=2048, zero=3, dp_replicate=2,
+                     megatron_fsdp=True)
+    assert not check_plan(m, p, c)
+    e = estimate_training(m, c, p)
+    assert _dp_calls(e, "reduce-scatter", False) == 4  # the shard group's, every micro-batch
+    assert _dp_calls(e, "all-reduce", True) == 1  # the replicas', once a step
+    assert _dp_calls(e, "all-reduce", False) == 0
+
+
+@pytest.mark.parametrize("megatron_fsdp", [False, True])
+@pytest.mark.parametrize("zero", [2, 3])
+def test_the_search_prices_the_replicas_reduction_as_the_estimate(megatron_fsdp, zero):
+    from llmplan.search.evaluate import evaluate
+    from llmplan.search.grid import from_plan
+    m, c = builtin_models()["llama-3.1-8b"], ClusterSpec(system=builtin_systems()["jean-zay-a100"], num_nodes=2)
+    p = ParallelPlan(tp=1, dp=16, micro_batch=1, global_batch=64, seq_len=2048, zero=zero, dp_replicate=2,
+                     megatron_fsdp=megatron_fsdp)
+    assert not check_plan(m, p, c), check_plan(m, p, c)
+    vec, scalar = evaluate(m, c, from_plan(p)), estimate_training(m, c, p)
+    assert float(vec.step.total[0]) == pytest.approx(float(scalar.time.total), rel=1e-9)

@@ -146,7 +146,8 @@ class Transfer(Generic[G]):
     outer: bool = False
     """Hybrid sharding's collective across the replicas (hsdp_transfers): once a step, in the last micro-batch's
     backward (reduction) and the first's forward (gather), even where the shard group's run every micro-batch
-    (hsdp_split, docs/formulas.md#step.hsdp_outer)."""
+    (hsdp_split, docs/formulas.md#step.hsdp_outer); not FSDP2's HSDP all-reduce, every micro-batch
+    (hsdp_reduce_per_microbatch)."""
     te_cp: bool = False
     """One of Transformer Engine's a2a / all_gather context-parallel collectives (te_cp_collectives), not a
     hybrid mixer's all-to-all (te_cp_split, cp_mixer_split)."""
@@ -1163,21 +1164,39 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     return out
 
 
+def hsdp_reduce_per_microbatch(plan: ParallelPlan) -> Any:
+    """Whether hybrid sharding all-reduces the shard across the replicas in every micro-batch's backward (PyTorch
+    FSDP2's HSDP, torchtitan's: ZeRO-2/3 sharded per micro-batch, without megatron_fsdp and dp_outer_optimizer)
+    rather than once a step (Megatron-FSDP; Megatron-LM's partial distributed optimizer). Source: pytorch/pytorch
+    002a76fbf torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py (FSDPParamGroup.all_reduce_grads True by
+    default, foreach_reduce every post_backward). Derived: docs/formulas.md#step.hsdp_outer"""
+    return plan.sharded_per_microbatch & np.logical_not(plan.megatron_fsdp) & np.logical_not(plan.dp_outer_optimizer)
+
+
 def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any, kept: Any) -> list[Transfer[G]]:
     """Hybrid sharding's collectives across the dp_replicate replicas, once per step, on a rank's `shard`
     parameters (its shard group's share): the gradient shard all-reduced (Megatron-LM's partial distributed
-    optimizer; Megatron-FSDP outer no_shard, torchtitan's HSDP), or with the optimizer sharded across the
+    optimizer; Megatron-FSDP outer no_shard), or with the optimizer sharded across the
     replicas (dp_outer_optimizer) reduce-scattered and the updated shard all-gathered back, one call per
     ZeRO-3 unit (`u`) times outer_weight_copies (MXFP8's rowwise and columnwise copies under ZeRO-3); `kept` of
     the shard's parameters stay bf16 under fp8_params (kept_gather_extra_bytes). Source: NVIDIA/Megatron-LM
     megatron/core/distributed/param_and_grad_buffer.py,
     fsdp/src/megatron_fsdp/param_and_grad_buffer.py at 2a75ac12c (outer_fsdp_group all_reduce /
-    reduce_scatter_tensor at the last micro-batch, the outer param all-gather). Derived: docs/formulas.md#mem.hsdp"""
+    reduce_scatter_tensor at the last micro-batch, the outer param all-gather). Derived: docs/formulas.md#mem.hsdp
+    PyTorch FSDP2's HSDP (torchtitan: no megatron_fsdp, no dp_outer_optimizer, ZeRO-2/3 without a pipeline)
+    all-reduces each unit's reduce-scattered shard across the replicas in every backward, so num_microbatches
+    times a step, outside the once-a-step windows (Transfer.outer False). Source: pytorch/pytorch 002a76fbf
+    torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py (post_backward -> foreach_reduce over
+    _all_reduce_process_group while all_reduce_grads, True by default); pytorch/torchtitan 1fdf90d (0.3.0rc1)
+    and v0.2.2 train_step never call set_requires_all_reduce / set_requires_gradient_sync between micro-batches.
+    Derived: docs/formulas.md#step.hsdp_outer"""
     on = (plan.dp_replicate > 1) & np.logical_not(whole) & (shard > 0)
     outer_optim = plan.dp_outer_optimizer
     reduced_b, gathered_b = sync_bytes(plan, shard, kept)
     calls = where(on, u, 0)
-    return [Transfer("all-reduce", where(outer_optim, 0, calls), reduced_b / u, outer, outer=True),
+    every_mb = hsdp_reduce_per_microbatch(plan)
+    return [Transfer("all-reduce", where(outer_optim | every_mb, 0, calls), reduced_b / u, outer, outer=True),
+            Transfer("all-reduce", where(every_mb, plan.num_microbatches * calls, 0), reduced_b / u, outer),
             Transfer("reduce-scatter", where(outer_optim, calls, 0), reduced_b / u, outer, outer=True),
             Transfer("all-gather", where(outer_optim, calls * outer_weight_copies(plan), 0), gathered_b / u, outer,
                      outer=True)]
