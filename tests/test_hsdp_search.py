@@ -54,21 +54,29 @@ def test_hybrid_sharding_wins_where_zero3_gathers_cross_the_network_every_micro_
     assert "hybrid sharding: #1 runs dp-replicate 8" in one.out
 
 
-def test_fsdp2_hybrid_sharding_gains_nothing_from_accumulation(cli):
-    # FSDP2's HSDP (torchtitan) all-reduces across the replicas in every backward (pytorch/pytorch 002a76fbf
-    # _fsdp_param_group.py post_backward -> foreach_reduce with all_reduce_grads True; torchtitan 1fdf90d never
-    # turns it off between micro-batches): its cross-node fp32 all-reduce of the 1/8 shard every micro-batch
-    # moves about the network bytes ZeRO-3's gathers and reduce-scatter over 64 ranks do, so 8 micro-batches a
-    # step leave it no faster than one does, and it does not take #1
-    r = cli(*JZ, "--micro-batch", "1", "--top", "1", "--json")
+def unreplicated_first_row(cli, micro_batch: str) -> dict:
+    """The Jean Zay search at `micro_batch`: #1 keeps one replica, no hybrid-sharding variant is first, and the
+    variant tried on #1 without the outer optimizer (returned)."""
+    r = cli(*JZ, "--micro-batch", micro_batch, "--top", "1", "--json")
     assert r.code == 0, r.err
     doc = r.json()
     assert doc["plans"][0]["plan"]["dp_replicate"] == 1
     h = doc["hybrid_sharding"]
     assert h["first"] is None
     row1 = [t for t in h["tried"] if t["rank"] == 1 and not t["dp_outer_optimizer"]]
-    assert row1 and row1[0]["outcome"] != "shown"
-    assert row1[0]["tokens_per_s"] < 1.05 * row1[0]["row_tokens_per_s"]
+    assert row1
+    return row1[0]
+
+
+def test_fsdp2_hybrid_sharding_gains_nothing_from_accumulation(cli):
+    # FSDP2's HSDP (torchtitan) all-reduces across the replicas in every backward (pytorch/pytorch 002a76fbf
+    # _fsdp_param_group.py post_backward -> foreach_reduce with all_reduce_grads True; torchtitan 1fdf90d never
+    # turns it off between micro-batches): its cross-node fp32 all-reduce of the 1/8 shard every micro-batch
+    # moves about the network bytes ZeRO-3's gathers and reduce-scatter over 64 ranks do, so 8 micro-batches a
+    # step leave it no faster than one does, and it does not take #1
+    row1 = unreplicated_first_row(cli, "1")
+    assert row1["outcome"] != "shown"
+    assert row1["tokens_per_s"] < 1.05 * row1["row_tokens_per_s"]
 
 
 def test_a_torchtitan_hsdp_plan_exports_its_mesh(cli, tmp_path):
@@ -83,14 +91,8 @@ def test_a_torchtitan_hsdp_plan_exports_its_mesh(cli, tmp_path):
 
 
 def test_hybrid_sharding_tried_and_loses_at_one_micro_batch_a_step(cli):
-    r = cli(*JZ, "--micro-batch", "8", "--top", "1", "--json")
-    assert r.code == 0, r.err
-    doc = r.json()
-    assert doc["plans"][0]["plan"]["dp_replicate"] == 1
-    h = doc["hybrid_sharding"]
-    assert h["first"] is None
-    row1 = [t for t in h["tried"] if t["rank"] == 1 and not t["dp_outer_optimizer"]]
-    assert row1 and row1[0]["outcome"] == "slower" and row1[0]["tokens_per_s"] < row1[0]["row_tokens_per_s"]
+    row1 = unreplicated_first_row(cli, "8")
+    assert row1["outcome"] == "slower" and row1["tokens_per_s"] < row1["row_tokens_per_s"]
 
 
 def test_a_named_dp_replicate_is_not_varied(cli):
