@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmplan.cost.compute import EXPERT_GEMM_S, KERNEL_LAUNCH_S, expert_gemm_seconds, stage_compute
+from llmplan.cost.gemm import layer_gemm_seconds
 from llmplan.search.grid import from_plan
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
@@ -185,3 +186,22 @@ def test_cli_switch_reaches_the_plan_and_the_step(cli):
     assert per_expert.json()["time"]["step_s"] > grouped.json()["time"]["step_s"]
     bad = cli(*args, "--expert-gemm", "loop")
     assert bad.code == 2 and "--expert-gemm loop" in bad.err and "Traceback" not in bad.err
+
+
+def test_search_conventional_ep1_plan_pays_per_expert_calls_once_per_pass_and_weights_once():
+    # The search's "conventional" Qwen3-30B-A3B plan on 4 x DGX H100: tp4 sp ep1 (etp = tp = 4, Megatron-Core's
+    # default), so TEGroupedMLP runs (the fused grouped MLP needs expert TP 1) over all 128 experts on every
+    # rank. Hand count, per micro-batch: 2 linears x 128 local experts x 3 passes x 48 MoE layers = 36,864
+    # per-expert GEMM calls at EXPERT_GEMM_S (0.912 s), nothing else per expert (docs/validation.md#conv-moe).
+    m, gpu = M["qwen3-30b-a3b"], S["dgx-h100"].gpu
+    conv = ParallelPlan(tp=4, dp=8, ep=1, sp=True, zero=1, recompute="selective", micro_batch=1,
+                        global_batch=1024, seq_len=4096)
+    etp1 = conv.model_copy(update={"etp": 1})  # the same plan on one grouped kernel
+    extra = float(stage_compute(m, conv, gpu, 0, 48, True).memory_bound) - float(
+        stage_compute(m, etp1, gpu, 0, 48, True).memory_bound)
+    assert extra == pytest.approx(2 * 128 * 3 * 48 * EXPERT_GEMM_S, rel=0.01)
+    # The experts' weights are read once per pass and micro-batch (a grouped GEMM), not once per expert call:
+    # 128 x 3 x 2048 x 768 / etp 4 x 2 bytes = 302 MB a layer, 3 passes x 48 layers at the achieved HBM rate.
+    floor = 3 * 48 * 128 * 3 * 2048 * 768 / 4 * 2 / gpu.hbm_achieved_bytes_per_s  # 16.2 ms on H100
+    f, b = layer_gemm_seconds(m, conv, gpu, True, only="expert")
+    assert floor <= 48 * float(f + b) < 4 * floor
