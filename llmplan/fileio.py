@@ -98,7 +98,9 @@ def _last_pairs(text: str, origin: str, warnings: list[str]) -> Callable[[list[t
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in pairs:
-            if key in out and out[key] != value and (origin, key, repr(value)) not in JSON_DUPLICATES_WARNED:
+            # compared with their types: Python holds 1 == True == 1.0, which JSON tells apart
+            if key in out and (type(out[key]), out[key]) != (type(value), value) \
+                    and (origin, key, repr(value)) not in JSON_DUPLICATES_WARNED:
                 JSON_DUPLICATES_WARNED.add((origin, key, repr(value)))
                 warnings.append(f"{origin}: key {excerpt(key, 40)!r} is given twice"
                                 f"{_json_duplicate_line(text, key)} with different values ({excerpt(out[key], 40)}, "

@@ -111,3 +111,10 @@ def test_json_error_gives_line_and_column(cli, tmp_path: Path) -> None:
 def test_excerpt_escapes_control_characters() -> None:
     assert excerpt("plain-ü") == "plain-ü"
     assert excerpt("a\x1bb") == "'a\\x1bb'"
+
+
+def test_json_key_twice_as_1_then_true_warns(capsys) -> None:
+    # Python holds 1 == True; JSON does not, so a key given as 1 and then true is two different values
+    from llmplan.fileio import parse_document
+    assert parse_document('{"sp": 1, "sp": true}', "JSON", "typed.json") == {"sp": True}
+    assert "key 'sp' is given twice" in capsys.readouterr().err

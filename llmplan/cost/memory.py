@@ -25,7 +25,7 @@ from llmplan.cost.activations import (  # noqa: F401  (re-exported: their home w
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home was this module)
     ADAM_STATE_BYTES, FP8_TRANSPOSE, LOW_PRECISION_WEIGHT_CACHE, ModelStateBytes, low_precision_weight_cache,
-    model_state_bytes,
+    megatron_fsdp_acts, model_state_bytes,
 )
 from llmplan.cost.model_states import (after_backward_peak, bf16_gathered_params, bf16_kept_params, fresh_grad_bytes,
                                        hp_grad_cast_bytes,
@@ -403,7 +403,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
     live = maximum(rp.total / layers, minimum(2 * rp.total / layers, ZERO3_MAX_LIVE_PARAMS))
     # Megatron-FSDP (no pipeline: check_plan's megatron_fsdp_zero): its prefetch, its non-unit weights kept
     # gathered, its queue of unsharded gradient buckets. Derived: docs/formulas.md#mem.megatron_fsdp
-    mfsdp = plan.megatron_fsdp & (plan.zero >= 2) & (plan.pp == 1)
+    mfsdp = megatron_fsdp_acts(plan)
     queued = 0.0
     if np.any(mfsdp):
         ends = stage_end_params(m, plan, stage)

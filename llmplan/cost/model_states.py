@@ -178,7 +178,7 @@ def fp32_sum_reduction(plan: Any) -> Any:
     megatron/training/arguments.py (turned off under --accumulate-allreduce-grads-in-fp32; use_distributed_optimizer
     set False for Muon, the layer-wise optimizer). Derived: docs/formulas.md#comm.fp32_sum"""
     return (plan.grad_reduce_fp32_sum & grad_shards_reduce_scattered(plan) & (plan.grad_bytes == 2.0)
-            & np.logical_not(plan.megatron_fsdp) & (plan.dp_replicate == 1) & (plan.optimizer != "muon"))
+            & np.logical_not(megatron_fsdp_acts(plan)) & (plan.dp_replicate == 1) & (plan.optimizer != "muon"))
 
 
 def grad_prescaled(plan: Any) -> Any:
@@ -242,6 +242,13 @@ def kept_grad_shard_bytes(plan: ParallelPlan, rp: RankParams, emb32: Any = 0.0) 
     return where(plan.kept_grad_shards & grad_shards_reduce_scattered(plan), shards, 0.0)
 
 
+def megatron_fsdp_acts(plan: Any) -> Any:
+    """Whether Megatron-FSDP runs the plan: the switch at ZeRO 2/3 without a pipeline. Elsewhere it is inert
+    (check_switches' megatron_fsdp_zero), and a search's plan arrays keep the workload's switch on rows the shown
+    plan settles it off on, so a cost reads this, never the raw field. Derived: docs/formulas.md#mem.megatron_fsdp"""
+    return plan.megatron_fsdp & (plan.zero >= 2) & (plan.pp == 1)
+
+
 def grad_shards_reduce_scattered(plan: Any) -> Any:
     """Whether a distributed optimizer reduce-scatters the gradients into shards it steps beside a whole gradient
     buffer (zero 1 with grad_reduce reduce-scatter): where kept_grad_shards acts, the one condition
@@ -299,7 +306,7 @@ def churned_gradients(plan: ParallelPlan) -> Any:
     pytorch/pytorch torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py (foreach_reduce)."""
     deepspeed = (plan.grad_reduce == "all-reduce") & (plan.zero >= 1) & (plan.grad_bytes < plan.master_bytes) \
         & (plan.optimizer != "muon")
-    return deepspeed | ((plan.zero >= 2) & (plan.pp > 1) & np.logical_not(plan.megatron_fsdp))
+    return deepspeed | ((plan.zero >= 2) & (plan.pp > 1) & np.logical_not(megatron_fsdp_acts(plan)))
 
 
 def bf16_optimizer(plan: ParallelPlan) -> Any:

@@ -10,9 +10,9 @@ merged into main at 067f987df); and `mixed_precision.grad_reduce_in_fp32` cannot
 struct mode ("Could not override"). With `mixed_precision` null, runtime_config_update skips setup and the
 model, optimizer and DDP keep the fields written here: the preset's values (its factory function, then
 MixedPrecisionConfig.finalize: fp8_param / fp4_param from the *_param_gather fields), as setup would have
-copied them, with grad_reduce_in_fp32 the plan's. Megatron-Bridge's performance recipes reduce bf16 gradients
-this way too (perf_recipes/_common.py at 6124fbe, _benchmark_common and _perf_precision: grad_reduce_in_fp32
-False on both the preset and the DDP config)."""
+copied them, with grad_reduce_in_fp32 the plan's. Megatron-Bridge's performance recipes reach the same bf16
+reduction in Python instead (perf_recipes/_common.py at 6124fbe, _benchmark_common and _perf_precision:
+grad_reduce_in_fp32 set False on the preset object and on the DDP config), which a command line cannot do."""
 
 from __future__ import annotations
 
