@@ -33,7 +33,7 @@ N = 8  # micro-batches: global batch 64 over dp 8 at micro-batch 1
 G, R = 0.8, 0.4  # one step's weight all-gathers (two passes a micro-batch) and reduce-scatters, seconds (chosen)
 # compute windows far longer than the collectives, and no contention: what is hidden costs nothing
 SC = SimpleNamespace(total=100.0, forward=40.0)
-COMM = SimpleNamespace(dp_gather=G, dp_reduce=R, dp_host=0.0)
+COMM = SimpleNamespace(dp_gather=G, dp_reduce=R, dp_host=0.0, dp_outer_gather=0.0, dp_outer_reduce=0.0)  # no replicas
 
 
 def plan(zero: int, on: bool) -> ParallelPlan:
