@@ -22,6 +22,7 @@ from typing import Any, Callable
 from llmplan.estimate import TrainingEstimate
 from llmplan.specs.check import divisors
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
+from llmplan.topology.placement import domain_ranks
 
 MAX_REPLICA_TRIES = 4
 """Replica counts priced per row and optimizer placement at most, the largest first (each smaller one spreads a
@@ -62,8 +63,8 @@ class HybridChoice:
 def domain_span(plan: ParallelPlan, cluster: ClusterSpec) -> tuple[int, int]:
     """(GPUs one ZeRO data-parallel group spans with its TP and CP ranks, GPUs of one NVLink domain): dp strides
     over tp x cp and pp is the outermost axis (topology.placement DEFAULT_ORDER), so one stage's data-parallel
-    ranks lie on tp x cp x dp consecutive GPUs."""
-    return plan.tp * plan.cp * plan.dp, min(cluster.system.domain_gpus, cluster.num_gpus)
+    ranks lie on tp x cp x dp consecutive GPUs; the domain as the job fills it (topology.placement.domain_ranks)."""
+    return plan.tp * plan.cp * plan.dp, domain_ranks(cluster)
 
 
 def replica_counts(plan: ParallelPlan, cluster: ClusterSpec) -> list[int]:
