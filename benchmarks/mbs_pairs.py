@@ -123,12 +123,22 @@ def launches_patch(fwd: float, bwd: float) -> None:
     S.layer_launch_average = lambda m, plan: Kernels(fwd, bwd)  # type: ignore[assignment]
 
 
+SHORT = (("bloom-prequel-", ""), ("48-node-contenders", "contenders"), ("gbs-and-tp-variations", "gbs-tp"),
+         ("nheads-round2", "nheads2"), ("rebalancing-layers", "rebalance"), ("mbsX", ""), ("z1", ""))
+
+
+def label(key: str) -> str:
+    """A pair's key, short enough for an 80-column table."""
+    for a, b in SHORT:
+        key = key.replace(a, b)
+    return key
+
+
 def table(fixed_s: float = 0.0) -> list[float]:
     """Print every pair; return the clean pairs' gaps (points)."""
     recs = yaml.safe_load(A.DEFAULT_RUNS.read_text())
     gaps = []
-    print(f"{'pair (lower-mbs id, mbsX)':58s} {'mbs':>5s} {'meas':>6s} {'priced':>6s} {'gap':>5s} "
-          f"{'F ms/layer':>10s}")
+    print(f"{'pair (table-model-layout)':44s} {'mbs':>5s} {'meas':>6s} {'priced':>6s} {'gap':>5s} {'F ms':>6s}")
     for key, lo, hi in pairs(recs):
         ta, _, pa = priced(lo)
         tb, _, pb = priced(hi)
@@ -138,14 +148,13 @@ def table(fixed_s: float = 0.0) -> list[float]:
         g = lo["measured"]["iteration_time_s"] / hi["measured"]["iteration_time_s"]
         gap = 100 * (g - ta / tb)
         need = (g * tb - ta) / (na - g * nb) / layers  # fixed s per layer and slot that closes it
-        short = key.replace("bloom-prequel-", "")[:58]
-        print(f"{short:58s} {pa.micro_batch}->{pb.micro_batch:<2d} {100 * (g - 1):+6.1f} {100 * (ta / tb - 1):+6.1f} "
-              f"{gap:+5.1f} {1e3 * need:10.2f}")
+        print(f"{label(key)[:44]:44s} {pa.micro_batch:>2d}->{pb.micro_batch:<2d} {100 * (g - 1):+6.1f} "
+              f"{100 * (ta / tb - 1):+6.1f} {gap:+5.1f} {1e3 * need:6.2f}")
         if (key.startswith(OUTLIER[0]), pa.micro_batch) != (True, OUTLIER[1]):
             gaps.append(gap)
     print(f"clean pairs {len(gaps)}: gap median {statistics.median(gaps):+.2f}, mean {statistics.mean(gaps):+.2f}, "
-          f"measured > priced in {sum(x > 0 for x in gaps)}, |gap| median "
-          f"{statistics.median(abs(x) for x in gaps):.2f} points")
+          f"|gap| median {statistics.median(abs(x) for x in gaps):.2f} points;\n"
+          f"  measured > priced in {sum(x > 0 for x in gaps)}")
     return gaps
 
 
@@ -213,24 +222,30 @@ def main() -> int:
     ap.add_argument("--simulate", action="store_true")
     args = ap.parse_args()
     fixed = 0.0
-    if args.candidate == "shapes":
-        shapes_patch()
-    elif args.candidate == "tile256":
-        tile256_patch()
-    elif args.candidate == "fused":
-        fused_patch()
-    elif args.candidate.startswith("launches="):
-        f, b = (float(x) for x in args.candidate.split("=", 1)[1].split(","))
-        launches_patch(f, b)
-    elif args.candidate.startswith("fixed="):
-        fixed = float(args.candidate.split("=", 1)[1]) / 1e3
-    elif args.candidate != "none":
-        print(f"error: unknown candidate {args.candidate!r} (none, shapes, tile256, fused, fixed=MS, launches=F,B)")
+    name, _, value = args.candidate.partition("=")
+    try:
+        if name == "shapes":
+            shapes_patch()
+        elif name == "tile256":
+            tile256_patch()
+        elif name == "fused":
+            fused_patch()
+        elif name == "launches":
+            f, b = (float(x) for x in value.split(","))
+            launches_patch(f, b)
+        elif name == "fixed":
+            fixed = float(value) / 1e3
+        elif name != "none":
+            raise ValueError
+    except ValueError:
+        print(f"error: --candidate {args.candidate!r}: expected none, shapes, tile256, fused, fixed=MS or "
+              "launches=FWD,BWD", file=sys.stderr)
         return 2
     print(f"candidate: {args.candidate}")
     table(fixed)
     if args.simulate:
-        print("\nDeepSpeed TrainSchedule simulated (forward 1, backward 2 a stage; last stage x1.12):")
+        print("\nDeepSpeed TrainSchedule simulated (forward 1, backward 2 a stage; last x1.12);")
+        print("xfers: transfers on the critical path per micro-batch slot")
         for p, n in ((2, 42), (6, 64), (12, 128), (12, 256)):
             f, b = [1.0] * p, [2.0] * p
             f[-1], b[-1] = 1.12, 2.24
@@ -238,8 +253,8 @@ def main() -> int:
             one_f_one_b = (n - 1) * max(tot) + sum(tot)
             c = 0.01
             extra = (simulate(f, b, n, c) - simulate(f, b, n)) / c / (n + p - 1)
-            print(f"  p {p:2d} n {n:3d}: makespan {simulate(f, b, n):8.2f}, (n-1)max + sum {one_f_one_b:8.2f}; "
-                  f"transfers on the critical path per slot {extra:.2f}")
+            print(f"  p {p:2d} n {n:3d}: makespan {simulate(f, b, n):8.2f}, (n-1)max + sum {one_f_one_b:8.2f}, "
+                  f"xfers {extra:.2f}")
     return 0
 
 
