@@ -2210,6 +2210,10 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # v0.2.0 - v0.6.0): Megatron-Core's eager rotary
         # (the verification cards run the same provider: bridgecard rows too)
         rope_fusion=not ((mbridge or fam == "bridgecard") and "gpt-oss" in rec["id"]),
+        # Megatron-Bridge's GPT-OSS provider / bridge sets bias_dropout_fusion False (gpt_oss_provider.py v0.2.0 -
+        # v0.3.1, gpt_oss_bridge.py v0.3.1 - v0.6.0; no GPT-OSS perf recipe sets it back): the attention output
+        # bias is added in _bias_dropout_add_func's own pass (docs/formulas.md#compute.bias_add)
+        bias_dropout_fusion=not ((mbridge or fam == "bridgecard") and "gpt-oss" in rec["id"]),
     ))
 
 

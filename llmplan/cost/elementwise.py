@@ -33,7 +33,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     (gated: read 2f, write f; GELU: read f, write f) and an eager fc1 expert bias (expert_fc1_bias_bytes), an MoE
     layer's routing and permutes (moe_routing_train_bytes, forward, backward and `moe` rerun) and what else its
     `moe` recompute runs again (moe_recompute_bytes)
-    and, without fused attention, the causal softmax and dropout over the scores (score_bytes).
+    and, without fused attention, the causal softmax and dropout over the scores (score_bytes), and output biases
+    added apart from the residual add (bias_add_bytes).
     Derived: docs/formulas.md#compute.memory_bound"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     T = s * b
@@ -69,7 +70,30 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # DeepSeek-V4: the hyper-connections' passes over the n streams and the compressors' pooling of their
     # projected series, per average layer (cost.compressed)
     v4 = (hc_memory_bytes(m) + compressor_token_bytes(m) / m.num_hidden_layers) * T / sp
-    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts + v4 + sinks + merges
+    bias_add = bias_add_bytes(m, plan, moe) * T * h / sp  # output biases added apart from the residual
+    return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts + v4 + sinks + merges + bias_add
+
+
+UNFUSED_BIAS_ADD_BYTES = (4.0, 2.0)
+"""(forward, backward) HBM bytes per element of a projection's h-wide bf16 output of its bias added in its own
+pass before the residual add (ParallelPlan.bias_dropout_fusion False): forward x + bias reads x and writes the sum
+(2 + 2; dropout at p 0 returns its input, no kernel); backward the add passes the gradient through and the bias
+gradient sums it over the tokens (read 2). The residual add after it is the norms_residual add priced for every
+layer. Source: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_dropout.py _bias_dropout_add_func (x = x + bias,
+then residual + out), transformer/attention.py (linear_proj with skip_bias_add=True) at core_v0.16.0;
+NVIDIA-NeMo/Megatron-Bridge gpt_oss_provider.py / gpt_oss_bridge.py (bias_dropout_fusion False, v0.2.0 - v0.6.0).
+Derived: docs/formulas.md#compute.bias_add"""
+
+
+def bias_add_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+    """HBM bytes per token and hidden element of one layer's output biases added apart from the residual add
+    (ParallelPlan.bias_dropout_fusion False), in the forward-equivalent units of elementwise_bytes (the stage
+    charges three times them): the attention output projection's (attention_bias; qkv_bias has none) and a dense
+    MLP's fc2 bias (mlp_bias; an MoE layer adds its experts' biases inside the experts and hands the
+    bias-dropout-add none). 0 with the fused bias-dropout-add. Derived: docs/formulas.md#compute.bias_add"""
+    passes = (attention_share(m) if m.attention_bias else 0.0) + (
+        dense_mlp_share(m) if m.mlp_bias and not moe else 0.0)
+    return where(plan.bias_dropout_fusion, 0.0, sum(UNFUSED_BIAS_ADD_BYTES) / 3 * passes)
 
 
 CP_MERGE_BYTES = {"out_fill": 2.0, "out_merge": 6.0, "dq_first": 4.0, "dq_add": 6.0, "dkv_setup": 4.0,

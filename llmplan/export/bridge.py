@@ -518,6 +518,8 @@ def model_overrides(pf: PlanFile) -> list[tuple[str, object]]:
         out += [("model.overlap_p2p_comm", not p.pp_blocking_sends), ("model.batch_p2p_comm", p.pp_blocking_sends)]
     if not p.rope_fusion:  # TransformerConfig.apply_rope_fusion: Megatron-Core's eager rotary
         out.append(("model.apply_rope_fusion", False))
+    if not p.bias_dropout_fusion:  # TransformerConfig.bias_dropout_fusion: the output biases' own pass
+        out.append(("model.bias_dropout_fusion", False))
     return out
 
 

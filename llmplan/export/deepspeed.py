@@ -218,8 +218,17 @@ def check(pf: PlanFile) -> None:
     if p.pp > 1 and p.zero >= 2:
         raise refuse(TARGET, f"pipeline parallelism (pp {p.pp}) with ZeRO stage {p.zero} (DeepSpeed's pipeline engine "
                      "refuses ZeRO-2 and ZeRO-3)", "re-plan with --zero 1 or --pp 1, or export to megatron")
-    refuse_first(TARGET, _feature_rules(p) + _layout_rules(pf))
+    refuse_first(TARGET, _feature_rules(p) + _layout_rules(pf) + [bias_add_refusal(pf)])
     check_grads(pf)
+
+
+def bias_add_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """Output biases priced as added apart from the residual (bias_dropout_fusion off) on a model that has them:
+    the Hugging Face linears DeepSpeed trains add their bias in the GEMM (docs/formulas.md#compute.bias_add)."""
+    return ("the output biases added apart from the residual (bias_dropout_fusion off, Megatron-Core's unfused "
+            "bias-dropout-add; the Hugging Face linears add their bias in the GEMM)",
+            not pf.plan.bias_dropout_fusion and (pf.model.attention_bias or pf.model.mlp_bias),
+            "set bias_dropout_fusion true in the plan, or export to megatron")
 
 
 def _feature_rules(p: ParallelPlan) -> list[tuple[str, bool, str]]:

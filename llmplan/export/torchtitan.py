@@ -245,6 +245,10 @@ def _check_precision(pf: PlanFile, target: str) -> None:
         raise refuse(target, "the rotary embedding unfused (rope_fusion off, Megatron-Core's eager rotary) with "
                      "fused kernels: torch.compile of the model, which this export turns on for them, fuses it",
                      "set rope_fusion true in the plan, or export to megatron")
+    if not p.bias_dropout_fusion and (pf.model.attention_bias or pf.model.mlp_bias):
+        raise refuse(target, "the output biases added apart from the residual (bias_dropout_fusion off, "
+                     "Megatron-Core's unfused bias-dropout-add): torchtitan's linears add their bias in the GEMM",
+                     "set bias_dropout_fusion true in the plan, or export to megatron")
     refuse_first(target, [grad_reduce_refusal(p)])
 
 

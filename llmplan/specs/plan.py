@@ -414,6 +414,12 @@ class ParallelPlan(PlanQuantities, Spec):
     copy, an add and a concatenation), which Megatron-Bridge runs for YaRN position embeddings (GPT-OSS:
     validate_rope_fusion_compatibility turns apply_rope_fusion off for any embedding but "rope") and
     Megatron-Core whenever the YaRN concentration is not 1 (docs/formulas.md#compute.memory_bound)."""
+    bias_dropout_fusion: bool = True
+    """A biased projection's output bias added in the bias-dropout-add kernel with the residual (Megatron-Core's
+    jit-fused bias_dropout_add; a bias inside the GEMM elsewhere). False: Megatron-Core's unfused
+    _bias_dropout_add_func adds the attention output projection's bias (and a dense MLP's fc2 bias) in its own
+    pass before the residual add, which Megatron-Bridge's GPT-OSS bridge runs (bias_dropout_fusion False;
+    docs/formulas.md#compute.bias_add). Priced only for a model with those biases."""
     rope_complex: bool = False
     """The rotary is PyTorch complex arithmetic (torchtitan's Llama at 9dec370, apply_rotary_emb: the fp32 copy
     viewed as complex, times freqs_cis, viewed back and cast), which torch.compile's Inductor does not generate
