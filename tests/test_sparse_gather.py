@@ -11,12 +11,14 @@ from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
 from llmplan.cost.compute import attention_seconds, layer_flops, layer_seconds
+from llmplan.cost.flops import attention_keys, attention_score_flops
 from llmplan.cost.sparse_gather import (
     GATHER_FIXED_SLOTS,
     GATHER_TOPK_ALIGN,
     gather_calls,
     gather_layer_seconds,
     gather_rate_ratio,
+    indexer_loss_layer_seconds,
 )
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.registry import builtin_gpus, builtin_models
@@ -118,3 +120,40 @@ def test_v4_unquantized_matmuls_run_in_bf16(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(gemm, "UNQUANTIZED_MODULES", frozenset())
     assert gemm.layer_gemm_seconds(FLASH, p, g, True)[0] < kept[0]
     assert gemm.layer_gemm_seconds(FLASH, bf16_plan, g, True)[0] == pytest.approx(kept[1])
+
+
+@pytest.mark.parametrize("gpu", sorted(PUBLISHED))
+def test_indexer_loss_kernels_at_the_published_gather_rates(gpu: str) -> None:
+    # Megatron-LM csa_kernels.py at 1e23526adc (FusedCSAIndexerSparseAttnFunc): per CSA layer the attention scores
+    # recomputed over the 512 selected keys (QK^T, 64 heads, d = 512) and the indexer's sparse backward, three
+    # GEMMs of 2·Sq·H·D·TopK (cudnn-frontend benchmark_dsa_indexer_h32.py; indexer 64 heads of 128). Rates: the
+    # published 640-slot call's TFLOP/s (forward, backward), at 512 slots by the fixed-slot rule
+    fwd_ms, bwd_ms, peak = PUBLISHED[gpu]
+    g = GPUS[gpu]
+    at_bench = g.model_copy(update={"sustained_clock_fraction": peak / g.tflops["bf16"]})
+    csa_only = FLASH.model_copy(update={"layer_types": ("compressed_sparse_attention",) * FLASH.num_hidden_layers})
+    fwd_rate = 2 * 4096 * 64 * 640 * (512 + 512) / (fwd_ms * 1e-3)
+    bwd_rate = 2 * 4096 * 64 * 640 * (3 * 512 + 2 * 512) / (bwd_ms * 1e-3)
+    at_512 = (512 / (512 + GATHER_FIXED_SLOTS)) / (640 / (640 + GATHER_FIXED_SLOTS))
+    target, backward = indexer_loss_layer_seconds(csa_only, plan(), at_bench)
+    assert target == pytest.approx(2 * 4096 * 64 * 512 * 512 / (fwd_rate * at_512), rel=0.01)
+    assert backward == pytest.approx(3 * 2 * 4096 * 64 * 128 * 512 / (bwd_rate * at_512), rel=0.01)
+
+
+def test_attention_prices_the_indexer_scores_once_with_its_loss_kernels() -> None:
+    # the indexer's inputs are detached: its dense scores run in the forward only, and its gradient comes from the
+    # sparse loss kernels; stage_compute charges attention_seconds three times
+    p, g = plan(), GPUS["gb200"]
+    flops = layer_flops(FLASH, p, True).attention
+    peak = 1e15
+    scores = (flops - attention_score_flops(FLASH, p, attention_keys(FLASH, p.seq_len))) / peak
+    fwd, bwd = gather_layer_seconds(FLASH, p, g)
+    target, backward = indexer_loss_layer_seconds(FLASH, p, g)
+    assert scores > 0 and target > 0 and backward > 0
+    assert 3 * attention_seconds(FLASH, p, g, flops, peak) == pytest.approx(fwd + bwd + target + backward + scores)
+
+
+def test_models_without_a_csa_indexer_add_no_indexer_loss() -> None:
+    window_only = FLASH.model_copy(update={"layer_types": ("sliding_attention",) * FLASH.num_hidden_layers})
+    assert indexer_loss_layer_seconds(window_only, plan(), GPUS["gb200"]) == (0.0, 0.0)
+    assert indexer_loss_layer_seconds(FLASH, plan(), GPUS["h100-sxm"]) == (0.0, 0.0)

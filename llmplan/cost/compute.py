@@ -98,7 +98,7 @@ from llmplan.cost.quantize import (  # noqa: F401  (re-exported: their home was 
     nvfp4_quantize_bytes,
     quantize_bytes,
 )
-from llmplan.cost.sparse_gather import gather_layer_seconds
+from llmplan.cost.sparse_gather import gather_layer_seconds, indexer_loss_layer_seconds
 from llmplan.cost.stages import recomputed_share
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -334,14 +334,19 @@ def attention_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, attention_
     """Forward-equivalent seconds of one layer's attention FLOPs (layer_flops(...).attention), one micro-batch:
     at peak_attn (the dense fused kernel's rate), except DeepSeek-V4's sparse calls under fused attention on a GPU
     with a published sparse gather rate: their forward and backward (cost.sparse_gather) as three
-    forward-equivalents, since stage_compute charges the attention three times, and only the rest of the FLOPs
-    (the CSA indexers' scores) at peak_attn. Derived: docs/formulas.md#compute.sparse_gather"""
+    forward-equivalents, since stage_compute charges the attention three times, with the CSA indexer-loss kernels
+    (cost.sparse_gather.indexer_loss_layer_seconds) likewise; the rest of the FLOPs (the CSA indexers' scores) at
+    peak_attn in the forward alone: the indexer's inputs are detached and its gradient comes from its sparse
+    backward, so no backward of the dense scores runs.
+    Derived: docs/formulas.md#compute.sparse_gather, docs/formulas.md#compute.indexer_loss"""
     dense = attention_flops / peak_attn
     if not m.compressed_layers or gpu.sparse_gather_efficiency is None:
         return dense
     fwd, bwd = gather_layer_seconds(m, plan, gpu)
+    target, indexer_bwd = indexer_loss_layer_seconds(m, plan, gpu)
     core = attention_score_flops(m, plan, attention_keys(m, plan.seq_len))  # the counted (query, key) pairs
-    return where(plan.flash_attention, (fwd + bwd) / 3 + (attention_flops - core) / peak_attn, dense)
+    scores = (attention_flops - core) / peak_attn  # the indexers' dense scores, forward only
+    return where(plan.flash_attention, (fwd + bwd + target + indexer_bwd + scores) / 3, dense)
 
 
 def grad_accumulation_bytes(plan: ParallelPlan) -> float:

@@ -44,6 +44,12 @@ The same line gives top-k 1,024 within 1% (2.218 against 2.198 ms) and 128 withi
 Source: NVIDIA/cudnn-frontend benchmark/dsa/README.md ("Sparse Attention Backward", B200 results table).
 Derived: docs/formulas.md#compute.sparse_gather"""
 
+INDEXER_BACKWARD_GEMMS = 3
+"""Matmuls of the CSA indexer's sparse backward, each 2·(s/cp)·b·H_I·d_I·k FLOPs over the k selected keys (the
+recomputed index scores, the query gradient, the key gradient). Source: NVIDIA/cudnn-frontend
+benchmark/dsa/benchmark_dsa_indexer_h32.py at 8f6dd62b4e ("Three GEMMs each contribute 2*B*Sq*H*D*TopK FLOPs",
+DSA.indexer_backward_wrapper). Derived: docs/formulas.md#compute.indexer_loss"""
+
 BACKWARD_FLOP_RATIO = 2.5
 """Backward FLOPs of a sparse gather call over its forward's: five matmuls (the recomputed scores, dV, dP, dQ,
 dK) against two, 2·s·a·K·(3d_qk + 2d_v) against 2·s·a·K·(d_qk + d_v), 2.5 at d_qk = d_v (the count the
@@ -98,3 +104,32 @@ def gather_layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tupl
         bwd = bwd + n * BACKWARD_FLOP_RATIO * per_slot * K / (rate * eff[1])
     L = m.num_hidden_layers
     return fwd / L, bwd / L
+
+
+def indexer_loss_layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any, Any]:
+    """(target recompute, indexer backward) seconds of the mean layer's CSA indexer-loss kernels, one micro-batch,
+    one rank. In training Megatron-LM's fused CSA path (FusedCSAIndexerSparseAttnFunc, apply_dsa_kernel_fusion)
+    runs, in the forward, two sparse kernels beside the attention call of every compressed_sparse_attention layer:
+    the attention scores recomputed over the indexer's k selected compressed keys (cuDNN
+    sparse_attn_score_recompute, the KL target: QK^T of the a/t heads at d_qk, 2·(s/cp)·b·(a/t)·k·d FLOPs) and
+    the indexer's own sparse backward (indexer_backward_wrapper: INDEXER_BACKWARD_GEMMS matmuls of
+    2·(s/cp)·b·H_I·d_I·k, the indexer replicated on every TP rank); its autograd backward then only scales the
+    gradients precomputed. Priced at the published gather rates (GpuSpec.sparse_gather_efficiency, forward for the
+    recompute, backward for the indexer backward) at k slots (padded_slots, gather_rate_ratio): no rate of either
+    kernel is published. 0 without a published rate or a CSA indexer.
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/experimental_attention_variant/csa.py
+    (_forward_fused_indexer_training) and csa_kernels.py (FusedCSAIndexerSparseAttnFunc: _compute_attn_target,
+    indexer_backward_wrapper "eagerly computed in the forward pass") at 1e23526adc.
+    Derived: docs/formulas.md#compute.indexer_loss"""
+    eff = gpu.sparse_gather_efficiency
+    n = m.count_layers("compressed_sparse_attention")
+    if eff is None or not n or not m.index_topk:
+        return 0.0, 0.0
+    T = plan.seq_len / plan.cp * plan.micro_batch
+    k = padded_slots(m.index_topk)
+    rate = gpu.sustained_flops("bf16") * gather_rate_ratio(k)
+    target = 2.0 * T * m.num_attention_heads / plan.tp * k * m.d_head / (rate * eff[0])
+    H, dI = m.index_n_heads or 0, m.index_head_dim or 0
+    backward = INDEXER_BACKWARD_GEMMS * 2.0 * T * H * dI * k / (rate * eff[1])
+    L = m.num_hidden_layers
+    return n * target / L, n * backward / L
