@@ -23,6 +23,7 @@ from llmplan.cost.quantize import torchao_float8, torchao_fp8_params
 from llmplan.cost.stages import mtp_weight_sets, stage_weight_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.quantities import megatron_fsdp_acts
 from llmplan.specs.schedule import schedule_of
 
 ADAM_STATE_BYTES = 12.0  # fp32 master weights + first + second moments
@@ -240,13 +241,6 @@ def kept_grad_shard_bytes(plan: ParallelPlan, rp: RankParams, emb32: Any = 0.0) 
     od, oe, g = plan.optimizer_shard, plan.expert_optimizer_shard, plan.grad_bytes
     shards = where(od > 1, (rp.dense * g + emb32) / od, 0.0) + where(oe > 1, rp.expert * g / oe, 0.0)
     return where(plan.kept_grad_shards & grad_shards_reduce_scattered(plan), shards, 0.0)
-
-
-def megatron_fsdp_acts(plan: Any) -> Any:
-    """Whether Megatron-FSDP runs the plan: the switch at ZeRO 2/3 without a pipeline. Elsewhere it is inert
-    (check_switches' megatron_fsdp_zero), and a search's plan arrays keep the workload's switch on rows the shown
-    plan settles it off on, so a cost reads this, never the raw field. Derived: docs/formulas.md#mem.megatron_fsdp"""
-    return plan.megatron_fsdp & (plan.zero >= 2) & (plan.pp == 1)
 
 
 def grad_shards_reduce_scattered(plan: Any) -> Any:
