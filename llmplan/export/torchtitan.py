@@ -17,7 +17,7 @@ from llmplan.export.common import (accumulation_notes, check_accumulation, exper
                                    launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse, refuse_first,
                                    sh_header, tp_refusals, virtual_stage_layers, norm_kernel_refusals,
                                    swiglu_fp8_refusal, jit_activation_refusal, megatron_fsdp_refusal,
-                                   parallel_block_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal, delay_wgrad_refusal,
+                                   parallel_block_refusal, whole_embedding_refusal, delay_wgrad_refusal,
                                    ep_overlap_refusal, router_fusion_refusal, router_padding_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
@@ -198,14 +198,16 @@ def _check_common(pf: PlanFile, target: str) -> None:
     refuse_first(target, [mtp_refusal(pf)])
     p = pf.plan
     refuse_first(target, [muon_refusal(p)])
+    # Also refuses kept_grad_shards and fp32_embedding_grads: check_plan (kept_grad_shards_zero,
+    # fp32_embedding_grads_zero) keeps both to zero 1 with grad_reduce reduce-scatter, so no plan file gets past here
     if p.zero == 1:
         raise refuse(target, "ZeRO-1 (FSDP2 shards gradients and weights too)",
                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
     refuse_first(target, [dtype_refusal(p)])
     refuse_first(target, [grad_checks_refusal(p)])
     refuse_first(target, [*tp_refusals(pf), *op_fuser_refusals(pf), *norm_kernel_refusals(pf),
-                          unfused_attention_refusal(p), parallel_block_refusal(pf), kept_grad_shards_refusal(pf),
-                          fp32_embedding_grads_refusal(pf), whole_embedding_refusal(pf), ep_overlap_refusal(pf),
+                          unfused_attention_refusal(p), parallel_block_refusal(pf), whole_embedding_refusal(pf),
+                          ep_overlap_refusal(pf),
                           delay_wgrad_refusal(pf), router_fusion_refusal(pf), router_padding_refusal(pf)])
     if p.pp_blocking_sends and p.pp > 1:  # torch.distributed.pipelining posts isend / irecv, no device sync
         raise refuse(target, "pipeline exchanges that block and synchronise the device (pp_blocking_sends: "
