@@ -1858,8 +1858,8 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
                                      + torchao_amax_transfers(m, plan, spans["dpcp_in"], i), system),
                     class_key(m, plan))  # the stages of a class: one rank's transfers
     return CommBreakdown({
-        "tp": _timed("tp", tp_transfers(m, plan, spans["tp"], spans["etp"]) + tp_step_end_transfers(m, plan, spans["tp"]),
-                     system),
+        "tp": _timed("tp", tp_transfers(m, plan, spans["tp"], spans["etp"])
+                     + tp_step_end_transfers(m, plan, spans["tp"]), system),
         "pp": _timed("pp", pp_transfers(m, plan, spans["pp"]), system),
         "dp": dp[0],
         "cp": _timed("cp", cp_transfers(m, plan, spans["cp"], spans.get("cp_a2a"), spans.get("cp_ring")), system),

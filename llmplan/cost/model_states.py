@@ -221,7 +221,8 @@ def fp32_sum_scratch_bytes(plan: Any, n_params: Any, shard: Any, stage: Any = 0)
     (fp32_sum_live_params) the all-to-all's output, `torch.empty_like(input_tensor)` of the whole bucket in the
     gradient dtype, and the fp32 sum of the rank's 1/shard of it. 0 where it does not act.
     Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/reduce_scatter_with_fp32_accumulation.py,
-    param_and_grad_buffer.py (start_grad_sync: previous_grad_reduce_bucket_group). Derived: docs/formulas.md#mem.fp32_sum"""
+    param_and_grad_buffer.py (start_grad_sync: previous_grad_reduce_bucket_group).
+    Derived: docs/formulas.md#mem.fp32_sum"""
     live = fp32_sum_live_params(plan, n_params, stage)
     return where(fp32_sum_reduction(plan) & (n_params > 0),
                  live * plan.grad_bytes + live / maximum(shard, 1) * FP32_SUM_BYTES, 0.0)
@@ -336,7 +337,8 @@ def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradien
     beside its flat copy and its cast, the rest of the gradients freed), each beside the gradient shards the
     optimizer keeps to the next zero_grad (kept_grad_shard_bytes; `emb32`: the embeddings' fp32 gradient bytes
     beyond 2-byte ones, fp32_embedding_grad_bytes; `stage`: the rank's pipeline stage, for the fp32-sum scratch).
-    Derived: docs/formulas.md#mem.optimizer_copies, docs/formulas.md#mem.kept_grad_shards, docs/formulas.md#mem.fp32_sum"""
+    Derived: docs/formulas.md#mem.optimizer_copies, docs/formulas.md#mem.kept_grad_shards,
+    docs/formulas.md#mem.fp32_sum"""
     od, oe = plan.optimizer_shard, plan.expert_optimizer_shard  # the optimizer's partitions
     cd, ce = optimizer_copies(plan, rp.dense, od, stage), optimizer_copies(plan, rp.expert, oe, stage)
     grad_b = plan.grad_bytes

@@ -212,7 +212,8 @@ def bf16_layers_json(m: ModelSpec, plan: ParallelPlan) -> dict[str, Any]:
     """The layers a low-precision plan keeps in bf16 as priced: the pinned counts or the recipe's default, and
     the share of the layers whose GEMMs run in the recipe's format (docs/formulas.md#precision)."""
     start, end = bf16_layer_counts(plan, m.num_hidden_layers)
-    return {"start": start, "end": end, "pinned": plan.bf16_layers_start is not None or plan.bf16_layers_end is not None,
+    pinned = plan.bf16_layers_start is not None or plan.bf16_layers_end is not None
+    return {"start": start, "end": end, "pinned": pinned,
             "low_precision_layer_fraction": plan.low_precision_layer_fraction(m.num_hidden_layers)}
 
 
