@@ -150,7 +150,8 @@ def advise_training(e: TrainingEstimate, allowance: Any = None, order: tuple[str
         new_fits = float(new.memory.headroom) >= 0
         if not new_fits:  # a change is advised only where the plan fits with it
             continue
-        gain = (float(new.throughput.tokens_per_s) / base_tps - 1) if fits else (base_mem - float(new.memory.total)) / base_mem
+        gain = (float(new.throughput.tokens_per_s) / base_tps - 1) if fits \
+            else (base_mem - float(new.memory.total)) / base_mem
         if gain <= 1e-6:  # no faster (a plan that fits) or frees no memory (one that does not)
             continue
         items.append(Advice(why, _training_flags(change, e.plan), _training_numbers(new), gain))
@@ -386,9 +387,10 @@ def advise_serving(e: ServeEstimate, allowance: Any = None) -> list[Advice]:
         ("an fp8 KV cache holds twice the tokens", {"kv_dtype": "fp8"} if p.kv_dtype != "fp8" else {}, {}),
     ]
     if bound == "ttft":
-        cands += [("larger prefill chunks (max_num_batched_tokens)", {}, {"max_num_batched_tokens": j.max_num_batched_tokens * 2,
-                                                                          "max_num_batched_tokens_default": False}),
-                  ("prefix caching skips shared prompt tokens", {}, {"prefix_hit_rate": min(0.9, j.prefix_hit_rate + 0.5)})]
+        chunks = {"max_num_batched_tokens": j.max_num_batched_tokens * 2, "max_num_batched_tokens_default": False}
+        cands += [("larger prefill chunks (max_num_batched_tokens)", {}, chunks),
+                  ("prefix caching skips shared prompt tokens", {},
+                   {"prefix_hit_rate": min(0.9, j.prefix_hit_rate + 0.5)})]
     if fitting is not None:
         cands.append((f"a batch of {fitting.job.batch:,} per replica is the most the KV cache holds", {},
                       {"batch": fitting.job.batch}))

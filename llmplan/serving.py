@@ -229,8 +229,8 @@ def estimate_serving(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: S
         kv_bytes_per_token=kv_bytes_per_token(m, plan.kv_dtype), slo_batch=slo_batch, slo_tokens_per_s=slo_tps,
         prefill_saved_fraction=job.prefix_hit_rate,
         ttft_without_prefix_cache=float(prefill_seconds(m, runs, system, spans, cold, job.batch)),
-        warnings=(hardware_warnings(plan, cluster) + tp_span_warning(plan, cluster, spans) + kv_replication_warning(m, plan)
-                  + sglang_fraction_warning(job)),
+        warnings=(hardware_warnings(plan, cluster) + tp_span_warning(plan, cluster, spans)
+                  + kv_replication_warning(m, plan) + sglang_fraction_warning(job)),
         operators=tuple(uses), fallback_cost=extra, speculative=spec, lengths=lengths,
         phase=phase_timing(m, runs, system, spans, job),
     )
@@ -317,7 +317,8 @@ def at_max_load(m: ModelSpec, cluster: ClusterSpec, plan: ServePlan, job: ServeJ
     admits (ServeMemory.max_concurrent_seqs, by the engine's rule), at most `cap`, at least one.
     Derived: docs/formulas.md#infer.capacity"""
     def admitted(batch: int) -> int:  # the activation peak (sampled logits) grows with the batch
-        return estimate_serving(m, cluster, plan, job.model_copy(update={"batch": batch}), allowance).memory.max_concurrent_seqs
+        at = job.model_copy(update={"batch": batch})
+        return estimate_serving(m, cluster, plan, at, allowance).memory.max_concurrent_seqs
 
     batch = max(1, admitted(1))
     if cap:

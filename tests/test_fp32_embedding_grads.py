@@ -164,3 +164,17 @@ def test_dualpipe_is_refused_in_one_line(cli) -> None:
     assert "(rule fp32_embedding_grads_zero)" in line or "fp32_embedding_grads with" in line, line
     assert "pp_schedule dualpipe" in line and "or drop --fp32-embedding-grads" in line, line
     assert cli(*FLAG, "--pp", "2", "--pp-schedule", "1f1b").code == 0
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "torchtitan-0.2"])
+@pytest.mark.parametrize("flag", ["--fp32-embedding-grads", "--kept-grad-shards"])
+def test_torchtitan_refuses_the_apex_switches_as_zero_1(cli, tmp_path, target, flag) -> None:
+    """check_plan keeps both Apex switches to zero 1 with grad_reduce reduce-scatter (rules
+    fp32_embedding_grads_zero, kept_grad_shards_zero), which torchtitan refuses as ZeRO-1 (FSDP2 shards the
+    gradients too) before any later check: its own refusals of the two switches could never be reached and
+    were dropped (tidy-68). This pins the path that now refuses them."""
+    path = tmp_path / "plan.json"
+    assert cli(*FLAG[:-1], flag, "--save", path).code == 0
+    msg = cli("export", path, "--to", target, "-o", tmp_path / "out").refusal()
+    assert "ZeRO-1 (FSDP2 shards gradients and weights too)" in msg and "--zero 2" in msg, msg
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

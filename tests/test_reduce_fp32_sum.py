@@ -187,6 +187,19 @@ def test_prescaling_priced_with_the_sum() -> None:
     assert float(grad_buffer_seconds(PLAN.model_copy(update={"grad_prescale": True}), 1e9, gpu)) == on
 
 
+def test_json_shows_the_prescaling_that_runs(cli, tmp_path) -> None:
+    # Megatron-LM d98e8a64dd reduce_scatter_with_fp32_accumulation.py asserts op == ReduceOp.SUM, so where the
+    # fp32 sum acts the buckets are pre-scaled by 1/dp whatever grad_prescale asked: the JSON plan shows that.
+    # Before: "grad_prescale": false beside "grad_reduce_fp32_sum": true (stop 67)
+    r = cli(*EST, "--grad-dtype", "bf16", "--json")
+    assert r.code == 0, r.err
+    plan = json.loads(r.out)["plan"]
+    assert plan["grad_reduce_fp32_sum"] is True and plan["grad_prescale"] is True
+    r = cli(*EST, "--grad-dtype", "bf16", "--no-grad-reduce-fp32-sum", "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["plan"]["grad_prescale"] is False  # averaged inside the collective, as asked
+
+
 @pytest.mark.parametrize("target", ["megatron", "megatron-bridge"])
 def test_never_averages_in_the_collective_beside_it(cli, tmp_path, target) -> None:
     # Megatron-LM d98e8a64dd: `assert op == torch.distributed.ReduceOp.SUM`, and average_in_collective makes

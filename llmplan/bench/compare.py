@@ -105,15 +105,18 @@ def compare(cfg: BenchConfig, run: BenchRun) -> list[Row]:
         ct = collective_time(c["op"], c["bytes"], span, cfg.cluster.system)
         rows.append(Row("collective", f"{c['op']} {c['bytes'] / 2**20:.1f} MiB x {c['ranks']}", ct.seconds,
                         c["seconds"], "s", 0.25 if on_gpu else None,
-                        time_note or f"busbw {c['bytes'] * bus_factor(c['op'], c['ranks']) / c['seconds'] / 1e9:.1f} GB/s"))
+                        time_note
+                        or f"busbw {c['bytes'] * bus_factor(c['op'], c['ranks']) / c['seconds'] / 1e9:.1f} GB/s"))
     for lay in r0.get("layer", []):
         label = f"recompute={lay['recompute']} sp={'on' if lay['sp'] else 'off'}"
-        rows.append(Row("layer saved bytes", label, expected_saved_bytes(cfg, lay["recompute"], lay["sp"], lay["mask_bytes"]),
+        rows.append(Row("layer saved bytes", label,
+                        expected_saved_bytes(cfg, lay["recompute"], lay["sp"], lay["mask_bytes"]),
                         lay["saved_bytes"], "B", LAYER_TOLERANCE,
                         f"dropout masks {lay['mask_bytes']} B/element here"))
         if cfg.nproc > 1:
             rows.append(Row("layer TP bytes sent", label, expected_wire_bytes(cfg, lay["recompute"], lay["sp"]),
-                            lay["wire_bytes"], "B", 1e-9, ", ".join(f"{k} x{v}" for k, v in sorted(lay["calls"].items()))))
+                            lay["wire_bytes"], "B", 1e-9,
+                            ", ".join(f"{k} x{v}" for k, v in sorted(lay["calls"].items()))))
         if lay.get("peak_allocated"):
             rows.append(Row("layer peak allocated", label, 0.0, lay["peak_allocated"], "B", None, "GPU only"))
     rows += attention_rows(cfg, r0.get("attention", []), on_gpu)

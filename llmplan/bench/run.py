@@ -120,7 +120,8 @@ def worker_config(cfg: BenchConfig, out_dir: Path) -> dict[str, Any]:
     return {
         "out_dir": str(out_dir), "backend": cfg.backend, "components": list(cfg.components),
         "gemms": gemm_shapes(cfg), "gemm_dtype": "bfloat16" if gpu else "float32",
-        "collectives": list(OPS), "sizes": list(cfg.sizes), "warmup": 1 if not gpu else 3, "iters": 3 if not gpu else 10,
+        "collectives": list(OPS), "sizes": list(cfg.sizes), "warmup": 1 if not gpu else 3,
+        "iters": 3 if not gpu else 10,
         "layer_shape": layer_shape(cfg), "layer_dtype": "bfloat16",
         "layer_cases": [{"recompute": r, "sp": sp} for r in ("none", "selective", "full")
                         for sp in ((False, True) if cfg.nproc > 1 else (False,))],

@@ -20,12 +20,14 @@ def bench(
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="A plan file from `llmplan search --save`."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Without --plan: model name or spec path."),
     hardware: str = typer.Option("dgx-h100", "--hardware", help="Without --plan: profile the predictions use."),
-    tp: Optional[int] = typer.Option(None, "--tp", min=1, help="Without --plan: tensor-parallel degree (default: nproc)."),
+    tp: Optional[int] = typer.Option(None, "--tp", min=1,
+                                     help="Without --plan: tensor-parallel degree (default: nproc)."),
     cp: int = typer.Option(1, "--cp", min=1, help="Without --plan: context-parallel degree (shortens the sequence)."),
     seq_len: Optional[int] = opt.SEQ_LEN,
     micro_batch: int = typer.Option(1, "--micro-batch", min=1, help="Without --plan: sequences per micro-batch."),
-    nproc: int = typer.Option(2, "--nproc", min=1, help="Processes on this node, torchrun starts them (at most the GPUs "
-                              "for nccl, the CPU cores for gloo)."),
+    nproc: int = typer.Option(2, "--nproc", min=1,
+                              help="Processes on this node, torchrun starts them (at most the GPUs for nccl, the "
+                              "CPU cores for gloo)."),
     backend: str = typer.Option("gloo", "--backend", help="gloo (CPU) | nccl (GPU)."),
     components: str = typer.Option("gemm,collectives,layer,attention", "--components", help="Comma-separated subset."),
     sizes: str = typer.Option("1MiB,16MiB", "--sizes", help="Collective message sizes (nccl-tests convention)."),

@@ -19,7 +19,8 @@ def check(
     paths: list[Path] = typer.Argument(None, help="Spec, profile or plan files, or folders of them."),
     plans: Optional[Path] = typer.Option(None, "--plans", help="Folder of plan files (or one plan file) to re-check."),
     min_headroom: Optional[float] = typer.Option(
-        None, "--min-headroom", min=0.0, help="GiB each plan must leave free per GPU (default: 5% of its memory, as search)."),
+        None, "--min-headroom", min=0.0,
+        help="GiB each plan must leave free per GPU (default: 5% of its memory, as search)."),
     tolerance: float = typer.Option(0.05, "--tolerance", help="Allowed step-time regression (0.05 = 5%)."),
     param_tolerance: float = typer.Option(0.01, "--param-tolerance",
                                           help="Allowed gap between computed and declared parameters."),

@@ -183,7 +183,8 @@ def estimate_saved(path: Path, output: OutputOptions, named: frozenset[str], ctx
     if pf.mode == "infer":
         se = estimate_serving(pf.model, pf.cluster, pf.plan, pf.serve_job, pf.allowance)
         fitting = largest_fitting(se, pf.allowance)
-        emit(report.serve_json(se, fitting=fitting), output.json_mode, lambda: report.serve_view(out, se, fitting=fitting))
+        emit(report.serve_json(se, fitting=fitting), output.json_mode,
+             lambda: report.serve_view(out, se, fitting=fitting))
         return
     checkpoint = build(CheckpointPolicy, pf.document.checkpoint or {}, f"{path} (checkpoint)")
     pools = saved_pools(pf)

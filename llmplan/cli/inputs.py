@@ -23,8 +23,8 @@ from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODU
                                 OPTIMIZER_MOMENT_DTYPES, PRECISIONS, RECOMPUTE_MODULES, OFFLOAD_MODULES,
                                 FUSED_LOSS_IMPLS, TP_IMPLS, CP_IMPLS, CP_COMM_TYPES, NORM_KERNELS, SOFTMAX_KERNELS,
                                 FP8_SCALINGS, ClusterSpec, MemoryAllowance, ParallelPlan)
-from llmplan.specs.registry import build, expected_values, reported, resolve_model, resolve_system  # noqa: F401  (reported: the
-# commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py)
+# reported: the commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py
+from llmplan.specs.registry import build, expected_values, reported, resolve_model, resolve_system  # noqa: F401
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import (DEFAULT_BATCHED_TOKENS, LengthDistribution, ServeJob, SpeculativeMethod,
                                  SpeculativeSpec, WeightDtype)
@@ -181,15 +181,21 @@ def switches(s: SwitchOptions) -> dict:
 
 
 SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-                     "pp_scatter_gather", "tp_backward_overlap", "ep_comm_overlap", "delay_wgrad", "moe_capacity_factor",
+                     "pp_scatter_gather", "tp_backward_overlap", "ep_comm_overlap", "delay_wgrad",
+                     "moe_capacity_factor",
                      "pp_schedule", "attention_kernel", "attention_release", "recompute_layers", "fused_loss",
                      "fused_loss_impl", "tp_whole_embedding",
-                     "tp_impl", "cp_impl", "cp_kv_repeated", "cp_comm_overlap", "fp32_param_shards", "megatron_fsdp", "swiglu_fp8_input",
+                     "tp_impl", "cp_impl", "cp_kv_repeated", "cp_comm_overlap", "fp32_param_shards", "megatron_fsdp",
+                     "swiglu_fp8_input",
                      "fp8_attention", "moe_dispatcher",
-                     "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms", "cuda_max_connections",
+                     "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms",
+                     "cuda_max_connections",
                      "moe_flex_backend", "ep_dispatch_fp8", "moe_router_fusion", "moe_router_padding",
-                     "optimizer", "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders", "kept_grad_shards", "fp32_embedding_grads", "grad_reduce",
-                     "grad_accumulation", "grad_reduce_dtype", "grad_reduce_fp32_sum", "launch_blocking", "offload_layers", "offload_moe_act", "zero3_unit",
+                     "optimizer", "optimizer_master_dtype", "optimizer_moment_dtype", "param_remainders",
+                     "kept_grad_shards", "fp32_embedding_grads", "grad_reduce",
+                     "grad_accumulation", "grad_reduce_dtype", "grad_reduce_fp32_sum", "launch_blocking",
+                     "offload_layers",
+                     "offload_moe_act", "zero3_unit",
                      "mtp_layers",
                      "dp_replicate", "dp_outer_optimizer",
                      "rope_complex", "zero3_copy_out", "pp_blocking_sends",

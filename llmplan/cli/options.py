@@ -36,7 +36,8 @@ GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", min=1, help="GPUs used per
 SEQ_LEN = typer.Option(None, "--seq-len", min=1, help=f"Sequence length (default: min({DEFAULT_SEQ_LEN}, context)).")
 DTYPE = typer.Option(_plan("dtype"), "--dtype", help="bf16 | fp16 | fp8 | fp4 | fp32.")
 MOE_CAPACITY_FACTOR = typer.Option(None, "--moe-capacity-factor", min=0.01,
-                                   help="MoE: pad experts to this capacity factor, dropping the excess (default: dropless).")
+                                   help="MoE: pad experts to this capacity factor, dropping the excess "
+                                   "(default: dropless).")
 PP_SCHEDULE = typer.Option(_plan("pp_schedule"), "--pp-schedule",
                            help="Pipeline schedule: 1f1b (interleaved with --vpp) | zero-bubble | dualpipe.")
 PRECISION = typer.Option(None, "--precision",
@@ -59,7 +60,8 @@ FP32_EMBEDDING_GRADS = typer.Option(_plan("fp32_embedding_grads"), "--fp32-embed
                                     help="The embeddings' gradients stay fp32 whatever --grad-dtype (NeMo 1.x "
                                          "with_fp32_embedding_grads under Apex DistributedFusedAdam).")
 FP8_PARAMS = typer.Option(_plan("fp8_params"), "--fp8-params/--no-fp8-params", help="With fp8, keep weights in fp8.")
-FLASH_ATTENTION = typer.Option(_plan("flash_attention"), "--flash-attention/--no-flash-attention", help="Fused attention (no s x s scores).")
+FLASH_ATTENTION = typer.Option(_plan("flash_attention"), "--flash-attention/--no-flash-attention",
+                               help="Fused attention (no s x s scores).")
 RECOMPUTE_LAYERS = typer.Option(None, "--recompute-layers", min=1,
                                 help="With --recompute full: recompute only the first N layers of each virtual "
                                      "pipeline chunk (Megatron's block method).")
@@ -179,7 +181,8 @@ LAUNCH_BLOCKING = typer.Option(_plan("launch_blocking"), "--launch-blocking/--no
                                     "while the host launches the next).")
 OVERLAP_PARAM_GATHER = typer.Option(_plan("overlap_param_gather"), "--overlap-param-gather/--no-overlap-param-gather",
                       help="Hide the ZeRO/distributed-optimizer weight gather behind forward.")
-TP_COMM_OVERLAP = typer.Option(_plan("tp_comm_overlap"), "--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP comm with GEMMs (needs sp).")
+TP_COMM_OVERLAP = typer.Option(_plan("tp_comm_overlap"), "--tp-comm-overlap/--no-tp-comm-overlap",
+                               help="Overlap TP comm with GEMMs (needs sp).")
 TP_BACKWARD_OVERLAP = typer.Option(_plan("tp_backward_overlap"), "--tp-backward-overlap/--no-tp-backward-overlap",
                                    help="Run the input gradients' TP collectives beside the weight-gradient GEMMs "
                                         "(Megatron-LM since 2021-09); off: all TP collectives synchronous.")
@@ -259,10 +262,12 @@ FRAGMENTATION = typer.Option(MemoryAllowance().fragmentation, "--fragmentation",
                             "get none. Serving does not use it (the engine's KV pool is allocated once).")
 INPUT_LEN = typer.Option(_job("input_len"), "--input-len", min=1, help="Inference: prompt tokens per request.")
 OUTPUT_LEN = typer.Option(_job("output_len"), "--output-len", min=1, help="Inference: generated tokens per request.")
-KV_DTYPE = typer.Option(ServePlan.model_fields["kv_dtype"].default, "--kv-dtype", help="Inference: KV-cache dtype bf16 | fp16 | fp8.")
+KV_DTYPE = typer.Option(ServePlan.model_fields["kv_dtype"].default, "--kv-dtype",
+                        help="Inference: KV-cache dtype bf16 | fp16 | fp8.")
 TTFT_SLO = typer.Option(None, "--ttft-slo", help="Inference: time-to-first-token objective, seconds.")
 TPOT_SLO = typer.Option(None, "--tpot-slo", help="Inference: time-per-output-token objective, seconds.")
-PREFIX_HIT_RATE = typer.Option(_job("prefix_hit_rate"), "--prefix-hit-rate", help="Inference: fraction of each prompt in the prefix cache.")
+PREFIX_HIT_RATE = typer.Option(_job("prefix_hit_rate"), "--prefix-hit-rate",
+                               help="Inference: fraction of each prompt in the prefix cache.")
 GPU_MEMORY_UTILIZATION = typer.Option(None, "--gpu-memory-utilization", "--memory-fraction",
                                       help="Inference: the engine's memory fraction (vLLM --gpu-memory-utilization, "
                                       "TensorRT-LLM free_gpu_memory_fraction, SGLang --mem-fraction-static; "
@@ -359,18 +364,23 @@ SWITCHES = Flags("Training switches", {
     "seq_len": SEQ_LEN, "dtype": DTYPE, "precision": PRECISION, "moe_capacity_factor": MOE_CAPACITY_FACTOR,
     "pp_schedule": PP_SCHEDULE, "flash_attention": FLASH_ATTENTION, "attention_kernel": ATTENTION_KERNEL,
     "attention_release": ATTENTION_RELEASE,
-    "fused_loss": FUSED_LOSS, "fused_loss_impl": FUSED_LOSS_IMPL, "tp_whole_embedding": TP_WHOLE_EMBEDDING, "tp_impl": TP_IMPL, "cp_impl": CP_IMPL, "cp_comm_type": CP_COMM_TYPE,
+    "fused_loss": FUSED_LOSS, "fused_loss_impl": FUSED_LOSS_IMPL, "tp_whole_embedding": TP_WHOLE_EMBEDDING,
+    "tp_impl": TP_IMPL, "cp_impl": CP_IMPL, "cp_comm_type": CP_COMM_TYPE,
     "cp_a2a_size": CP_A2A_SIZE, "cp_kv_repeated": CP_KV_REPEATED,
     "cp_comm_overlap": CP_COMM_OVERLAP,
     "recompute_layers": RECOMPUTE_LAYERS,
     "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS, "mtp_layers": MTP_LAYERS,
-    "offload_moe_act": OFFLOAD_MOE_ACT, "offload_modules": OFFLOAD_MODULES, "dp_replicate": DP_REPLICATE, "dp_outer_optimizer": DP_OUTER_OPTIMIZER,
+    "offload_moe_act": OFFLOAD_MOE_ACT, "offload_modules": OFFLOAD_MODULES, "dp_replicate": DP_REPLICATE,
+    "dp_outer_optimizer": DP_OUTER_OPTIMIZER,
     "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,
     "pp_scatter_gather": PP_SCATTER_GATHER, "tp_backward_overlap": TP_BACKWARD_OVERLAP,
-    "ep_comm_overlap": EP_COMM_OVERLAP, "delay_wgrad": DELAY_WGRAD, "moe_dispatcher": MOE_DISPATCHER, "moe_routing": MOE_ROUTING,
+    "ep_comm_overlap": EP_COMM_OVERLAP, "delay_wgrad": DELAY_WGRAD, "moe_dispatcher": MOE_DISPATCHER,
+    "moe_routing": MOE_ROUTING,
     "expert_gemm": EXPERT_GEMM,
-    "moe_dispatch_sms": MOE_DISPATCH_SMS, "cuda_max_connections": CUDA_MAX_CONNECTIONS, "moe_flex_backend": MOE_FLEX_BACKEND, "ep_dispatch_fp8": EP_DISPATCH_FP8, "moe_router_fusion": MOE_ROUTER_FUSION, "moe_router_padding": MOE_ROUTER_PADDING, "fp32_param_shards": FP32_PARAM_SHARDS,
+    "moe_dispatch_sms": MOE_DISPATCH_SMS, "cuda_max_connections": CUDA_MAX_CONNECTIONS,
+    "moe_flex_backend": MOE_FLEX_BACKEND, "ep_dispatch_fp8": EP_DISPATCH_FP8, "moe_router_fusion": MOE_ROUTER_FUSION,
+    "moe_router_padding": MOE_ROUTER_PADDING, "fp32_param_shards": FP32_PARAM_SHARDS,
     "megatron_fsdp": MEGATRON_FSDP,
     "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,
     "mxfp8_modules": MXFP8_MODULES,
@@ -378,7 +388,8 @@ SWITCHES = Flags("Training switches", {
     "fp8_params": FP8_PARAMS,
     "optimizer": OPTIMIZER,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,
-    "param_remainders": PARAM_REMAINDERS, "kept_grad_shards": KEPT_GRAD_SHARDS, "fp32_embedding_grads": FP32_EMBEDDING_GRADS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
+    "param_remainders": PARAM_REMAINDERS, "kept_grad_shards": KEPT_GRAD_SHARDS,
+    "fp32_embedding_grads": FP32_EMBEDDING_GRADS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
     "grad_reduce_dtype": GRAD_REDUCE_DTYPE, "grad_reduce_fp32_sum": GRAD_REDUCE_FP32_SUM,
     "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,
     "zero3_copy_out": ZERO3_COPY_OUT, "pp_blocking_sends": PP_BLOCKING_SENDS, "norm_kernel": NORM_KERNEL,
@@ -407,7 +418,8 @@ SEARCH_SWITCHES = Flags(SWITCHES.panel, {
                                          "ranked plan prices it slower; off for MLA models, which Megatron-Core "
                                          "runs without it; naming it pins it)."),
     "ep_comm_overlap": typer.Option(_plan("ep_comm_overlap"), "--ep-comm-overlap/--no-ep-comm-overlap",
-                                    show_default=False, help="Pin the EP all-to-all overlap with another micro-batch (default: tried "
+                                    show_default=False,
+                                    help="Pin the EP all-to-all overlap with another micro-batch (default: tried "
                                          "both ways on MoE models where check_plan allows it, the better shown).")})
 PIPELINE_SPLIT = Flags("Pipeline split", {"pp_first": PP_FIRST_LAYERS, "pp_last": PP_LAST_LAYERS,
                                           "embedding_in_split": EMBEDDING_IN_SPLIT, "loss_in_split": LOSS_IN_SPLIT})
@@ -470,7 +482,8 @@ SERVING = Flags("Serving (--mode infer)", {
     "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "kv_dtype": KV_DTYPE, "ttft_slo": TTFT_SLO,
     "tpot_slo": TPOT_SLO, "prefix_hit_rate": PREFIX_HIT_RATE, "gpu_memory_utilization": GPU_MEMORY_UTILIZATION,
     "block_size": BLOCK_SIZE, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "engine": ENGINE,
-    "cuda_graphs": CUDA_GRAPHS, "cuda_graph_sizes": CUDA_GRAPH_SIZES, "speculative": SPECULATIVE, "spec_tokens": SPEC_TOKENS, "acceptance": ACCEPTANCE,
+    "cuda_graphs": CUDA_GRAPHS, "cuda_graph_sizes": CUDA_GRAPH_SIZES, "speculative": SPECULATIVE,
+    "spec_tokens": SPEC_TOKENS, "acceptance": ACCEPTANCE,
     "draft_model": DRAFT_MODEL, "input_len_dist": INPUT_LEN_DIST, "output_len_dist": OUTPUT_LEN_DIST})
 MODE = typer.Option("train", "--mode", help="train | infer.", rich_help_panel=CLUSTER.panel)
 

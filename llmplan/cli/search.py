@@ -450,7 +450,8 @@ class SettingSearch:
         for v in switch_variants(base, s.grad_dtype is not None, s.fp8_params is not None,
                                  try_scalings=self.target is not None and "fp8_scaling" not in self.named,
                                  cp_comm_types=tuple(cp_types), overlap_pinned="overlap_grad_reduce" in self.named,
-                                 try_te_softmax=self.target in TE_SOFTMAX_TARGETS and "softmax_kernel" not in self.named):
+                                 try_te_softmax=(self.target in TE_SOFTMAX_TARGETS
+                                                 and "softmax_kernel" not in self.named)):
             wv = self.as_run(Workload(**{**base.fields(), **v}))
             if s.fp8_params is None and v["fp8_params"] and self.tried and not self.keeps_fp8_params(wv):
                 continue  # fp8_params the search turned on itself, cut from every plan: the plain setting stands

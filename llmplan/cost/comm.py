@@ -47,7 +47,7 @@ from llmplan.specs.hardware import GpuSpec, SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_a2a_group, cp_ring_size, has_layout
 from llmplan.specs.plan_choices import MoeFlexBackend
-from llmplan.specs.quantities import dp_first_chunk_unbucketed, param_gather_optstep
+from llmplan.specs.quantities import dp_first_chunk_unbucketed, megatron_fsdp_acts, param_gather_optstep
 from llmplan.specs.rule import as_bool
 from llmplan.specs.schedule import schedule_of
 from llmplan.topology.collectives import Coeff, bus_factor, collective_coeffs, group_links
@@ -1170,7 +1170,8 @@ def hsdp_reduce_per_microbatch(plan: ParallelPlan) -> Any:
     rather than once a step (Megatron-FSDP; Megatron-LM's partial distributed optimizer). Source: pytorch/pytorch
     002a76fbf torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py (FSDPParamGroup.all_reduce_grads True by
     default, foreach_reduce every post_backward). Derived: docs/formulas.md#step.hsdp_outer"""
-    return plan.sharded_per_microbatch & np.logical_not(plan.megatron_fsdp) & np.logical_not(plan.dp_outer_optimizer)
+    return plan.sharded_per_microbatch & np.logical_not(megatron_fsdp_acts(plan)) \
+        & np.logical_not(plan.dp_outer_optimizer)
 
 
 def hsdp_transfers(plan: ParallelPlan, shard: Any, outer: G, u: Any, whole: Any, kept: Any) -> list[Transfer[G]]:
@@ -1258,7 +1259,7 @@ def megatron_fsdp_mxfp8_cast(plan: ParallelPlan) -> Any:
     ZeRO-3 on DeepSpeed or FSDP2 runs no such cast. Source: NVIDIA/Megatron-LM megatron/core/distributed/fsdp/
     src/megatron_fsdp/param_and_grad_buffer.py at cd4afffa6 (copy_main_weights_to_model_weights) and
     src/README.md ("Only FSDP / ZeRO-3 supports FP8 parameters"). Derived: docs/formulas.md#comm.mxfp8_amax"""
-    return mxfp8_params(plan) & plan.megatron_fsdp & (plan.zero >= 3) & (plan.pp == 1)
+    return mxfp8_params(plan) & megatron_fsdp_acts(plan) & (plan.zero >= 3)
 
 
 def mxfp8_staged_gather(plan: ParallelPlan) -> Any:
@@ -1857,8 +1858,8 @@ def step_comm(m: ModelSpec, plan: ParallelPlan, spans: dict[str, GroupSpan], sys
                                      + torchao_amax_transfers(m, plan, spans["dpcp_in"], i), system),
                     class_key(m, plan))  # the stages of a class: one rank's transfers
     return CommBreakdown({
-        "tp": _timed("tp", tp_transfers(m, plan, spans["tp"], spans["etp"]) + tp_step_end_transfers(m, plan, spans["tp"]),
-                     system),
+        "tp": _timed("tp", tp_transfers(m, plan, spans["tp"], spans["etp"])
+                     + tp_step_end_transfers(m, plan, spans["tp"]), system),
         "pp": _timed("pp", pp_transfers(m, plan, spans["pp"]), system),
         "dp": dp[0],
         "cp": _timed("cp", cp_transfers(m, plan, spans["cp"], spans.get("cp_a2a"), spans.get("cp_ring")), system),

@@ -172,7 +172,8 @@ def compressed_keys(m: ModelSpec, s: Any) -> Any:
     """Keys per query counted in training's attention FLOPs for a sequence of s tokens, summed over the
     compressed layers (MFU's count: twice the mean a causal query sees). Every layer's window: query i sees
     min(i, w) keys, window_key_count (as a sliding layer). CSA: query i sees i/m compressed keys of which the indexer
-    keeps k, 2k - k²m/s while s/m > k (else s/m); HCA: all i/m', s/m'. Derived: docs/formulas.md#compressed.attention"""
+    keeps k, 2k - k²m/s while s/m > k (else s/m); HCA: all i/m', s/m'.
+    Derived: docs/formulas.md#compressed.attention"""
     s = np.asarray(s, dtype=float)
     w, c, k = m.sliding_window or 0, m.compress_rate_csa, m.index_topk or 0
     window = window_key_count(w, s)

@@ -330,7 +330,8 @@ rows, fastest; y the heads), so the mask's s x s bytes come back for each head o
 head's sweep (the mask and the 4 bytes a score the head reads and writes): a forward reads 1 byte a score more from
 HBM (5 in place of 4) once the mask outgrows L2, e.g. s^2 > 50 MB (H100 SXM's L2, NVIDIA H100 Tensor Core GPU
 Architecture whitepaper), s above about 7,000. GpuSpec holds no L2 size, so that read is not priced: te plans past
-that length are up to a tenth of the kernel's bytes low (docs/validation.md#smx-mend). Source: NVIDIA/TransformerEngine@d0067d0da6 transformer_engine/common/
+that length are up to a tenth of the kernel's bytes low (docs/validation.md#smx-mend).
+Source: NVIDIA/TransformerEngine@d0067d0da6 transformer_engine/common/
 fused_softmax/scaled_masked_softmax.cu (scaled_masked_softmax_warp_forward / _backward: loads and stores over
 element_count, the key length; the grid dim3(sq / batches_per_block, heads, batches)) and pytorch/attention/
 dot_product_attention/softmax.py (forward_fused_softmax).

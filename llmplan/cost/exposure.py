@@ -18,7 +18,7 @@ from llmplan.cost.params import rank_params, stage_end_params
 from llmplan.cost.stages import explicit_stages, recomputed_share
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_ring_size
-from llmplan.specs.quantities import dp_first_chunk_unbucketed, param_gather_optstep
+from llmplan.specs.quantities import dp_first_chunk_unbucketed, megatron_fsdp_acts, param_gather_optstep
 
 BUCKET_PARAMS, BUCKET_PARAMS_PER_DP = 40e6, 1e6
 """Megatron-Core's default gradient bucket: max(40M, 1M x dp) parameters (DistributedDataParallelConfig
@@ -272,7 +272,7 @@ def megatron_fsdp_unit_share(plan: ParallelPlan, m: ModelSpec) -> tuple[Any, Any
     prefetches in backward order, so the last unit, freed after its forward, is gathered with nothing beside it.
     Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py
     (_register_fsdp_hooks) and param_and_grad_buffer.py (AllGatherPipeline, GradReducePipeline)."""
-    mf = plan.megatron_fsdp & (plan.zero >= 2) & (plan.pp == 1)
+    mf = megatron_fsdp_acts(plan)
     if not np.any(mf):
         return mf, 1.0
     total = rank_params(m, plan, 0).total

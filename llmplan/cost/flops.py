@@ -206,7 +206,8 @@ def recompute_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> Any:
     full = (m.num_dense_layers * dense.total + m.num_moe_layers * moe.total) * recomputed_share(
         plan, m.num_hidden_layers / plan.pp)
     core = where(plan.recomputes("core_attn"), m.num_dense_layers * core_attention_flops(m, plan, False)
-                 + m.num_moe_layers * core_attention_flops(m, plan, True), 0.0) + m.num_dense_layers * module_recompute_flops(m, plan, False) \
+                 + m.num_moe_layers * core_attention_flops(m, plan, True), 0.0) \
+        + m.num_dense_layers * module_recompute_flops(m, plan, False) \
         + m.num_moe_layers * module_recompute_flops(m, plan, True)
     op = (m.num_dense_layers * dense.gemm + m.num_moe_layers * moe.gemm) * op_recomputed_share(m)
     per_rank_mb = where(plan.full, full, where(plan.selective, core, where(plan.op, op, 0.0)))

@@ -310,7 +310,8 @@ def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
     shapes = attention_shapes(m, t)
     roles = ["ag", "rs"] if len(shapes) == 2 else [""] * (len(shapes) - 1) + ["rs"]
     a_share = attention_share(m)  # a hybrid's average layer: its share of each mixer kind (mixers.py)
-    out = [Gemm(2 * T * k * n * a_share, T, n, k, role, "attention") for (k, n), role in zip(shapes, roles, strict=True)]
+    out = [Gemm(2 * T * k * n * a_share, T, n, k, role, "attention")
+           for (k, n), role in zip(shapes, roles, strict=True)]
     if is_v4_attention(m) and m.o_lora_rank:  # DeepSeek-V4's grouped projection, the last but one (attention_shapes)
         out[-2] = out[-2]._replace(module="grouped_out")
     # 0, 2 or 4 recurrent matmuls (Mamba-2's and the linear attention's in / out projections): roles cut to fit;

@@ -194,5 +194,6 @@ def plan_goodput(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, step_s:
     lost = (interval + blocking) / 2 + (0.0 if policy.mode == "sync" else write)
     restart = s.failure_detection_s + s.restart_overhead_s + s.restart_warmup_s + write
     useful, checkpointing, lost_work, restarting = goodput_shares(interval, blocking, lost, restart, rate)
-    return Goodput(useful, checkpointing, lost_work, restarting, mode=policy.mode, mtbf_s=mtbf, checkpoint_bytes=job, rank_bytes=rank,
-                   checkpoint_s=write, blocking_s=blocking, interval_s=interval, restart_s=restart, lost_s=lost)
+    return Goodput(useful, checkpointing, lost_work, restarting, mode=policy.mode, mtbf_s=mtbf, checkpoint_bytes=job,
+                   rank_bytes=rank, checkpoint_s=write, blocking_s=blocking, interval_s=interval, restart_s=restart,
+                   lost_s=lost)

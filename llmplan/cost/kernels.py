@@ -412,7 +412,8 @@ def moe_kernels(m: ModelSpec, plan: ParallelPlan, static_capacity: bool = False,
     """Kernels of one MoE block: the pre-MLP norm, the router (with RandomSTE under `force_balance`), the
     dispatch and combine, the routed experts and the shared expert (gated when the spec gives
     shared_expert_intermediate_size, the Qwen2-MoE convention). Derived: docs/formulas.md#step.kernel_count"""
-    k = PRE_MLP_NORM + router_kernels(m, plan) + MOE_INPUT_FANOUT + dispatcher_kernels(plan, static_capacity, fused_permute)
+    k = PRE_MLP_NORM + router_kernels(m, plan) + MOE_INPUT_FANOUT \
+        + dispatcher_kernels(plan, static_capacity, fused_permute)
     k = k + experts_kernels(m, plan)
     if force_balance:
         k = k + FORCE_BALANCE

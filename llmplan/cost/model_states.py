@@ -23,6 +23,7 @@ from llmplan.cost.quantize import torchao_float8, torchao_fp8_params
 from llmplan.cost.stages import mtp_weight_sets, stage_weight_layers
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.quantities import megatron_fsdp_acts
 from llmplan.specs.schedule import schedule_of
 
 ADAM_STATE_BYTES = 12.0  # fp32 master weights + first + second moments
@@ -220,7 +221,8 @@ def fp32_sum_scratch_bytes(plan: Any, n_params: Any, shard: Any, stage: Any = 0)
     (fp32_sum_live_params) the all-to-all's output, `torch.empty_like(input_tensor)` of the whole bucket in the
     gradient dtype, and the fp32 sum of the rank's 1/shard of it. 0 where it does not act.
     Source: NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/reduce_scatter_with_fp32_accumulation.py,
-    param_and_grad_buffer.py (start_grad_sync: previous_grad_reduce_bucket_group). Derived: docs/formulas.md#mem.fp32_sum"""
+    param_and_grad_buffer.py (start_grad_sync: previous_grad_reduce_bucket_group).
+    Derived: docs/formulas.md#mem.fp32_sum"""
     live = fp32_sum_live_params(plan, n_params, stage)
     return where(fp32_sum_reduction(plan) & (n_params > 0),
                  live * plan.grad_bytes + live / maximum(shard, 1) * FP32_SUM_BYTES, 0.0)
@@ -240,13 +242,6 @@ def kept_grad_shard_bytes(plan: ParallelPlan, rp: RankParams, emb32: Any = 0.0) 
     od, oe, g = plan.optimizer_shard, plan.expert_optimizer_shard, plan.grad_bytes
     shards = where(od > 1, (rp.dense * g + emb32) / od, 0.0) + where(oe > 1, rp.expert * g / oe, 0.0)
     return where(plan.kept_grad_shards & grad_shards_reduce_scattered(plan), shards, 0.0)
-
-
-def megatron_fsdp_acts(plan: Any) -> Any:
-    """Whether Megatron-FSDP runs the plan: the switch at ZeRO 2/3 without a pipeline. Elsewhere it is inert
-    (check_switches' megatron_fsdp_zero), and a search's plan arrays keep the workload's switch on rows the shown
-    plan settles it off on, so a cost reads this, never the raw field. Derived: docs/formulas.md#mem.megatron_fsdp"""
-    return plan.megatron_fsdp & (plan.zero >= 2) & (plan.pp == 1)
 
 
 def grad_shards_reduce_scattered(plan: Any) -> Any:
@@ -342,7 +337,8 @@ def after_backward_peak(plan: ParallelPlan, rp: RankParams, states: Any, gradien
     beside its flat copy and its cast, the rest of the gradients freed), each beside the gradient shards the
     optimizer keeps to the next zero_grad (kept_grad_shard_bytes; `emb32`: the embeddings' fp32 gradient bytes
     beyond 2-byte ones, fp32_embedding_grad_bytes; `stage`: the rank's pipeline stage, for the fp32-sum scratch).
-    Derived: docs/formulas.md#mem.optimizer_copies, docs/formulas.md#mem.kept_grad_shards, docs/formulas.md#mem.fp32_sum"""
+    Derived: docs/formulas.md#mem.optimizer_copies, docs/formulas.md#mem.kept_grad_shards,
+    docs/formulas.md#mem.fp32_sum"""
     od, oe = plan.optimizer_shard, plan.expert_optimizer_shard  # the optimizer's partitions
     cd, ce = optimizer_copies(plan, rp.dense, od, stage), optimizer_copies(plan, rp.expert, oe, stage)
     grad_b = plan.grad_bytes

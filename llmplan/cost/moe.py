@@ -15,6 +15,7 @@ from llmplan.arith import expected_max_normal, maximum, minimum, where
 from llmplan.cost.runtime_memory import userbuffers_on
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.quantities import megatron_fsdp_acts
 from llmplan.specs.schedule import schedule_of
 
 EP_OVERLAP_HIDDEN = 0.74
@@ -70,8 +71,7 @@ def overlap_queues(plan: ParallelPlan, compute_capability: float | None = None) 
     if plan.cuda_max_connections == 1:  # a workload switch: one value for all plans of a search
         return EP_OVERLAP_ONE_QUEUE
     if plan.cuda_max_connections is None and compute_capability is not None and compute_capability < 10:
-        mfsdp = plan.megatron_fsdp & (plan.zero >= 2) & (plan.pp == 1)
-        return where(userbuffers_on(plan) & np.logical_not(mfsdp), EP_OVERLAP_ONE_QUEUE, 1.0)
+        return where(userbuffers_on(plan) & np.logical_not(megatron_fsdp_acts(plan)), EP_OVERLAP_ONE_QUEUE, 1.0)
     return 1.0
 
 

@@ -242,7 +242,8 @@ def save_original_input_cast_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, 
     if not moe:
         return attn
     rows = m.num_experts_per_tok * plan.etp_resolved * where(plan.sp, 1 / plan.tp, 1) * plan.expert_padding
-    fc2 = where(fused_grouped_mlp(m, plan), 0.0, where(plan.recomputes("moe_act"), rows * m.expert_ffn / plan.etp_resolved, 0.0))
+    fc2 = where(fused_grouped_mlp(m, plan), 0.0,
+                where(plan.recomputes("moe_act"), rows * m.expert_ffn / plan.etp_resolved, 0.0))
     mx = plan.low_precision and plan.recipe in ("mxfp8", "nvfp4")
     fc1 = rows * m.expert_width if plan.offloads("expert_fc1") and not mx else 0.0
     # the shared expert's fc1 (flagged as linear_proj, unless shared_experts is recomputed) re-quantises the norm's

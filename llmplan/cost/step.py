@@ -355,8 +355,9 @@ def _stage_micro_batches(m: ModelSpec, plan: ParallelPlan, stages: list[tuple[An
     done: dict[tuple, tuple[Any, tuple]] = {}  # stages of one class on one GPU and communication: priced once
     classes = class_key(m, plan)
     for j, (stage, sc, layers, moe_layers) in enumerate(stages):
-        key = None if classes is None else classes(stage) + (id(sc),) + ((id(per_stage[stage][0]), id(per_stage[stage][1]))
-                                                      if per_stage is not None else default[1].dp_stages[j:j + 1])
+        key = None if classes is None else classes(stage) + (id(sc),) + (
+            (id(per_stage[stage][0]), id(per_stage[stage][1])) if per_stage is not None
+            else default[1].dp_stages[j:j + 1])
         if key is not None and key in done:
             per_mb.append(done[key][0])
             parts.append(done[key][1])

@@ -183,11 +183,11 @@ states below fp32, remainders, the SwiGLU input in fp8, the jit_fuser activation
 reduction, outer optimizer sharding, activation / expert fc1 offload, recompute of the first layers, and 0.3.0's fp8
 tensorwise scaling; DeepSpeed's Muon, gradient NaN check / pre-scaling, fp8 / fp4 training, Adam states below fp32,
 remainders, the SwiGLU input in fp8, the jit_fuser activation, activation and expert fc1 offload, hybrid sharding,
-FP8 attention, Transformer Engine's unfused softmax and TP with PP (tp_pp: AutoTP under its pipeline engine); torchtitan's
-unfused attention (its attention is SDPA or FlexAttention); Megatron's FP8 attention, an unfused softmax other than
-Transformer Engine's (softmax_<kernel>), bf16 layers under fp8 delayed scaling and a bf16 / no master; Megatron-
-Bridge's attention kernel other than native flash, bf16 / no master, fp8 moments, CUDA graphs, a precision it has no
-preset for, or fp8 layers kept in bf16 other than its preset keeps). Each target's rules in the order its check
+FP8 attention, Transformer Engine's unfused softmax and TP with PP (tp_pp: AutoTP under its pipeline engine);
+torchtitan's unfused attention (its attention is SDPA or FlexAttention); Megatron's FP8 attention, an unfused softmax
+other than Transformer Engine's (softmax_<kernel>), bf16 layers under fp8 delayed scaling and a bf16 / no master;
+Megatron-Bridge's attention kernel other than native flash, bf16 / no master, fp8 moments, CUDA graphs, a precision it
+has no preset for, or fp8 layers kept in bf16 other than its preset keeps). Each target's rules in the order its check
 meets them, so that the first rule that refuses a plan is the one its check names (where no other rule of the check
 comes first). search --target passes over the plans these rules refuse (every_plan_mask)."""
 

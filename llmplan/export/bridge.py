@@ -276,7 +276,8 @@ def _layout_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
         # Megatron-Core's TE layer spec: TE's unfused attention, which this export refuses (attention_kernel_refusal)
         *softmax_kernel_refusals(pf, "te", "re-plan with --flash-attention --attention-kernel native, or export to "
                                  "megatron"),
-        parallel_block_refusal(pf), torch_ring_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), whole_embedding_refusal(pf),
+        parallel_block_refusal(pf), torch_ring_refusal(pf), kept_grad_shards_refusal(pf),
+        fp32_embedding_grads_refusal(pf), whole_embedding_refusal(pf),
         (f"the {p.pp_schedule} pipeline schedule (Megatron-Core runs 1F1B and interleaved 1F1B)",
          launcher_schedule("megatron-bridge", p.pp_schedule) is None, "re-plan with --pp-schedule 1f1b"),
         ("op-level selective checkpointing (torchtitan's per-op policy)", p.recompute == "op",
@@ -312,7 +313,8 @@ def _feature_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
         cast_add_refusal(pf),
         cuda_graphs_refusal(p),
         (f"a sequence of {p.seq_len} tokens past {m.name}'s max_position_embeddings ({m.max_position_embeddings}): "
-         "the context extension's RoPE scaling, which this export does not write", p.seq_len > m.max_position_embeddings,
+         "the context extension's RoPE scaling, which this export does not write",
+         p.seq_len > m.max_position_embeddings,
          "export to megatron (it writes YaRN), or re-plan with --seq-len at most max_position_embeddings"),
     ]
 

@@ -7,7 +7,9 @@ import json
 from llmplan.arith import where
 from llmplan.export.common import (WIDTH, accumulation_notes, check_accumulation, comment_strings, header_lines,
                                    is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
-                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, fp32_sum_refusal, delay_wgrad_refusal, refuse, refuse_first, router_fusion_refusal, router_padding_refusal, sh_header, swiglu_fp8_refusal, megatron_fsdp_refusal,
+                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, fp32_sum_refusal,
+                                   delay_wgrad_refusal, refuse, refuse_first, router_fusion_refusal,
+                                   router_padding_refusal, sh_header, swiglu_fp8_refusal, megatron_fsdp_refusal,
                                    jit_activation_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
@@ -210,7 +212,8 @@ def check(pf: PlanFile) -> None:
     # the optimizer first: no other change to the plan makes DeepSpeed run it, so a search's walk names it
     refuse_first(TARGET, (
         muon_refusal(p),
-        kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), fp32_sum_refusal(pf), delay_wgrad_refusal(pf), router_fusion_refusal(pf), router_padding_refusal(pf),
+        kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf), fp32_sum_refusal(pf), delay_wgrad_refusal(pf),
+        router_fusion_refusal(pf), router_padding_refusal(pf),
     ))
     if p.tp > 1 and p.zero >= 3:
         raise refuse(TARGET, f"tensor parallelism (AutoTP, tp {p.tp}) with ZeRO stage 3 (DeepSpeed's AutoTP training "
@@ -480,7 +483,8 @@ def render(pf: PlanFile) -> dict[str, str]:
                  f"partition_method=\"type:<transformer block class>\") splits the {pf.model.num_hidden_layers} "
                  f"layers evenly\n" if p.pp > 1 else "")
               +
-              f"deepspeed --num_nodes {c.num_nodes} --num_gpus {c.gpus_per_node_used} --hostfile \"${{HOSTFILE:-hostfile}}\" "
+              f"deepspeed --num_nodes {c.num_nodes} --num_gpus {c.gpus_per_node_used} "
+              f"--hostfile \"${{HOSTFILE:-hostfile}}\" "
               f"\"${{TRAIN_SCRIPT:-train.py}}\" --deepspeed --deepspeed_config ds_config.json\n")
     files = {"ds_config.json": json.dumps(config(pf), indent=2) + "\n", "deepspeed_launch.sh": launch}
     # DeepSpeed's multi-node runner forwards only NCCL_*, PYTHON*, ... and the lines of ./.deepspeed_env

@@ -10,7 +10,9 @@ import numpy as np
 
 from llmplan.cost.model_states import grad_prescaled
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal, expert_bias, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
+from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal,
+                                   expert_bias,
+                                   kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, need_mode, refuse, refuse_first, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    norm_kernel_refusals, softmax_kernel_refusals, softmax_kernel_refusal,
@@ -426,7 +428,8 @@ def precision_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     return [("--bf16", p.dtype in ("bf16", "fp8", "fp4")), ("--fp16", p.dtype == "fp16"),
             ("--fp8-format", ("e4m3" if recipe in ("blockwise", "mxfp8") else "hybrid") if p.dtype == "fp8" else None),
             ("--fp8-recipe", recipe),
-            ("--fp4-format", "e2m1" if p.dtype == "fp4" else None), ("--fp4-recipe", "nvfp4" if p.dtype == "fp4" else None),
+            ("--fp4-format", "e2m1" if p.dtype == "fp4" else None),
+            ("--fp4-recipe", "nvfp4" if p.dtype == "fp4" else None),
             ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
             ("--fp4-param-gather", p.dtype == "fp4" and p.fp8_params),
             ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype in ("bf16", "fp8", "fp4")),
@@ -681,10 +684,11 @@ def _check_model_builds(pf: PlanFile) -> None:
     """Refuse the model parts Megatron-LM's flags do not build (DeepSeek-V4's compressed attention, DeepSeek Sparse
     Attention, chunked attention, a norm on the embedding output): the script would train another model."""
     if pf.model.compressed_layers or pf.model.hc_mult > 1:
-        raise refuse(TARGET, f"DeepSeek-V4's compressed attention and hyper-connections ({pf.model.name}: Megatron-Core "
-                     "builds them as DSv4HybridSelfAttention and HyperConnectionModule from its dev branch, configured "
-                     "by Megatron-Bridge's model provider (csa_compress_ratios, o_groups, hc_mult), not by "
-                     "Megatron-LM command-line flags)", "export to megatron-bridge (its deepseek_v4 recipes)")
+        raise refuse(TARGET, f"DeepSeek-V4's compressed attention and hyper-connections ({pf.model.name}: "
+                     "Megatron-Core builds them as DSv4HybridSelfAttention and HyperConnectionModule from its dev "
+                     "branch, configured by Megatron-Bridge's model provider (csa_compress_ratios, o_groups, "
+                     "hc_mult), not by Megatron-LM command-line flags)",
+                     "export to megatron-bridge (its deepseek_v4 recipes)")
     if pf.model.is_sparse_attention:
         raise refuse(TARGET, f"DeepSeek Sparse Attention ({pf.model.name}: Megatron-LM at d98e8a6 builds it as its "
                      "hybrid pattern's D layers with the --dsa-indexer-* flags, which this export does not write; "
@@ -870,7 +874,8 @@ def fsdp_zero2_refusals(pf: PlanFile) -> dict[str, tuple[str, bool, str]]:
          on and p.dp_replicate > 1 and p.dp_outer_optimizer and p.zero != 3,
          "re-plan without --dp-outer-optimizer, or with --zero 3"),
         "grad_accumulation": (f"{z2} with grad_accumulation {p.grad_accumulation} (Megatron-FSDP writes each "
-         "micro-batch's sharded gradient into its bucket: fused in the GEMM, or copied)", on and p.grad_accumulation in ("add", "cast-add"),
+         "micro-batch's sharded gradient into its bucket: fused in the GEMM, or copied)",
+         on and p.grad_accumulation in ("add", "cast-add"),
          f"re-plan with --grad-accumulation fused or copy, or {lower}"),
         "max_connections": (f"{z2} with CUDA_DEVICE_MAX_CONNECTIONS 1 (Megatron-LM asserts it is not 1 with "
          "--use-megatron-fsdp)",

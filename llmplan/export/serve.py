@@ -179,7 +179,8 @@ def render_vllm(pf: PlanFile) -> dict[str, str]:
     spec_flags, spec_note = vllm_speculative(pf)
     sizes, sizes_note = graph_sizes(pf, "vllm")
     flags = as_flags([
-        ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", p.attn_dp if p.dp_attention else p.dp),
+        ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp),
+        ("--data-parallel-size", p.attn_dp if p.dp_attention else p.dp),
         ("--enable-expert-parallel", p.ep > 1), *vllm_moe_flags(pf), ("--max-model-len", context_limit(pf)),
         ("--gpu-memory-utilization", fraction), ("--max-num-seqs", cap),
         ("--max-num-batched-tokens", tokens), ("--block-size", j.block_size),
@@ -238,8 +239,8 @@ def render_sglang(pf: PlanFile) -> dict[str, str]:
         (GRAPH_SIZES_FLAG["sglang"], sizes),
     ] + spec_flags)
     note += spec_note
-    text = (sh_header(pf, "SGLang (python -m sglang.launch_server; flags checked against SGLang 0.5.23)") + "set -euo pipefail\n" + note
-            + context_note(pf, "--context-length"))
+    text = (sh_header(pf, "SGLang (python -m sglang.launch_server; flags checked against SGLang 0.5.23)")
+            + "set -euo pipefail\n" + note + context_note(pf, "--context-length"))
     return _launch_script(pf, nodes, "sglang", 'python -m sglang.launch_server --model-path "$MODEL"', flags, text)
 
 

@@ -199,7 +199,8 @@ def vllm_ports(servers: int, slots: int, ranks: int, nixl: bool, rpc: bool = Fal
         parts.append(port_var("NIXL_PORT", NIXL_PORT,
             f"NIXL_PORT >= 1024 && NIXL_PORT + {width - 1} <= 65535 && {_outside('NIXL_PORT', width, taken)}",
             f"NIXL_PORT=$NIXL_PORT: the NIXL side-channel ports of a node ({slots} vLLM commands x {ranks} DP "
-            f"ranks of a server each), NIXL_PORT to NIXL_PORT+{width - 1}, must lie outside the servers' ports PORT to PORT+{servers - 1} (PORT=$PORT); "
+            f"ranks of a server each), NIXL_PORT to NIXL_PORT+{width - 1}, must lie outside the servers' ports "
+            f"PORT to PORT+{servers - 1} (PORT=$PORT); "
             "set NIXL_PORT $FIX", port_advice(width, "PORT", f"PORT + {servers - 1}")))
         taken.append(("NIXL_PORT", f"NIXL_PORT + {width - 1}"))
         which += f", NIXL_PORT to NIXL_PORT+{width - 1} (NIXL_PORT=$NIXL_PORT)"

@@ -74,7 +74,8 @@ def _pool_words(engine: str, phase: str, ends: list[list[tuple[str, str]]]) -> l
         if phase == "prefill":
             return [w for k, slot in enumerate(ends) for p, b in slot
                     for w in ("--prefill", f'"http://${{ADDR[{k}]}}:{_inner(p)}"', b)]
-        return [w for k, slot in enumerate(ends) for p, _ in slot for w in ("--decode", f'"http://${{ADDR[{k}]}}:{_inner(p)}"')]
+        return [w for k, slot in enumerate(ends) for p, _ in slot
+                for w in ("--decode", f'"http://${{ADDR[{k}]}}:{_inner(p)}"')]
     role = "prefiller" if phase == "prefill" else "decoder"
     return [f"--{role}-hosts", *(f'"${{ADDR[{k}]}}"' for k, slot in enumerate(ends) for _ in slot),
             f"--{role}-ports", *(p for slot in ends for p, _ in slot)]

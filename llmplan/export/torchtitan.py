@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from llmplan.arith import where
 from llmplan.export.common import (accumulation_notes, check_accumulation, expert_bias, header_lines, hf_repo,
-                                   launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse, refuse_first,
+                                   launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse,
+                                   refuse_first,
                                    sh_header, tp_refusals, virtual_stage_layers, norm_kernel_refusals,
                                    swiglu_fp8_refusal, jit_activation_refusal, megatron_fsdp_refusal,
-                                   parallel_block_refusal, kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal, delay_wgrad_refusal,
+                                   parallel_block_refusal, whole_embedding_refusal, delay_wgrad_refusal,
                                    ep_overlap_refusal, router_fusion_refusal, router_padding_refusal)
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
@@ -198,14 +199,16 @@ def _check_common(pf: PlanFile, target: str) -> None:
     refuse_first(target, [mtp_refusal(pf)])
     p = pf.plan
     refuse_first(target, [muon_refusal(p)])
+    # Also refuses kept_grad_shards and fp32_embedding_grads: check_plan (kept_grad_shards_zero,
+    # fp32_embedding_grads_zero) keeps both to zero 1 with grad_reduce reduce-scatter, so no plan file gets past here
     if p.zero == 1:
         raise refuse(target, "ZeRO-1 (FSDP2 shards gradients and weights too)",
                      "re-plan with --zero 2 (FSDP without resharding after forward) or --zero 3")
     refuse_first(target, [dtype_refusal(p)])
     refuse_first(target, [grad_checks_refusal(p)])
     refuse_first(target, [*tp_refusals(pf), *op_fuser_refusals(pf), *norm_kernel_refusals(pf),
-                          unfused_attention_refusal(p), parallel_block_refusal(pf), kept_grad_shards_refusal(pf),
-                          fp32_embedding_grads_refusal(pf), whole_embedding_refusal(pf), ep_overlap_refusal(pf),
+                          unfused_attention_refusal(p), parallel_block_refusal(pf), whole_embedding_refusal(pf),
+                          ep_overlap_refusal(pf),
                           delay_wgrad_refusal(pf), router_fusion_refusal(pf), router_padding_refusal(pf)])
     if p.pp_blocking_sends and p.pp > 1:  # torch.distributed.pipelining posts isend / irecv, no device sync
         raise refuse(target, "pipeline exchanges that block and synchronise the device (pp_blocking_sends: "
@@ -217,7 +220,8 @@ def _check_common(pf: PlanFile, target: str) -> None:
                      "re-plan with --no-pp-unbatched-sends, or export to deepspeed")
     if launcher_schedule("torchtitan", p.pp_schedule) is None:
         raise refuse(target, f"the {p.pp_schedule} schedule (torchtitan's ZBVZeroBubble / DualPipeV run two "
-                     "V-shaped stages per rank, a layout this export does not write)", "re-plan with --pp-schedule 1f1b")
+                     "V-shaped stages per rank, a layout this export does not write)",
+                     "re-plan with --pp-schedule 1f1b")
     _check_precision(pf, target)
     _check_recompute_moe(pf, target)
 
@@ -323,9 +327,9 @@ def check(pf: PlanFile) -> None:
                      "re-plan with --zero3-unit layer, or export to deepspeed")
     if p.cp > 1 and p.cp_impl != "torch-allgather":
         te = f" cp_comm_type {p.cp_comm_type}" if p.cp_impl == "te" else ""  # a2a+p2p: TE's hierarchical CP
-        raise refuse(TARGET, f"context parallelism priced as cp_impl {p.cp_impl}{te} (torchtitan {TORCHTITAN_VERSION} has "
-                     "no rotate method: its FlexAttention all-gathers the K/V once per layer, nearest "
-                     "torch-allgather)", "re-plan with --cp-impl torch-allgather, or export to "
+        raise refuse(TARGET, f"context parallelism priced as cp_impl {p.cp_impl}{te} "
+                     f"(torchtitan {TORCHTITAN_VERSION} has no rotate method: its FlexAttention all-gathers the K/V "
+                     "once per layer, nearest torch-allgather)", "re-plan with --cp-impl torch-allgather, or export to "
                      + ("megatron" if p.cp_impl == "te" else "torchtitan-0.2"))  # 0.2 refuses te too
     _check_tp_impl(pf, TARGET)
     _check_layout(pf, TARGET)
@@ -614,7 +618,8 @@ def toml_text(pf: PlanFile) -> str:
     if p.dtype == "fp8":  # the names v0.2.2 registers (components/quantization/float8.py register_model_converter)
         lines.append("converters = [" + ", ".join(f'"{c}"' for c in float8_converters(pf)) + "]")
     lines += [
-        "", "[training]", 'dataset = "c4"  # or your dataset registered in torchtitan/datasets; dataset_path for local files',
+        "", "[training]",
+        'dataset = "c4"  # or your dataset registered in torchtitan/datasets; dataset_path for local files',
         f"local_batch_size = {local_batch if p.pp > 1 else p.micro_batch}",
         f"global_batch_size = {p.global_batch}", f"seq_len = {p.seq_len}", "max_norm = 1.0", "steps = 1000",
         'mixed_precision_param = "bfloat16"',
@@ -684,9 +689,10 @@ def float8_lines(pf: PlanFile) -> list[str]:
         lines += [f"enable_fsdp_float8_all_gather = {on}", f"precompute_float8_dynamic_scale_for_fsdp = {on}"]
     lines.append("filter_fqns = [" + ", ".join(f'"{x}"' for x in skip) + "]")
     if "quantize.grouped_mm.float8" in float8_converters(pf):  # config/job_config.py Float8GroupedMM.fqns
-        lines += ["", f"# {LEGACY_VERSION} matches fqns as a substring of a module's FQN (\"experts\" would also convert "
-                  "moe.shared_experts): the routed experts only;", "# torchtitan 0.3.0 has no such table "
-                  "(Float8GroupedExpertsConverter.Config converts every GroupedExperts, by type)",
+        lines += ["", f"# {LEGACY_VERSION} matches fqns as a substring of a module's FQN "
+                  "(\"experts\" would also convert moe.shared_experts): the routed experts only;",
+                  "# torchtitan 0.3.0 has no such table (Float8GroupedExpertsConverter.Config converts every "
+                  "GroupedExperts, by type)",
                   "[quantize.grouped_mm.float8]", "fqns = [" + ", ".join(f'"{x}"' for x in GROUPED_MM_FQNS) + "]"]
     return lines
 

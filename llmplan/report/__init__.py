@@ -22,9 +22,11 @@ _HOME = {
     **dict.fromkeys(('SCHEMA', 'dump_json', 'fabric_names', 'gib', 'message_text'), "common"),
     **dict.fromkeys(('collective_json', 'collective_view', 'export_view'), "files"),
     **dict.fromkeys(('hardware_json', 'hardware_tables', 'models_json', 'models_table'), "listing"),
-    **dict.fromkeys(('plan_label', 'search_json', 'search_points', 'search_view', 'target_json', 'target_lines'), "search"),
+    **dict.fromkeys(('plan_label', 'search_json', 'search_points', 'search_view', 'target_json', 'target_lines'),
+                    "search"),
     **dict.fromkeys(('systems_json', 'systems_view'), "systems"),
-    **dict.fromkeys(('disagg_json', 'disagg_view', 'serve_json', 'serve_search_json', 'serve_search_view', 'serve_view'), "serving"),
+    **dict.fromkeys(('disagg_json', 'disagg_view', 'serve_json', 'serve_search_json', 'serve_search_view',
+                     'serve_view'), "serving"),
     **dict.fromkeys(('estimate_json', 'estimate_view'), "training"),
 }
 """Where each name lives: a submodule is imported on first use (PEP 562), so that a command imports only the
@@ -44,9 +46,11 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "SCHEMA", "anchor_json", "anchor_view", "bench_json", "bench_tables", "check_github", "check_json", "check_junit", "check_view",
+    "SCHEMA", "anchor_json", "anchor_view", "bench_json", "bench_tables", "check_github", "check_json", "check_junit",
+    "check_view",
     "collective_json", "collective_view", "dump_json", "estimate_json", "estimate_view", "export_view",
-    "fabric_names", "gib", "hardware_json", "hardware_tables", "message_text", "models_json", "models_table", "plan_label", "search_json", "search_points",
+    "fabric_names", "gib", "hardware_json", "hardware_tables", "message_text", "models_json", "models_table",
+    "plan_label", "search_json", "search_points",
     "search_view", "disagg_json", "disagg_view", "serve_json", "serve_search_json", "serve_search_view", "serve_view",
     "systems_json", "systems_view", "target_json", "target_lines",
 ]

@@ -66,7 +66,8 @@ def power_text(cluster: Any) -> str:
 def fabric_names(system: SystemSpec) -> tuple[str, str]:
     up = {"nvswitch": "NVLink", "nvlink-mesh": "NVLink", "infinity-fabric": "Infinity Fabric",
           "pcie": "PCIe"}[system.intra_node_fabric]
-    down = {"infiniband": "IB", "roce": "RoCE", "efa": "EFA", "omnipath": "OPA", "none": "network"}[system.scaleout_fabric]
+    down = {"infiniband": "IB", "roce": "RoCE", "efa": "EFA", "omnipath": "OPA",
+            "none": "network"}[system.scaleout_fabric]
     return up, down
 
 

@@ -75,7 +75,8 @@ def memory_figure(stages: list[StageView], capacity: float) -> tuple[Any, dict]:
         for part, vals in parts.items():
             ax.bar(x, vals, bottom=bottom, color=COLORS[part], label=part)
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-        ax.set_xticks(x, [f"{s.stage}\n{s.layers}L" for s in stages] if len(stages) <= 16 else [str(s.stage) for s in stages])
+        ax.set_xticks(x, [f"{s.stage}\n{s.layers}L" for s in stages] if len(stages) <= 16
+                      else [str(s.stage) for s in stages])
     else:
         ax.stackplot(x, *parts.values(), colors=[COLORS[p] for p in parts], labels=list(parts), step="mid")
     ax.axhline(capacity / GIB, color="black", linestyle="--", linewidth=1, label="capacity")
@@ -296,7 +297,8 @@ def training_report(e: TrainingEstimate, stages: list[StageView], search_points:
                                  "the most tokens per second after failures, checkpoints and restarts."))
     if search_points:
         sections.append(_section("pareto", "Throughput vs memory headroom (search)", *scatter_figure(search_points),
-                                 "Every plan the search kept (a sample when there are many), its Pareto front, and #1."))
+                                 "Every plan the search kept (a sample when there are many), its Pareto front, "
+                                 "and #1."))
     title = (f"{e.model.name} on {e.cluster.num_nodes} x {e.cluster.system.name}: {plan_label(p)}"
              f" optimizer {p.optimizer}")  # the switches the plan is priced with; Muon changes memory and step
     return _page(title, sections)

@@ -25,8 +25,9 @@ def models_table(models: list[tuple[ModelSpec, ParamCounts]], with_type: bool = 
                      no_wrap=col not in ("type", "experts"))
     for m, p in models:
         experts = f"{m.num_experts} top-{m.num_experts_per_tok}" if m.is_moe else "-"
-        row = [m.name, m.model_type, str(m.num_hidden_layers), str(m.hidden_size), f"{m.num_attention_heads}/{m.kv_heads}",
-               experts, _short_billions(p.total), _short_billions(p.active), f"{m.max_position_embeddings:,}"]
+        row = [m.name, m.model_type, str(m.num_hidden_layers), str(m.hidden_size),
+               f"{m.num_attention_heads}/{m.kv_heads}", experts, _short_billions(p.total), _short_billions(p.active),
+               f"{m.max_position_embeddings:,}"]
         t.add_row(*(row if with_type else row[:1] + row[2:]))
     return t
 

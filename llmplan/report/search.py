@@ -241,7 +241,8 @@ def explain_table(a: TrainingEstimate, b: TrainingEstimate, what: str) -> Table:
     for name, x, y in rows:
         if float(x) or float(y):
             t.add_row(name, f"{float(x):,.3f}", f"{float(y):,.3f}", f"{float(x - y):+,.3f}")
-    t.add_row("memory GiB", gib(a.memory.total), gib(b.memory.total), f"{float(a.memory.total - b.memory.total) / GIB:+,.2f}")
+    t.add_row("memory GiB", gib(a.memory.total), gib(b.memory.total),
+              f"{float(a.memory.total - b.memory.total) / GIB:+,.2f}")
     return t
 
 
@@ -515,7 +516,8 @@ def placement_line(e: TrainingEstimate, cluster: ClusterSpec) -> str:
     network: the reason TP / EP / CP sit where they do."""
     spans = place(e.plan.degrees, cluster, e.order)  # in the order it was priced in (--axis-order)
     domain = cluster.system.domain_gpus
-    inside = [f"{a} {spans[a].size}" for a in ("tp", "cp", "ep", "pp", "dpcp") if spans[a].size > 1 and not spans[a].uses_nic]
+    inside = [f"{a} {spans[a].size}" for a in ("tp", "cp", "ep", "pp", "dpcp")
+              if spans[a].size > 1 and not spans[a].uses_nic]
     across = [f"{a} {spans[a].size}" for a in ("tp", "cp", "ep", "pp", "dpcp") if spans[a].uses_nic]
     where = f"one {domain}-GPU NVLink domain" if domain > cluster.system.gpus_per_node else "one node's NVLink"
     return (f"placement: {', '.join(inside) or 'no axis'} inside {where}; "
@@ -570,7 +572,8 @@ def dispatcher_text(setting: dict[str, Any]) -> str:
     """A dispatcher setting in Megatron's words: alltoall, or the flex dispatcher with its backend."""
     if setting["moe_dispatcher"] != "deepep":
         return str(setting["moe_dispatcher"])
-    return f"flex/{setting['moe_flex_backend']} (--moe-dispatcher deepep --moe-flex-backend {setting['moe_flex_backend']})"
+    backend = setting['moe_flex_backend']
+    return f"flex/{backend} (--moe-dispatcher deepep --moe-flex-backend {backend})"
 
 
 def hybrid_line(h: HybridChoice) -> str:
@@ -583,14 +586,15 @@ def hybrid_line(h: HybridChoice) -> str:
                 "resolution, or would not bring a row level with #1); --dp-replicate pins it")
     if h.first is not None:
         r, outer = h.first
-        return (f"hybrid sharding: #1 runs dp-replicate {r}{' (optimizer sharded across the replicas)' if outer else ''}"
-                f" ({priced}); --dp-replicate 1 turns it off")
+        across = " (optimizer sharded across the replicas)" if outer else ""
+        return f"hybrid sharding: #1 runs dp-replicate {r}{across} ({priced}); --dp-replicate 1 turns it off"
     fit = [t for t in done if t.tokens_per_s > 0]
     if not fit:
         return f"hybrid sharding: {priced}, none fits; --dp-replicate pins it"
     b = max(fit, key=lambda t: t.tokens_per_s / t.row_tokens_per_s)
     return (f"hybrid sharding: {priced}, none shown; best #{b.rank} at dp-replicate {b.dp_replicate}"
-            f"{' (optimizer across)' if b.dp_outer_optimizer else ''}, {100 * (b.tokens_per_s / b.row_tokens_per_s - 1):+.1f}% "
+            f"{' (optimizer across)' if b.dp_outer_optimizer else ''}, "
+            f"{100 * (b.tokens_per_s / b.row_tokens_per_s - 1):+.1f}% "
             f"({b.outcome}); --dp-replicate pins it")
 
 

@@ -542,7 +542,8 @@ def disagg_view(console: Console, res: DisaggResult, model: ModelSpec, cluster: 
         for col in ("P:D GPUs", "TTFT ms", "TPOT ms", "per GPU"):
             t.add_column(col, justify="right")
         for i, x in enumerate(res.plans, 1):
-            t.add_row(str(i), instance_layout(x.prefill), instance_layout(x.decode), f"{x.prefill.gpus}:{x.decode.gpus}",
+            t.add_row(str(i), instance_layout(x.prefill), instance_layout(x.decode),
+                      f"{x.prefill.gpus}:{x.decode.gpus}",
                       f"{x.ttft_s * 1e3:,.0f}", f"{x.tpot_s * 1e3:,.1f}", f"{x.tokens_per_s / x.gpus:,.0f}")
         queue = (f"mean queueing wait at {res_rate:g} requests/s (M/G/1) + " if (res_rate := job.request_rate)
                  else "")

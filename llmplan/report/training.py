@@ -11,7 +11,7 @@ from llmplan.cost.comm import CommBreakdown, comm_seconds, cp_mixer_split, trans
 from llmplan.cost.goodput import Goodput
 from llmplan.cost.grad_lifetime import chunk_gradients_freed
 from llmplan.cost.memory import TrainingMemory
-from llmplan.cost.model_states import optimizer_parts
+from llmplan.cost.model_states import grad_prescaled, optimizer_parts
 from llmplan.cost.params import ParamCounts
 from llmplan.cost.runtime_memory import mla_turns_tp_overlap_off, userbuffers_on
 from llmplan.cost.step import StepTime, Throughput
@@ -32,7 +32,11 @@ PLAN_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "mi
 
 
 def plan_json(plan: ParallelPlan) -> dict[str, Any]:
-    d = plan.model_dump()
+    """The plan's fields as it runs: etp resolved (etp_resolved), and grad_prescale True wherever the buckets are
+    pre-scaled, the fp32-sum reduce-scatter forcing it too (cost.model_states.grad_prescaled, the rule the
+    pricing and the exports read). The plan itself keeps the asked value, so a copy without the fp32 sum prices
+    the average where the plan asked for it."""
+    d = {**plan.model_dump(), "grad_prescale": bool(grad_prescaled(plan))}
     return {**{k: d[k] for k in PLAN_KEYS}, "etp": plan.etp_resolved,
             **{k: d[k] for k in d if k not in PLAN_KEYS and k != "etp"}}
 
@@ -208,7 +212,8 @@ def bf16_layers_json(m: ModelSpec, plan: ParallelPlan) -> dict[str, Any]:
     """The layers a low-precision plan keeps in bf16 as priced: the pinned counts or the recipe's default, and
     the share of the layers whose GEMMs run in the recipe's format (docs/formulas.md#precision)."""
     start, end = bf16_layer_counts(plan, m.num_hidden_layers)
-    return {"start": start, "end": end, "pinned": plan.bf16_layers_start is not None or plan.bf16_layers_end is not None,
+    pinned = plan.bf16_layers_start is not None or plan.bf16_layers_end is not None
+    return {"start": start, "end": end, "pinned": pinned,
             "low_precision_layer_fraction": plan.low_precision_layer_fraction(m.num_hidden_layers)}
 
 

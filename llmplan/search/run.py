@@ -233,9 +233,10 @@ def switch_variants(w: Workload, grad_pinned: bool, params_pinned: bool,
     tried under each. A switch that acts under one gradient dtype only keeps the search to it, so that its other
     try, where no plan can use the switch, does not refuse the search (refuse_unused_switches): grad_reduce_dtype
     bf16 to fp32 gradients (check_switches grad_reduce_dtype_bf16_optimizer), fp32_embedding_grads and
-    grad_reduce_fp32_sum to bf16 ones (fp32_embedding_grads_zero, grad_reduce_fp32_sum_rs). The fp32 try of a workload that asks for DeepSpeed's BF16_Optimizer (bf16, Adam,
-    grad_accumulation cast-add, grad_reduce all-reduce) runs with overlap_grad_reduce off unless `overlap_pinned`:
-    its zero-1 plans all-reduce after the backward (check_switches bf16_optimizer_overlap)."""
+    grad_reduce_fp32_sum to bf16 ones (fp32_embedding_grads_zero, grad_reduce_fp32_sum_rs). The fp32 try of a
+    workload that asks for DeepSpeed's BF16_Optimizer (bf16, Adam, grad_accumulation cast-add, grad_reduce
+    all-reduce) runs with overlap_grad_reduce off unless `overlap_pinned`: its zero-1 plans all-reduce after the
+    backward (check_switches bf16_optimizer_overlap)."""
     grads = [w.grad_dtype] if grad_pinned or w.dtype == "fp32" else ["fp32", "bf16"]
     two_byte = bool(w.fp32_embedding_grads) or bool(w.grad_reduce_fp32_sum)
     if len(grads) > 1 and (w.grad_reduce_dtype == "bf16") != two_byte:

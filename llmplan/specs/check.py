@@ -282,7 +282,8 @@ SERVE_MOE_RULES: tuple[Rule, ...] = (
                                        & (p.redundant_experts == 0)),
          lambda m, p, c: "--moe-dispatcher deepep, --two-batch-overlap and --redundant-experts act on the expert-"
                          f"parallel all-to-all and its ranks, but ep is {p.ep}"
-                         + ("; raise --ep or drop them" if m.is_moe else f" ({m.name} is dense: no experts); drop them")),
+                         + ("; raise --ep or drop them" if m.is_moe
+                            else f" ({m.name} is dense: no experts); drop them")),
     Rule("expert_dtype_moe", lambda m, p, c: (p.expert_dtype is None) | m.is_moe,
          lambda m, p, c: f"--expert-dtype {p.expert_dtype} applies to routed experts; {m.name} is dense: drop it "
                          "(the weights take --dtype)"),
@@ -348,7 +349,8 @@ def check_serve_plan(m: ModelSpec, plan: ServePlan, job: ServeJob,
         out.append(Violation("context", f"input_len + output_len ({job.input_len} + {job.output_len} = "
                              f"{job.context}) exceeds max_position_embeddings ({m.max_position_embeddings}) of "
                              f"{m.name}{scaling}; lower --input-len or --output-len"))
-    return out + speculative_violations(m, plan, job) + sglang_graph_violations(plan, job) + batched_tokens_violations(job)
+    return out + speculative_violations(m, plan, job) + sglang_graph_violations(plan, job) \
+        + batched_tokens_violations(job)
 
 
 VLLM_BATCHED_TOKENS_RULE = "vLLM refuses max_num_batched_tokens below max_num_seqs"

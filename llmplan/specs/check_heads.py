@@ -21,9 +21,14 @@ def valid_tp(m: ModelSpec, max_tp: int | None = None, replicate_kv: bool = False
             and (max_tp is None or t <= max_tp) and bool(_mamba_ok(m, t)) and bool(_gdn_ok(m, t))]
 
 
+def _ffn_widths(m: ModelSpec) -> tuple[int, int]:
+    """The FFN widths TP splits (0 where the model has none): the dense MLP's, the shared expert's."""
+    return (m.intermediate_size if m.num_mlp_layers else 0, m.shared_ffn)
+
+
 def _ffn_ok(m: ModelSpec, t: Any) -> Any:
     ok = True
-    for f in (m.intermediate_size if m.num_mlp_layers else 0, m.shared_ffn):
+    for f in _ffn_widths(m):
         if f:
             ok = ok & (f % t == 0)
     return ok
@@ -72,7 +77,7 @@ HEAD_RULES: tuple[Rule, ...] = (
                          f"{bounded_list(valid_tp(m))}"),
     Rule("tp_ffn", lambda m, p, c: _ffn_ok(m, p.tp),
          lambda m, p, c: f"tp ({p.tp}) must divide the FFN width(s) "
-                         f"({', '.join(str(f) for f in (m.intermediate_size if m.num_mlp_layers else 0, m.shared_ffn) if f)}) "
+                         f"({', '.join(str(f) for f in _ffn_widths(m) if f)}) "
                          f"of {m.name}; valid tp: {bounded_list(valid_tp(m))}"),
     Rule("tp_recurrent_heads", lambda m, p, c: _mamba_ok(m, p.tp) & _gdn_ok(m, p.tp),
          lambda m, p, c: f"tp ({p.tp}) must divide the recurrent mixers' heads and groups ({_mixer_heads(m)}) of "

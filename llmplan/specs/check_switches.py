@@ -559,7 +559,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "have (mla_up_proj: MLA attention or a query rank; moe, moe_act: expert layers; "
                          "shared_experts: shared experts; mhc: hyper-connections; Megatron TransformerConfig "
                          "rules); drop them from --recompute-modules"),
-    Rule("delay_wgrad_graphs", lambda m, p, c: not (p.delay_wgrad and p.overlap_grad_reduce and p.cuda_graphs == "layers")
+    Rule("delay_wgrad_graphs",
+         lambda m, p, c: not (p.delay_wgrad and p.overlap_grad_reduce and p.cuda_graphs == "layers")
          or (p.grad_accumulation == "fused" and not (m.attention_bias or m.qkv_bias)),  # workload fields
          lambda m, p, c: f"delay_wgrad with overlap_grad_reduce, cuda_graphs layers (the attention graphed), "
                          f"grad_accumulation {p.grad_accumulation}"
@@ -635,9 +636,9 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"jit_activation with {m.name}, whose MLP is not gated: its activation is "
                          f"{m.mlp_activation}; the jit_fuser rate priced is that of Megatron-Core's gated-MLP "
                          "kernels, the only activations it supports: SwiGLU (silu: bias_swiglu_impl, "
-                         "fusions/fused_bias_swiglu.py) and GeGLU (gelu: bias_geglu_impl, fusions/fused_bias_geglu.py), "
-                         "and an ungated MLP's activation is priced as one fused pass already; set jit_activation "
-                         "false in the plan"),
+                         "fusions/fused_bias_swiglu.py) and GeGLU (gelu: bias_geglu_impl, "
+                         "fusions/fused_bias_geglu.py), and an ungated MLP's activation is priced as one fused pass "
+                         "already; set jit_activation false in the plan"),
     # Megatron-Core optimizer/__init__.py (d98e8a6): "--use-precision-aware-optimizer only supported with
     # distributed optimizer"; Megatron-FSDP keeps its own main-weight buffer (--megatron-fsdp-main-params-dtype);
     # fp8 primary weights leave no bf16 weight for the remainder to complete (TE FusedAdam: "Works only when
@@ -733,9 +734,10 @@ SWITCH_RULES: tuple[Rule, ...] = (
     # Megatron-Core TransformerConfig.__post_init__ (2a75ac12c): fine-grained offload "cannot be enabled with
     # cpu_offloading", nor offload inside an MoE layer whose whole forward recompute_modules "moe" checkpoints
     Rule("offload_moe_act_layers", lambda m, p, c: (p.offload_layers == 0) | (not p.offload_moe_act),
-         lambda m, p, c: f"offload_moe_act with offload_layers ({p.offload_layers}): Megatron-Core refuses fine-grained "
-                         "activation offload together with layer offload (fine_grained_activation_offloading cannot "
-                         "be enabled with cpu_offloading); drop --offload-moe-act or --offload-activations-layers"),
+         lambda m, p, c: f"offload_moe_act with offload_layers ({p.offload_layers}): Megatron-Core refuses "
+                         "fine-grained activation offload together with layer offload "
+                         "(fine_grained_activation_offloading cannot be enabled with cpu_offloading); drop "
+                         "--offload-moe-act or --offload-activations-layers"),
     Rule("offload_moe_act_recompute", lambda m, p, c: (not p.offload_moe_act) | np.logical_not(p.recomputes("moe")),
          lambda m, p, c: "offload_moe_act with recompute module moe: Megatron-Core refuses to offload inside an MoE "
                          "layer that is recomputed whole (TransformerConfig); drop moe from --recompute-modules or "
@@ -753,7 +755,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "refuses to offload inside an MoE layer that is recomputed whole (TransformerConfig: 'moe' "
                          "in recompute_modules wraps the full MoE forward in a checkpoint); drop moe from "
                          f"--recompute-modules or drop {', '.join(_moe_offloads(p))} from --offload-modules"),
-    Rule("offload_attn_proj", lambda m, p, c: ("attn_proj" not in p.offload_modules) | ("core_attn" in p.offload_modules),
+    Rule("offload_attn_proj",
+         lambda m, p, c: ("attn_proj" not in p.offload_modules) | ("core_attn" in p.offload_modules),
          lambda m, p, c: "offload_modules attn_proj without core_attn: Megatron-Core refuses it (TransformerConfig: "
                          "attn_proj's input is core_attn's output, which core_attn's backward still needs); add "
                          "core_attn to --offload-modules or drop attn_proj"),
@@ -781,7 +784,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "or none"),
     # Megatron-Core TransformerConfig.__post_init__ (d98e8a6, transformer_config.py:2045-2051): NotImplementedError
     # for 'mhc' in recompute_modules with fine-grained activation offloading
-    Rule("offload_modules_mhc", lambda m, p, c: (not p.fine_grained_offload_modules) | np.logical_not(p.recomputes("mhc")),
+    Rule("offload_modules_mhc",
+         lambda m, p, c: (not p.fine_grained_offload_modules) | np.logical_not(p.recomputes("mhc")),
          lambda m, p, c: "fine-grained activation offload with recompute module mhc: Megatron-Core does not support "
                          "the two together (TransformerConfig: the mHC recompute hook fires before the offload "
                          "backward chunk exists); drop mhc from --recompute-modules, or drop --offload-modules / "
@@ -796,7 +800,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "Megatron-Core refuses dropout in a recomputed module inside a CUDA graph (TransformerConfig: "
                          "'dropout is not supported with graphed ... recomputation'); drop "
                          f"{_graphed_dropout_names(m, p)} from --recompute-modules (core_attn is the default: "
-                         "list others), use --recompute none (or full with cuda_graphs full-iteration), or cuda_graphs none"),
+                         "list others), use --recompute none (or full with cuda_graphs full-iteration), or "
+                         "cuda_graphs none"),
     Rule("moe_switches_dense", lambda m, p, c: m.is_moe or not _moe_switches(p),
          lambda m, p, c: _dense_message(m, _moe_switches(p))),
     Rule("moe_dispatch_sms_deepep", lambda m, p, c: (p.moe_dispatch_sms is None) | (p.moe_dispatcher == "deepep")

@@ -336,7 +336,8 @@ class GpuSpec(Spec):
         fp8 for fp8 / mxfp8 at the same rate), else 0.75; fp4 at the fp8 fraction, or where the GPU's NVFP4 /
         fp8 kernel ratio is measured (fp4_gemm_speedup), at the fp8 rate times that ratio.
         Derived: docs/formulas.md#compute.gemm"""
-        fp8 = self.max_gemm_tflops_fp8 / self.tflops["fp8"] if self.max_gemm_tflops_fp8 and "fp8" in self.tflops else None
+        fp8 = self.max_gemm_tflops_fp8 / self.tflops["fp8"] if self.max_gemm_tflops_fp8 and "fp8" in self.tflops \
+            else None
         bf16 = (
             self.max_gemm_tflops_bf16 / self.tflops[dtype]
             if self.max_gemm_tflops_bf16 and dtype in ("bf16", "fp16") and dtype in self.tflops
@@ -521,9 +522,11 @@ class SystemSpec(Spec):
     """Achieved fraction of the per-GPU scale-up bandwidth for ring collectives (nccl-tests busbw / spec:
     8xA100 0.78, 8xH200 0.82; nccl-tests busbw measurements in ml-engineering network/README.md)."""
     mesh_efficiency: float = Field(default=0.72, gt=0, le=1.5)
-    """The same for a point-to-point mesh (8xMI300X 0.70, 2xMI300X 0.75; nccl-tests busbw measurements in ml-engineering network/README.md)."""
+    """The same for a point-to-point mesh (8xMI300X 0.70, 2xMI300X 0.75; nccl-tests busbw measurements in
+    ml-engineering network/README.md)."""
     nvls_factor: float = Field(default=1.07, gt=0, le=2)
-    """All-reduce busbw / per-GPU spec with NVLink SHARP (8xH200 1.07; nccl-tests busbw measurements in ml-engineering network/README.md)."""
+    """All-reduce busbw / per-GPU spec with NVLink SHARP (8xH200 1.07; nccl-tests busbw measurements in
+    ml-engineering network/README.md)."""
     nic_efficiency: float = Field(default=0.75, gt=0, le=1.5)
     """Achieved fraction of the NIC rate across nodes (4 x 8 B200 over EFA: 0.74; nccl-tests busbw measurements in
     ml-engineering network/README.md;

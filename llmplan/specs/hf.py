@@ -52,7 +52,8 @@ def from_hf_config(cfg: dict[str, Any], default_name: str) -> dict[str, Any]:
     if mt == "deepseek_v4" and cfg.get("intermediate_size") is None:  # the shared expert's width is the MoE one
         cfg = {**cfg, "intermediate_size": cfg.get("moe_intermediate_size")}
     if mt == "qwen3_5_moe" and cfg.get("intermediate_size") is None:  # every layer MoE: no dense width in the file
-        cfg = {**cfg, "intermediate_size": cfg.get("shared_expert_intermediate_size") or cfg.get("moe_intermediate_size")}
+        width = cfg.get("shared_expert_intermediate_size") or cfg.get("moe_intermediate_size")
+        cfg = {**cfg, "intermediate_size": width}
     cfg = _checked(cfg, mt)
     if mt == "llama4":
         cfg = _llama4(cfg)

@@ -16,14 +16,17 @@ from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-
     MOE_ROUTINGS,
     OPTIMIZERS, Optimizer,
     OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, OPTIMIZER_STATE_BYTES, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES,
-    FUSED_LOSS_IMPLS, FusedLossImpl, TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm, MoeDispatcher, MoeFlexBackend,
+    FUSED_LOSS_IMPLS, FusedLossImpl, TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm,
+    MoeDispatcher, MoeFlexBackend,
     MoeRouting, FP8_SCALINGS, Fp8Scaling,
     OptimizerMasterDtype, OptimizerMomentDtype, Recipe, Recompute, RecomputeModule, TpImpl, TrainDtype,
-    CP_IMPLS, CpImpl, CP_COMM_TYPES, CpCommType, NORM_KERNELS, NormKernel, SOFTMAX_KERNELS, SoftmaxKernel, OFFLOAD_MODULES, OffloadModule,
+    CP_IMPLS, CpImpl, CP_COMM_TYPES, CpCommType, NORM_KERNELS, NormKernel, SOFTMAX_KERNELS, SoftmaxKernel,
+    OFFLOAD_MODULES, OffloadModule,
     MXFP8_MODULES, Mxfp8Module,
 )
 from llmplan.specs.quantities import (  # noqa: F401  (re-exported: their home was this module)
-    ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, cp_a2a_group, cp_ring_size, PlanLike, PlanQuantities, bf16_layer_counts,
+    ETP_SAME_AS_TP, NVFP4_LAYER_FRACTION, RECIPE_GEMM_FORMAT, Degrees, cp_a2a_group, cp_ring_size, PlanLike,
+    PlanQuantities, bf16_layer_counts,
     has_layout, resolve_etp,
 )
 from llmplan.specs.schedule import ScheduleName
@@ -309,8 +312,8 @@ class ParallelPlan(PlanQuantities, Spec):
     the wire as a ring reduce-scatter, an all-to-all on the network, scratch buckets (and their fp32 sums of
     1/N of them) beside the held states (docs/formulas.md#mem.fp32_sum), and the sum's HBM passes. Acts only
     with zero 1, grad_reduce reduce-scatter and 2-byte gradients without megatron_fsdp, dp_replicate or Muon
-    (check_plan rule grad_reduce_fp32_sum_rs: Megatron-LM turns it off under --accumulate-allreduce-grads-in-fp32). It asserts a
-    SUM reduction, so where it acts the gradients are pre-scaled by 1/(dp x cp) and priced so, whatever
+    (check_plan rule grad_reduce_fp32_sum_rs: Megatron-LM turns it off under --accumulate-allreduce-grads-in-fp32).
+    It asserts a SUM reduction, so where it acts the gradients are pre-scaled by 1/(dp x cp) and priced so, whatever
     grad_prescale says (cost.model_states.grad_prescaled; the exports never write average_in_collective). Source:
     NVIDIA/Megatron-LM d98e8a64dd megatron/core/distributed/reduce_scatter_with_fp32_accumulation.py,
     param_and_grad_buffer.py. docs/formulas.md#comm.fp32_sum, docs/formulas.md#mem.fp32_sum"""

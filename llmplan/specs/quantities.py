@@ -126,6 +126,13 @@ def dp_first_chunk_unbucketed(p: Any) -> Any:
                                                                                       dtype=bool)
 
 
+def megatron_fsdp_acts(plan: Any) -> Any:
+    """Whether Megatron-FSDP runs the plan: the switch at ZeRO 2/3 without a pipeline. Elsewhere it is inert
+    (check_switches' megatron_fsdp_zero), and a search's plan arrays keep the workload's switch on rows the shown
+    plan settles it off on, so a cost reads this, never the raw field. Derived: docs/formulas.md#mem.megatron_fsdp"""
+    return plan.megatron_fsdp & (plan.zero >= 2) & (plan.pp == 1)
+
+
 class PlanLike(Protocol):
     """What the layer-split, parameter and serving cost functions and the shape rules read of a plan, in
     whichever record it comes: a ParallelPlan or a ServePlan (Python numbers) or search.grid.PlanArrays (numpy

@@ -95,7 +95,8 @@ def split_ok(m: ModelSpec, p: Any) -> Any:
 def split_message(m: ModelSpec, p: ParallelPlan) -> str:
     L = m.num_hidden_layers
     if p.pp > L:
-        return f"pp ({p.pp}) exceeds num_hidden_layers ({L}) of {m.name}: a stage needs at least one layer; use pp <= {L}"
+        return (f"pp ({p.pp}) exceeds num_hidden_layers ({L}) of {m.name}: a stage needs at least one layer; "
+                f"use pp <= {L}")
     example = split_text(m, p.pp)
     if p.pp_layers is not None:
         got = bounded_list(p.pp_layers, sep="+")

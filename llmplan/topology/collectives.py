@@ -359,7 +359,8 @@ def allreduce_coeffs(n: int, k: int, L: Links, algorithm: str = "auto") -> tuple
     # the ring's Simple rate is the tree's per-byte floor
     tree_beta = max(2.0 / L.intra_bw, (1.0 if k == 2 else 2.0) / g / L.ring_inter_bw,
                     bus_factor("all-reduce", n) / ring_bw)
-    hier_beta = max(2 * (g - 1) / g / L.intra_bw, bus_factor("all-reduce", k) / g / L.ring_inter_bw)  # comm.hierarchical
+    # comm.hierarchical
+    hier_beta = max(2 * (g - 1) / g / L.intra_bw, bus_factor("all-reduce", k) / g / L.ring_inter_bw)
     cands = [*rings, *with_fill(Coeff("tree", tree_alpha, tree_beta), fill),
              *(nccl_tree_coeffs(g, k, tree_beta, L, fill) if L.nccl else ()),
              Coeff("hierarchical", 2 * (g - 1) * L.intra_alpha + 2 * (k - 1) * L.inter_alpha, hier_beta)]
