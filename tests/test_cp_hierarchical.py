@@ -24,7 +24,7 @@ from conftest import one_train_search
 
 from llmplan.cost.activations import cp_comm_workspace_bytes, p2p_ring_workspace_bytes
 from llmplan.cost.comm import cp_transfers, step_comm
-from llmplan.cost.exposure import cp_exposed, overlap
+from llmplan.cost.exposure import cp_exposed
 from llmplan.search.grid import Workload, default_space, enumerate_plans
 from llmplan.search.variants import in_domain_shares
 from llmplan.specs.check import check_plan
@@ -81,13 +81,15 @@ def test_the_levels_sit_where_megatron_puts_them():
     assert cp.bytes == pytest.approx(1024 * (q + kv) * 3 / 4 + 2304 * 2 * kv, rel=1e-12)
 
 
-def test_the_a2a_level_is_exposed_whole_and_the_ring_hides_behind_r_minus_one_calls():
+def test_the_a2a_level_is_exposed_whole_and_the_ring_hides_behind_its_calls():
     plan, kappa = _hier(), 0.2
     cp, a2a, attention = 3.0, 1.0, 8.0
-    ring = 4  # 16 / 4
-    assert cp_exposed(plan, cp, attention, kappa, 0, a2a) == pytest.approx(
-        a2a + overlap(cp - a2a, attention * (ring - 1) / ring, kappa), rel=1e-12)
+    # ring 4 (16 / 4): its 2 s of sends hide, forward's 2/3 s behind 3/4 of the forward's 8/3 s of attention,
+    # backward's 4/3 s behind all of the backward's 16/3 s; only the contention share (kappa) is added
     assert cp_exposed(plan, cp, attention, kappa, 0, a2a) == pytest.approx(1.0 + 0.2 * 2.0, rel=1e-12)
+    # attention 0.8 s: forward 2/3 s of sends beside 0.8/3 x 3/4 = 0.2 s, backward 4/3 s beside 1.6/3 s
+    hand = 1.0 + (2 / 3 - 0.2) + 0.2 * 0.2 + (4 / 3 - 1.6 / 3) + 0.2 * 1.6 / 3
+    assert cp_exposed(plan, cp, 0.8, kappa, 0, a2a) == pytest.approx(hand, rel=1e-12)
 
 
 def test_estimate_splits_the_seconds_by_kind(cli):

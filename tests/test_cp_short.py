@@ -80,12 +80,20 @@ def test_the_ring_s_attention_rate_never_rises_as_the_sequence_shortens(name, tp
     assert np.all(np.diff(ratios) >= -1e-9), ratios
 
 
-def test_ring_sends_hide_behind_all_but_the_last_call():
-    # Per pass, cp calls and cp - 1 sends, one beside each call but the last (Transformer Engine's
-    # AttnFuncWithCPAndKVP2P): the window is (cp - 1)/cp of the attention; at cp 2 half of it.
-    for cp, exposed in ((2, 0.5), (4, 0.25), (8, 0.125)):
-        assert float(cp_exposed(ParallelPlan(cp=cp), 1.0, 1.0, 0.0)) == pytest.approx(exposed)
+def test_ring_sends_hide_behind_all_but_the_last_forward_call_and_every_backward_call():
+    # Transformer Engine's AttnFuncWithCPAndKVP2P: a forward pass runs cp calls and cp - 1 K/V sends, one beside
+    # each call but the last; the backward cp calls and cp sends (K/V, K/V with partial dK/dV, dK/dV last), one
+    # beside every call. Without recompute the forward holds 1/3 of the sends (cost.comm.cp_transfers: 1 of 3
+    # units) and 1/3 of the attention time (backward weight 2): sends equal to the attention expose
+    # 1/3 - (1/3)(cp - 1)/cp = 1/(3 cp) in forward and nothing in backward.
+    for cp in (2, 4, 8):
+        assert float(cp_exposed(ParallelPlan(cp=cp), 1.0, 1.0, 0.0)) == pytest.approx(1 / (3 * cp))
     assert float(cp_exposed(ParallelPlan(cp=4), 0.5, 1.0, 0.1)) == pytest.approx(0.1 * 0.5)
+    # sends twice the attention at cp 2: forward 2/3 beside 1/6, backward 4/3 beside 2/3
+    assert float(cp_exposed(ParallelPlan(cp=2), 2.0, 1.0, 0.0)) == pytest.approx((2 / 3 - 1 / 6) + (4 / 3 - 2 / 3))
+    # under full recompute the attention forward runs twice: 2 of 4 send units, 2 of 4 time units
+    full = ParallelPlan(cp=2, recompute="full")
+    assert float(cp_exposed(full, 1.0, 1.0, 0.0)) == pytest.approx(0.5 - 0.5 * 0.5)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)

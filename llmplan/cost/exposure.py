@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from llmplan.arith import maximum, minimum, where
+from llmplan.cost.attention_rate import ATTENTION_BACKWARD_WEIGHT
 from llmplan.cost.compute import TE_PIPELINE_SPLITS, StageCompute
 from llmplan.cost.memory import ZERO3_MAX_LIVE_PARAMS, zero3_layer_tensors
 from llmplan.cost.params import rank_params, stage_end_params
@@ -104,32 +105,49 @@ def overlap(comm: Any, window: Any, kappa: float) -> Any:
     return maximum(0.0, comm - window) + kappa * minimum(comm, window)
 
 
+def te_ring_exposed(sends: Any, attention: Any, ring: Any, r: Any, kappa: float) -> Any:
+    """Exposed seconds of Transformer Engine's p2p ring (AttnFuncWithCPAndKVP2P) over `ring` ranks: `sends`
+    seconds of K/V sends beside `attention` seconds of attention kernels, `r` the layers' share whose attention
+    forward runs again (recompute). Per layer, each forward pass runs ring calls and ring - 1 K/V sends, one beside
+    each call but the last (the last call has nothing to send); the backward runs ring calls and ring sends, one
+    beside every call (K/V at the first, K/V with the partial dK/dV between, the dK/dV at the last), each waited
+    after its own call. So the forward passes' sends, (1 + r) of the (3 + r) send units (cost.comm.cp_transfers),
+    hide behind (ring - 1)/ring of the forward passes' attention, (1 + r) of its (1 + r + w) units (w the backward
+    weight, ATTENTION_BACKWARD_WEIGHT); the backward's behind all of the backward's; what outlasts its window is
+    exposed, the rest slows the compute by kappa (overlap).
+    Source: NVIDIA/TransformerEngine@d0067d0 transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py (AttnFuncWithCPAndKVP2P.forward: flash_attn_p2p_communicate for i < cp_size - 1, waited
+    at the start of step i + 1; .backward: flash_attn_p2p_communicate at every step, send_tensor[0] K/V at i = 0,
+    send_tensor[1] dK/dV at i = cp_size - 1, "wait until dKV is received" after the step's attention call).
+    Derived: docs/formulas.md#step.cp"""
+    fwd_sends = (1 + r) / (3 + r)
+    fwd_time = (1 + r) / (1 + r + ATTENTION_BACKWARD_WEIGHT)
+    return (overlap(sends * fwd_sends, attention * fwd_time * (ring - 1) / ring, kappa)
+            + overlap(sends * (1 - fwd_sends), attention * (1 - fwd_time), kappa))
+
+
 def cp_exposed(plan: ParallelPlan, cp: Any, attention: Any, kappa: float, r: Any = None, a2a: Any = 0.0) -> Any:
     """Exposed ring-attention time of one micro-batch on one stage, `cp` seconds of sends beside `attention`
-    seconds of attention kernels (`r`: the stage's recomputed share of its layers; by default 1 under full
-    recompute). Per layer and pass a rank runs cp attention calls and cp - 1 ring steps:
-    step i's send of the next K/V (and, in backward, of the K/V gradients) runs beside call i, and call i + 1
-    waits for its receive; the last call has no send beside it. So the sends hide behind (cp - 1)/cp of the
-    attention, one call each, and what a step's send takes beyond its call is exposed. PyTorch's ring
-    (cp_impl torch-*; torch_ring_exposed) differs. Transformer Engine's all_gather and a2a (cp_comm_type) wait
-    for their collectives before the attention (and the a2a of its output before the next linear): exposed
-    whole. Source: Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: send_recv_reqs
-    waited at the start of the next step; no send after the last; AttnFuncWithCPAndKVAllGather:
-    gather_along_first_dim before the attention steps; AttnFuncWithCPAndQKVOA2A: flash_attn_a2a_communicate
-    waits each all_to_all_single before the attention); NVIDIA/Megatron-LM@d98e8a6 transformer_config.py
-    (cp_comm_type: "The all-gather is not async, and cannot be overlapped"). a2a+p2p: its all-to-alls (`a2a`
-    seconds of the `cp`) exposed whole as a2a's, the rest, its ring, hidden as p2p's behind (ring - 1)/ring of the
-    attention, a rank running one call per ring step (cp_ring_size; docs/formulas.md#comm.cp_hierarchical).
+    seconds of attention kernels (`r`: the stage's share of layers whose attention forward runs again; by
+    default 1 under full recompute). Transformer Engine's p2p ring: te_ring_exposed (the forward's sends behind
+    all but the last call, the backward's behind every call). PyTorch's ring (cp_impl torch-*;
+    torch_ring_exposed) differs. Transformer Engine's all_gather and a2a (cp_comm_type) wait for their
+    collectives before the attention (and the a2a of its output before the next linear): exposed whole.
+    Source: Transformer Engine attention context_parallel.py (AttnFuncWithCPAndKVP2P: te_ring_exposed;
+    AttnFuncWithCPAndKVAllGather: gather_along_first_dim before the attention steps; AttnFuncWithCPAndQKVOA2A:
+    flash_attn_a2a_communicate waits each all_to_all_single before the attention); NVIDIA/Megatron-LM@d98e8a6
+    transformer_config.py (cp_comm_type: "The all-gather is not async, and cannot be overlapped"). a2a+p2p: its
+    all-to-alls (`a2a` seconds of the `cp`) exposed whole as a2a's, the rest, its ring, as p2p's over the ring's
+    ranks (cp_ring_size; docs/formulas.md#comm.cp_hierarchical).
     Derived: docs/formulas.md#step.cp"""
+    rr = where(plan.full, 1, 0) if r is None else r
     if plan.cp_impl != "te":  # a workload switch: one value for all plans of a search
-        return torch_ring_exposed(plan, cp, attention, kappa, where(plan.full, 1, 0) if r is None else r)
+        return torch_ring_exposed(plan, cp, attention, kappa, rr)
     if plan.cp_comm_type == "a2a+p2p":  # a workload switch too
-        ring = cp_ring_size(plan)
-        return a2a + overlap(cp - a2a, attention * (ring - 1) / ring, kappa)
+        return a2a + te_ring_exposed(cp - a2a, attention, cp_ring_size(plan), rr, kappa)
     if plan.cp_comm_type != "p2p":  # in line (CommSeconds.cp_a2a, cp_allgather)
         return cp
-    window = attention * (plan.cp - 1) / plan.cp
-    return overlap(cp, window, kappa)
+    return te_ring_exposed(cp, attention, plan.cp, rr, kappa)
 
 
 def torch_ring_grad_share(plan: ParallelPlan, r: Any) -> Any:
