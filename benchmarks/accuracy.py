@@ -128,9 +128,12 @@ max_batch_size, enable_padding), and trtllm-bench merges the YAML into the LLM a
 file fails validation rather than turning attention DP on: the page does not show the flag set where it
 takes effect. docs/validation.md#trtllm-qwen3-attention-dp prices both readings."""
 ASSUMPTIONS = {
-    "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention (2021), micro-batch 1 where "
-                     "the tables do not say; Table 1's pipelines of PP > 2 interleaved at one layer per virtual stage (section 5.1: "
-                     "NARAYANAN_T1), Table 2's not; pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP), every pipeline exchange waited for and the device synchronised (PP_BLOCKING_SENDS), each micro-batch's gradient "
+    "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention "
+                     "(2021); Table 1 as the authors' scripts ran it (examples/sc21/run_table_1.sh at 6985e58938: "
+                     "micro-batch 16 .. 1, virtual stages 3 / 2 / 2 / 3 on the 76.1B .. 529.6B rows and none on the "
+                     "rest, PyTorch DDP overlapped on the PP 1 rows and local DDP after the backward on the rest: "
+                     "NARAYANAN_T1), Table 2's PTD-P rows (no script) micro-batch 1 and not interleaved; "
+                     "pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP), every pipeline exchange waited for and the device synchronised (PP_BLOCKING_SENDS), each micro-batch's gradient "
                      "added into main_grad by the DDP hook (GRAD_ACCUMULATION add; ZeRO-3 rows not)"
                      "; the ZeRO-3 rows as DeepSpeed stage 3 of 2021 ran them (zero3_unit tensor: one collective per weight "
                      "tensor, gathered again for the recompute), "
@@ -695,6 +698,25 @@ def skip_reason(rec: dict) -> str | None:
     return None
 
 
+NARAYANAN_T1 = "narayanan2021-t1-"
+"""Narayanan et al. 2021's Table 1 rows, read as the authors' artifact scripts ran them (RECIPE_SETTINGS):
+NVIDIA/Megatron-LM examples/sc21/run_table_1.sh at 6985e58938 (2021-08-18; added at de7dc40f88, 2021-08-10; the
+README there, from 4098d8847d, says "To replicate these results use Megatron-LM commit: 6985e58938"). Per model
+(TP, PP, layers, hidden, heads, nodes and global batch as the table), the script's MBS: 16, 16, 16, 8, 4, 2, 2, 1,
+1, 1 from 1.7B to 1T; --num-layers-per-virtual-pipeline-stage 5, 5, 3, 1 on the 76.1B, 145.6B, 310.1B and 529.6B
+rows (v = 15/5 = 3, 10/5 = 2, 6/3 = 2, 3/1 = 3 virtual stages a rank) and none on the rest, so the 39.1B (PP 2)
+and 1T (PP 64) rows run 1F1B although section 5.1 says Table 1 used "the interleaved pipeline schedule with the
+scatter/gather optimization enabled"; --DDP-impl torch on the four PP 1 rows (PyTorch DDP: the gradient all-reduce
+overlapped with the last micro-batch's backward, the others under no_sync: megatron/schedules.py
+forward_backward_no_pipelining at 6985e58938) and local on the rest (megatron/model/distributed.py: without
+--use-contiguous-buffers-in-ddp one flattened all-reduce per dtype, called by train_step once the schedule has
+returned: overlap_grad_reduce off). Every row --activations-checkpoint-method uniform with the default
+--activations-checkpoint-num-layers 1 (every layer's input checkpointed: full recompute), and CONFIG.sh's --fp16
+--loss-scale 8192, sequence 2048; the scatter/gather and the masked-softmax, bias-GeLU and bias-dropout fusions at
+their defaults (on). Every interleaved row's micro-batches are a multiple of PP, as the schedule needs (28, 48, 144,
+280 over 4, 8, 16, 35). Table 2 has no script: its PTD-P rows stay micro-batch 1, 1F1B (section 5.2 names no
+schedule). docs/validation.md#sc21-rows, #narayanan-interleaved"""
+
 RECIPE_SETTINGS = {
     # NeMo 24.07 (NVIDIA/NeMo-Framework-Launcher tag 24.07): the Nemotron-4 340B config
     # (launcher_scripts/conf/training/nemotron/nemotron_340b.yaml) runs distributed_fused_adam with optim.dtype
@@ -765,6 +787,12 @@ RECIPE_SETTINGS = {
     # main parameters and gradients.
     **{f"mbridge-26.08-pretrain-deepseekv4-flash-dgx-{g}-128gpu-mxfp8-tp1pp1cp1ep64vpnagbs2048mbs1":
        {"optimizer_moment_dtype": "bf16"} for g in ("gb300", "gb200")},
+    # Narayanan et al. 2021's Table 1 as the authors' scripts ran it (NARAYANAN_T1)
+    **{f"{NARAYANAN_T1}{size}": {"micro_batch": mb, "vpp": vpp, "overlap_grad_reduce": ddp == "torch"}
+       for size, (mb, vpp, ddp) in {"1.7b": (16, 1, "torch"), "3.6b": (16, 1, "torch"), "7.5b": (16, 1, "torch"),
+                                    "18.4b": (8, 1, "torch"), "39.1b": (4, 1, "local"), "76.1b": (2, 3, "local"),
+                                    "145.6b": (2, 2, "local"), "310.1b": (1, 2, "local"),
+                                    "529.6b": (1, 3, "local"), "1008b": (1, 1, "local")}.items()},
 }
 """Settings of the recipe a row ran that its table or report leaves out, by id, with the source."""
 
@@ -1786,19 +1814,6 @@ def mpt_bf16_reduce(rec: dict, fam: str) -> bool:
     return fam == "mpt" and str(rec.get("parallel", {}).get("fsdp_mixed_precision", "")).upper() == "PURE"
 
 
-NARAYANAN_T1 = "narayanan2021-t1-"
-"""Narayanan et al. 2021's Table 1 rows, run with the interleaved schedule: "In particular, we use the interleaved
-pipeline schedule with the scatter/gather optimization enabled" (arXiv:2104.04473, section 5.1, the paragraph
-above Table 1). The table gives no chunk count; one layer per virtual stage (--num-layers-per-virtual-pipeline-
-stage 1) is the only size that divides the layers per stage of every row it applies to (15, 10, 6, 3, 2), and the
-only interleaving at all of the 530B (3 layers a stage: v = 3) and 1T (2: v = 2) rows. Megatron-LM of April 2021
-interleaves only PP > 2 ("pipeline-model-parallel size should be greater than 2 with interleaved schedule",
-megatron/arguments.py at 50a4b5fa02), so the 39.1B row (PP 2) runs 1F1B; and it needs the micro-batches to be a
-multiple of PP (megatron/training.py train_step), which every such row meets (56, 96, 144, 280, 512 over 4, 8,
-16, 35, 64: the table's 2,160 and 2,520 batches are what give 144 and 280). Table 2's PTD-P rows are not said
-to interleave (section 5.2) and are read without it. docs/validation.md#narayanan-interleaved"""
-
-
 MBRIDGE_BUCKET_PARAMS = 128 * 1024 * 1024
 """The DDP bucket Megatron-Bridge's CommOverlapConfig sets with the distributed optimizer and dp > 1
 (src/megatron/bridge/training/comm_overlap.py, _get_optimizer_overlap_cfgs: bucket_size = 128 * 1024 * 1024,
@@ -1948,8 +1963,6 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # only --num-layers-per-virtual-pipeline-stage that divides every PP > 1 row's layers per stage
         # (42, 23, 16, 12, 7). Every row has 4 x pp micro-batches, as the schedule's n % pp == 0 rule allows.
         vpp = layers // pp
-    if rec["id"].startswith(NARAYANAN_T1) and pp > 2 and "vpp" not in par:
-        vpp = layers // pp  # Table 1 interleaved (section 5.1), one layer per virtual stage (NARAYANAN_T1)
     # the pipeline layout the record's recipe sets (a verification card's cfg.model.pipeline_model_parallel_layout,
     # one string per virtual stage), else the Megatron-Bridge preset's (mbridge_layout)
     layout = tuple(par["pp_layout"]) if par.get("pp_layout") else mbridge_layout(rec, pp, vpp)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, seed, settings
+from hypothesis import assume, given, seed, settings
 from hypothesis import strategies as st
 
 from llmplan.cost.elementwise import (
@@ -35,7 +35,10 @@ def test_the_fallback_moves_more_than_the_fused_kernel_in_both_passes():
        seq=st.sampled_from([1024, 2048]))
 def test_eager_scores_cost_grows_with_the_scores(mb: int, tp: int, heads: int, seq: int) -> None:
     """The fallback adds bytes in proportion to the rank's scores (b x a/t x s^2): doubling the micro-batch doubles
-    the extra, and with flash attention (no scores written) it adds nothing."""
+    the extra, and with flash attention (no scores written) it adds nothing. Shapes whose b x heads/tp rows Megatron's
+    fused kernel does not take (not a multiple of 4: is_kernel_available at NVIDIA/Megatron-LM@d98e8a64dd) run the
+    fp32 chain either way, so they are left out."""
+    assume((mb * heads // tp) % 4 == 0)
     m = ModelSpec(name="t", hidden_size=heads * 128, intermediate_size=heads * 512, num_hidden_layers=4,
                   num_attention_heads=heads, vocab_size=32000, max_position_embeddings=seq)
 

@@ -74,7 +74,10 @@ def test_scores_are_priced_per_head_and_score_without_fused_attention(a, s, b, t
     flash = ParallelPlan(seq_len=s, micro_batch=b, tp=t)
     unfused = flash.model_copy(update={"flash_attention": False, "softmax_kernel": kernel})
     extra = elementwise_bytes(m, unfused, False) - elementwise_bytes(m, flash, False)
-    softmax = {"fused": CAUSAL_SOFTMAX_BYTES, "eager": EAGER_SOFTMAX_BYTES, "eager-fp32": EAGER_FP32_SOFTMAX_BYTES}[kernel]
+    # Megatron's is_kernel_available (NVIDIA/Megatron-LM@d98e8a64dd fused_softmax.py): b x a/t rows a multiple of
+    # 4 (and, above 128 keys, of the kernel's 4 rows a block), else the fp32 torch fallback
+    fused = CAUSAL_SOFTMAX_BYTES if (b * a // t) % 4 == 0 else EAGER_FP32_SOFTMAX_BYTES
+    softmax = {"fused": fused, "eager": EAGER_SOFTMAX_BYTES, "eager-fp32": EAGER_FP32_SOFTMAX_BYTES}[kernel]
     fwd, bwd = softmax[0] + (DROPOUT_BYTES[0] if dropout else 0), softmax[1] + (DROPOUT_BYTES[1] if dropout else 0)
     assert extra * 3 == pytest.approx((fwd + bwd) * a / t * s * s * b)
     assert score_bytes(m, unfused) * 3 < 3 * fwd

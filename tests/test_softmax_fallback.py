@@ -1,7 +1,7 @@
 """Megatron's fused causal softmax falls back to PyTorch ops where its kernel does not take the scores (stop 65 #7):
 priced as the fp32 torch chain (EAGER_FP32_SOFTMAX_BYTES, its launches, its saved fp32 output), not as the fused
-kernel, past 4,096 keys. Where b x heads/tp is off the kernel's rows per block Megatron falls back too, but that
-rule is held back (docs/validation.md#export-mtp), so such shapes are priced fused here.
+kernel, past 4,096 keys or where b x heads/tp is off the kernel's rows (a multiple of 4 and of its rows per
+block; held back at stop 65, docs/validation.md#export-mtp, applied since tidy-68).
 
 The rule is replayed here from the source, not from llmplan: NVIDIA/Megatron-LM@d98e8a64dd
 megatron/core/fusions/fused_softmax.py FusedScaleMaskSoftmax.is_kernel_available (16 < sk <= 4096, sq % 4 == 0,
@@ -18,8 +18,8 @@ probabilities (2); fused with dropout: those (the kernel's backward), the mask (
 bmm keeps (2) = 5; fallback, no dropout: the fp32 softmax output (4) and its 16-bit cast the bmm keeps (2) = 6;
 fallback with dropout: 4 + 1 + 2 = 7, the 16-bit cast kept by nothing.
 
-Of the check, llmplan applies the lengths; the row counts (b*np) are held back (docs/validation.md#export-mtp: the
-only benchmark rows they reach measured as if fused), so a shape that fails only them is priced fused here."""
+llmplan applies the whole check, lengths and row counts (b*np), as it applies Transformer Engine's
+(tests/test_te_softmax.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from llmplan.specs.plan import ParallelPlan
 
 
 def rows_fit(b: int, np_: int, s: int) -> bool:
-    """is_kernel_available's row counts on the causal path (held back)."""
+    """is_kernel_available's row counts on the causal path."""
     pow2 = 1 << (s - 1).bit_length()
     warp = min(pow2, 32)
     per_block = (128 // warp) * (2 if pow2 <= 128 else 1)
@@ -48,8 +48,8 @@ def rows_fit(b: int, np_: int, s: int) -> bool:
 
 
 def kernel_available(b: int, np_: int, s: int) -> bool:
-    """is_kernel_available on the causal path, sq = sk = s, as priced: its lengths."""
-    return 16 < s <= 4096 and s % 4 == 0
+    """is_kernel_available on the causal path, sq = sk = s: its lengths and its row counts."""
+    return 16 < s <= 4096 and s % 4 == 0 and rows_fit(b, np_, s)
 
 
 def model(heads: int, dropout: float = 0.0) -> ModelSpec:
@@ -65,7 +65,7 @@ SAVED = {(False, False): 2, (False, True): 5, (True, False): 6, (True, True): 7}
 CASES = [  # (heads, tp, micro-batch, seq): the limit, the rows, the short-row blocks
     (32, 8, 1, 4096), (32, 8, 1, 4100), (32, 8, 1, 8192), (32, 8, 1, 32768),
     (48, 8, 1, 2048), (48, 8, 2, 2048), (80, 8, 1, 2048), (80, 8, 2, 2048),
-    (32, 8, 1, 128), (32, 4, 1, 128), (16, 1, 1, 16)]
+    (32, 8, 1, 128), (32, 4, 1, 128), (32, 4, 2, 128), (16, 1, 1, 16)]
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
@@ -92,8 +92,11 @@ def test_the_cases_cover_both_sides():
     got = {kernel_available(mb, h // t, s) for h, t, mb, s in CASES}
     assert got == {True, False}
     assert not kernel_available(1, 4, 8192) and kernel_available(1, 4, 4096)  # the 4,096-key bound
-    # shapes the held-back row counts would send to the fallback (48 and 80 heads at TP 8, micro-batch 1): fused
-    assert {rows_fit(mb, h // t, s) for h, t, mb, s in CASES} == {True, False}
+    # the row counts alone send a shape to the fallback: 48 and 80 heads at TP 8, micro-batch 1 (6 and 10 rows,
+    # not a multiple of 4), and 4 rows of 128 keys (a block takes 8); micro-batch 2 fuses all three
+    assert not kernel_available(1, 6, 2048) and kernel_available(2, 6, 2048)
+    assert not kernel_available(1, 10, 2048) and kernel_available(2, 10, 2048)
+    assert not kernel_available(1, 4, 128) and kernel_available(2, 4, 128) and kernel_available(1, 4, 132)
 
 
 def test_other_kernels_and_fused_attention_are_unchanged():

@@ -301,15 +301,18 @@ d98e8a64dd megatron/core/fusions/fused_softmax.py; the same bound from 7a77abd9b
 megatron/model/fused_softmax.py), 2048 before it (0fa7175f09). Derived: docs/formulas.md#compute.softmax_fallback"""
 
 
-def fused_softmax_fits(plan: ParallelPlan) -> Any:
-    """Whether Megatron's fused causal softmax takes one layer's [b, np, sq, sk] scores by their length (sq = sk the
-    rank's sequence): 16 < sk <= FUSED_SOFTMAX_MAX_KEYS and sq % 4 == 0. Elementwise on plan arrays. The same check's
-    row counts (b x np a multiple of 4 and of the kernel's rows per block) are not applied: the only rows they reach,
-    two narayanan2021 rows at an assumed micro-batch of 1, measured as if fused (docs/validation.md#export-mtp).
-    Source: NVIDIA/Megatron-LM@d98e8a64dd megatron/core/fusions/fused_softmax.py (is_kernel_available).
+def fused_softmax_fits(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Whether Megatron's fused causal softmax takes one layer's [b, np, sq, sk] scores (sq = sk the rank's
+    sequence, np the query heads a TP rank): 16 < sk <= FUSED_SOFTMAX_MAX_KEYS, sq % 4 == 0, b x np % 4 == 0
+    (softmax_rows_fit) and, on the causal path, b x np a multiple of get_batch_per_block(sk)
+    (softmax_batch_per_block; TE's check holds sq to it instead: te_softmax_fits). Elementwise on plan arrays.
+    Source: NVIDIA/Megatron-LM@d98e8a64dd megatron/core/fusions/fused_softmax.py (is_kernel_available; the row
+    counts since 40becfc96c, 2021-08-13, b x np % 4 alone from 4916bae616, 2021-02-04).
     Derived: docs/formulas.md#compute.softmax_fallback"""
-    s = plan.seq_len / plan.cp
-    return (s > 16) & (s <= FUSED_SOFTMAX_MAX_KEYS) & (s % 4 == 0)
+    s, heads = plan.seq_len / plan.cp, m.num_attention_heads / plan.tp
+    lengths = (s > 16) & (s <= FUSED_SOFTMAX_MAX_KEYS) & (s % 4 == 0)
+    per_block = (plan.micro_batch * heads) % softmax_batch_per_block(s) == 0
+    return lengths & softmax_rows_fit(plan.micro_batch, heads) & per_block
 
 
 TE_SOFTMAX_KEYS = (16, 16384, 8)
@@ -406,19 +409,28 @@ def softmax_rows_fit(micro_batch: Any, heads_per_rank: Any) -> Any:
     return (micro_batch * heads_per_rank) % SOFTMAX_ROW_MULTIPLE == 0
 
 
+def softmax_batch_per_block(sk: Any) -> Any:
+    """Rows a thread block of the fused scale-mask-softmax kernels takes for sk keys a row (get_batch_per_block,
+    the same in Transformer Engine and Megatron's CUDA extension): 128 threads in warps of min(next_pow2(sk), 32)
+    lanes, two rows a warp while next_pow2(sk) <= 128: 8 from 17 to 128 keys, 4 above (both checks want
+    sk > 16). Elementwise. Source: NVIDIA/TransformerEngine@d0067d0da6 .../dot_product_attention/softmax.py
+    (get_batch_per_block); NVIDIA/Megatron-LM@7a77abd9b6 megatron/fused_kernels/scaled_masked_softmax.h.
+    Derived: docs/formulas.md#compute.te_softmax"""
+    return where(sk <= 128, 8, 4)
+
+
 def te_softmax_fits(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Whether Transformer Engine's fused masked softmax takes one layer's [b, np, sq, sk] scores (sq the rank's
     sequence, sk = sq, one more with the model's attention sinks' column; np the query heads a TP rank):
     TE_SOFTMAX_KEYS, sq % 4 == 0, b x np % 4 == 0 (softmax_rows_fit) and sq a multiple of
-    get_batch_per_block(sk) (8 up to 128 keys, else 4). Elementwise on plan arrays. Source:
+    get_batch_per_block(sk) (softmax_batch_per_block). Elementwise on plan arrays. Source:
     NVIDIA/TransformerEngine@d0067d0da6 .../dot_product_attention/softmax.py (is_kernel_available,
     get_batch_per_block). Derived: docs/formulas.md#compute.te_softmax"""
     low, high, multiple = TE_SOFTMAX_KEYS
     sq = plan.seq_len / plan.cp
     sk = sq + (1 if m.attention_sinks else 0)
-    per_block = where(sk <= 128, 8, 4)
     rows = softmax_rows_fit(plan.micro_batch, m.num_attention_heads / plan.tp)
-    return (sk > low) & (sk < high) & (sk % multiple == 0) & (sq % per_block == 0) & rows
+    return (sk > low) & (sk < high) & (sk % multiple == 0) & (sq % softmax_batch_per_block(sk) == 0) & rows
 
 
 def fp32_softmax(m: ModelSpec, plan: ParallelPlan) -> Any:
@@ -429,7 +441,7 @@ def fp32_softmax(m: ModelSpec, plan: ParallelPlan) -> Any:
     (TransformerConfig.attention_softmax_in_fp32 True at d98e8a64dd; forced by apply_query_key_layer_scaling, on
     by default, in Megatron-LM 2021-22 transformer.py); softmax_kernel te where TE's kernel does not
     (te_softmax_fits). Derived: docs/formulas.md#compute.softmax_fallback, #compute.te_softmax"""
-    fallback = where(fused_softmax_fits(plan), m.attention_sinks, True)
+    fallback = where(fused_softmax_fits(m, plan), m.attention_sinks, True)
     te_fallback = where(te_softmax_fits(m, plan), False, True)
     kernel = plan.softmax_kernel
     return where(kernel == "fused", fallback, where(kernel == "te", te_fallback, kernel == "eager-fp32"))
