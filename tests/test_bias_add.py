@@ -18,15 +18,24 @@ MOE: dict = {**DENSE, "name": "tiny-moe", "num_experts": 16, "num_experts_per_to
 
 
 def per_element() -> float:
-    # Megatron-Core fused_bias_dropout.py _bias_dropout_add_func (core_v0.16.0), unfused: x = x + bias reads the
-    # bf16 projection output and writes the sum (the h-wide bias itself is negligible); dropout at p 0 returns its
-    # input (PyTorch's _dropout_impl: p == 0 returns input, no kernel); residual + out is the residual add every
-    # layer pays. Backward: the add hands its gradient through to x; the bias's gradient sums it over the tokens
-    # (one read). The stage charges memory-bound bytes three times their forward-equivalent units.
+    # Megatron-Core fused_bias_dropout.py _bias_dropout_add_func (core_v0.16.0, d98e8a6), unfused: x = x + bias reads
+    # the bf16 projection output and writes the sum (the h-wide bias itself is negligible); dropout at p 0 returns
+    # its input (PyTorch's _dropout_impl: p == 0 returns input, no kernel); residual + out is the residual add every
+    # layer pays. Backward: the add hands its gradient through to x, and the bias's gradient (a sum over the tokens)
+    # is taken by the fused path too (the torch.compile'd bias-dropout-add reduces it), so nothing more.
+    # The stage charges memory-bound bytes three times their forward-equivalent units.
     elem = 2
     forward = elem + elem
-    backward = elem
+    backward = 0
     return (forward + backward) / 3
+
+
+def dropout_per_element() -> float:
+    # The same function with hidden_dropout p > 0, unfused: F.dropout is its own kernel (PyTorch native_dropout:
+    # reads x, writes the output and a 1-byte mask), and residual + out then reads the dropped output where the
+    # fused kernel read x. The mask is written by the fused kernel too, and backward multiplies by it in both.
+    elem = 2
+    return (elem + elem) / 3
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
@@ -78,14 +87,91 @@ def biased_dense_plan(cli, tmp_path, **fields: object):
     return path
 
 
-def test_torchtitan_and_deepspeed_refuse_it_only_on_a_biased_model(cli, tmp_path):
+def test_unfused_dropout_is_its_own_pass_per_sub_block_with_or_without_biases():
+    fused = ParallelPlan(seq_len=1024, micro_batch=2)
+    unfused = fused.model_copy(update={"bias_dropout_fusion": False})
+    tokens, h = 1024 * 2, DENSE["hidden_size"]
+    for biases, passes in (({}, 0), ({"attention_bias": True, "mlp_bias": True}, 2)):
+        m = ModelSpec(**DENSE, hidden_dropout=0.1, **biases)
+        extra = elementwise_bytes(m, unfused, False) - elementwise_bytes(m, fused, False)
+        # two bias-dropout-adds a layer (attention and MLP): each a dropout pass, and each bias its add
+        assert extra == pytest.approx((2 * dropout_per_element() + passes * per_element()) * tokens * h)
+    no_dropout = ModelSpec(**DENSE)
+    assert elementwise_bytes(no_dropout, unfused, False) == elementwise_bytes(no_dropout, fused, False)
+
+
+def plan_field(path) -> bool:
+    import json
+    return json.loads(path.read_text())["plan"]["bias_dropout_fusion"]
+
+
+def test_estimate_and_search_settle_it_off_for_expert_biases(cli, tmp_path):
+    # Megatron-Core experts.py:205-207 (d98e8a6, from a329dd6da5): TEGroupedMLP asserts
+    # not (add_bias_linear and bias_dropout_fusion); Megatron-LM's --bias-dropout-fusion defaults True
+    # (arguments.py: --no-bias-dropout-fusion store_false), Megatron-Bridge's gpt_oss_bridge.py sets it False.
+    base = ("--hardware", "dgx-h100", "--ep", "8", "--etp", "1", "--global-batch", "64")
+    for name, extra, want in (("default", (), False), ("named", ("--bias-dropout-fusion",), True)):
+        path = tmp_path / f"{name}.json"
+        made = cli("estimate", "--model", "gpt-oss-120b", *base, *extra, "--save", path)
+        assert made.code == 0, made.err
+        assert plan_field(path) is want
+    dense = biased_dense_plan(cli, tmp_path)  # gpt-1.7b: biases, no experts: Megatron-LM's default stays
+    assert plan_field(dense) is True
+    path = tmp_path / "search.json"
+    found = cli("search", "--model", "gpt-oss-20b", "--nodes", "1", "--tp", "1", "--pp", "1", "--cp", "1",
+                *base, "--save", path)
+    assert found.code == 0, found.err
+    assert plan_field(path) is False
+
+
+def test_megatron_exports_refuse_it_fused_with_expert_biases(cli, tmp_path):
+    from test_export_switches import export
+    from test_export_torchtitan_sinks import gpt_oss_plan
+    fused = gpt_oss_plan(cli, tmp_path, "fused", bias_dropout_fusion=True)
+    for target in ("megatron", "megatron-bridge"):
+        code, files, err = export(cli, fused, target, tmp_path / f"{target}-fused")
+        assert code == 2 and files == "" and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1, err
+        for words in ("bias_dropout_fusion true", "gpt-oss-120b: attention_bias true, mlp_bias true",
+                      "TEGroupedMLP asserts not (add_bias_linear and bias_dropout_fusion)",
+                      "--no-bias-dropout-fusion"):
+            assert words in err, (words, err)
+    default = gpt_oss_plan(cli, tmp_path, "default")
+    for target, written in (("megatron", "--no-bias-dropout-fusion"),
+                            ("megatron-bridge", "model.bias_dropout_fusion=false")):
+        code, files, err = export(cli, default, target, tmp_path / f"{target}-default")
+        assert code == 0 and written in files.replace("False", "false"), err
+
+
+def test_torchtitan_notes_and_deepspeed_refuses_it_by_the_priced_rule(cli, tmp_path):
     from test_export_switches import export, saved
     from test_export_torchtitan_sinks import gpt_oss_plan
     plain = saved(cli, tmp_path / "llama", bias_dropout_fusion=False)  # Llama: no bias, nothing priced
-    biased = {"torchtitan": gpt_oss_plan(cli, tmp_path, "oss", bias_dropout_fusion=False),
-              "deepspeed": biased_dense_plan(cli, tmp_path, bias_dropout_fusion=False)}
-    for target, plan in biased.items():
-        code, files, err = export(cli, plan, target, tmp_path / f"{target}-biased")
-        assert code == 2 and "bias_dropout_fusion off" in err and "Traceback" not in err and files == "", err
+    code, files, err = export(cli, biased_dense_plan(cli, tmp_path, bias_dropout_fusion=False), "deepspeed",
+                              tmp_path / "ds-biased")
+    assert code == 2 and files == "" and "Traceback" not in err, err
+    assert "bias_dropout_fusion off" in err and "gpt-1.7b: attention_bias true, mlp_bias true" in err, err
+    for target in ("torchtitan", "deepspeed"):
         code, _, err = export(cli, plain, target, tmp_path / f"{target}-llama")
         assert "bias_dropout_fusion" not in err
+    # GPT-OSS's default plan (settled off for its expert biases) exports to torchtitan with a note
+    code, files, err = export(cli, gpt_oss_plan(cli, tmp_path, "oss"), "torchtitan", tmp_path / "tt")
+    assert code == 0, err
+    assert "the default for gpt-oss-120b's expert biases" in files and "set bias_dropout_fusion true" in files
+
+
+def test_the_refusal_predicate_is_what_is_priced():
+    from types import SimpleNamespace
+
+    from llmplan.export.common import unfused_bias_add
+    unfused = ParallelPlan(seq_len=1024, micro_batch=1, ep=2, dp=2, bias_dropout_fusion=False)
+    fused = unfused.model_copy(update={"bias_dropout_fusion": True})
+    for spec in (DENSE, MOE):
+        for attn in (False, True):
+            for mlp in (False, True):
+                m = ModelSpec(**spec, attention_bias=attn, mlp_bias=mlp)
+                moe = m.is_moe
+                priced = elementwise_bytes(m, unfused, moe) > elementwise_bytes(m, fused, moe)
+                # by hand: the attention output bias on every layer; fc2's only on a dense MLP (experts: none)
+                assert priced == (attn or (mlp and not moe)), (spec["name"], attn, mlp)
+                assert unfused_bias_add(SimpleNamespace(model=m, plan=unfused)) == priced, (spec["name"], attn, mlp)

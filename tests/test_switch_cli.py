@@ -200,7 +200,8 @@ def test_every_switch_option_reaches_the_plan():
     from llmplan.specs.plan import ParallelPlan
 
     parsed = {"dtype", "grad_dtype", "fp8_params", "bf16_modules", "mxfp8_modules", "recompute_modules", "offload_modules",
-              "cp_comm_type", "cp_a2a_size"}  # None in search, where they are tried (search.run.cp_comm_variants)
+              "cp_comm_type", "cp_a2a_size",  # None in search, where they are tried (search.run.cp_comm_variants)
+              "bias_dropout_fusion"}  # None: the model's (specs.defaults.default_bias_dropout_fusion)
     elsewhere = {"seq_len", "precision", "axis_order"}  # the plan's length, dtype + recipe, rank placement
     assert set(SwitchOptions.model_fields) == set(SWITCHES_AS_GIVEN) | parsed | elsewhere
     assert set(SWITCHES_AS_GIVEN) | parsed <= set(ParallelPlan.model_fields)

@@ -11,7 +11,7 @@ from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, save_best, stderr_line
 from llmplan.errors import LlmplanError, PlanViolationError, not_one_of
-from llmplan.specs.defaults import default_seq_len
+from llmplan.specs.defaults import default_bias_dropout_fusion, default_seq_len
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (SERVE_PLAN_OPTIONS, CheckpointOptions, ClusterOptions, MemoryOptions,
                                    MoeServingOptions, OutputOptions, PipelineSplitOptions, PlanOptions, ServingOptions,
@@ -131,7 +131,8 @@ def training_plan(m: ModelSpec, cluster: ClusterSpec, p: PlanOptions, s: SwitchO
             sp=(p.tp > 1) if p.sp is None else p.sp, zero=p.zero, micro_batch=p.micro_batch,
             recompute=p.recompute,  # type: ignore[arg-type]  # a str: ParallelPlan's Literal is the rule, reported
             global_batch=p.global_batch if p.global_batch is not None else p.micro_batch * dp,
-            seq_len=s.seq_len if s.seq_len is not None else default_seq_len(m), **switches(s))
+            seq_len=s.seq_len if s.seq_len is not None else default_seq_len(m),
+            **{"bias_dropout_fusion": default_bias_dropout_fusion(m), **switches(s)})
 
 
 def estimate_train(c: ClusterOptions, p: PlanOptions, s: SwitchOptions, split: PipelineSplitOptions,

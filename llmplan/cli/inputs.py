@@ -129,7 +129,8 @@ def checked_pins(cls: type[BaseModel], pins: dict) -> dict:
 def switches(s: SwitchOptions) -> dict:
     """The training switches estimate and search share, as ParallelPlan / Workload fields (a grad_dtype or
     fp8_params that search leaves free, None, takes ParallelPlan's default: search tries the other too);
-    --precision names the dtype and its recipe at once (PRECISIONS)."""
+    --precision names the dtype and its recipe at once (PRECISIONS); bias_dropout_fusion only where named (the
+    caller settles it from the model: specs.defaults.default_bias_dropout_fusion)."""
     grad_dtype = s.grad_dtype if s.grad_dtype is not None else ParallelPlan.model_fields["grad_dtype"].default
     fp8_params = s.fp8_params if s.fp8_params is not None else ParallelPlan.model_fields["fp8_params"].default
     dtype, recipe = s.dtype, "tensorwise"
@@ -167,7 +168,8 @@ def switches(s: SwitchOptions) -> dict:
                                        ("--optimizer", s.optimizer, OPTIMIZERS, "an optimizer llmplan prices")):
         if value is not None and value not in allowed:  # None: --attention-release not given
             raise LlmplanError(not_one_of(flag, excerpt(value), allowed, what))
-    return {**{k: getattr(s, k) for k in SWITCHES_AS_GIVEN}, "dtype": dtype, "recipe": recipe,
+    fusion = {} if s.bias_dropout_fusion is None else {"bias_dropout_fusion": s.bias_dropout_fusion}
+    return {**{k: getattr(s, k) for k in SWITCHES_AS_GIVEN}, **fusion, "dtype": dtype, "recipe": recipe,
             "grad_dtype": grad_dtype, "fp8_params": fp8_params,
             "cp_comm_type": s.cp_comm_type if s.cp_comm_type is not None else ParallelPlan.model_fields[
                 "cp_comm_type"].default,

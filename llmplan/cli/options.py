@@ -154,6 +154,11 @@ ZERO3_UNIT = typer.Option(_plan("zero3_unit"), "--zero3-unit",
 ROPE_COMPLEX = typer.Option(_plan("rope_complex"), "--rope-complex/--rope-real",
                             help="The rotary is complex arithmetic (torchtitan's Llama 3 and DeepSeek-V3), which "
                                  "torch.compile runs eager, or real (cos/sin), which it fuses.")
+BIAS_DROPOUT_FUSION = typer.Option(None, "--bias-dropout-fusion/--no-bias-dropout-fusion",
+                                   help="Add the output biases and the hidden dropout in Megatron-Core's fused "
+                                        "bias-dropout-add, or each in its own pass (default: fused, but unfused "
+                                        "for a model with expert biases, GPT-OSS: Megatron-Core's TEGroupedMLP "
+                                        "refuses the fusion with biases).")
 ZERO3_COPY_OUT = typer.Option(_plan("zero3_copy_out"), "--zero3-copy-out/--no-zero3-copy-out",
                               help="ZeRO-3 as PyTorch FSDP2 runs it: each all-gather copied into the parameters "
                                    "on the compute stream (torchtitan, AutoModel), or written in place.")
@@ -392,6 +397,7 @@ SWITCHES = Flags("Training switches", {
     "fp32_embedding_grads": FP32_EMBEDDING_GRADS, "grad_reduce": GRAD_REDUCE, "grad_accumulation": GRAD_ACCUMULATION,
     "grad_reduce_dtype": GRAD_REDUCE_DTYPE, "grad_reduce_fp32_sum": GRAD_REDUCE_FP32_SUM,
     "launch_blocking": LAUNCH_BLOCKING, "zero3_unit": ZERO3_UNIT, "rope_complex": ROPE_COMPLEX,
+    "bias_dropout_fusion": BIAS_DROPOUT_FUSION,
     "zero3_copy_out": ZERO3_COPY_OUT, "pp_blocking_sends": PP_BLOCKING_SENDS, "norm_kernel": NORM_KERNEL,
     "softmax_kernel": SOFTMAX_KERNEL,
     "fp8_scaling": FP8_SCALING,

@@ -13,7 +13,8 @@ from llmplan import report
 from llmplan.cli import options as opt
 from llmplan.cli.app import app, emit, out, progress_bar, save_best, stderr_line
 from llmplan.errors import EXIT_NO_FIT, LlmplanError, not_one_of
-from llmplan.specs.defaults import DEFAULT_BATCH_TOKENS, default_seq_len, global_batch_from_tokens, min_headroom_bytes
+from llmplan.specs.defaults import (DEFAULT_BATCH_TOKENS, default_bias_dropout_fusion, default_seq_len,
+                                    global_batch_from_tokens, min_headroom_bytes)
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.options import (SERVE_PLAN_FLAGS, SERVE_PLAN_OPTIONS, CheckpointOptions, ClusterOptions,
                                    MemoryOptions, MoeServingOptions, OutputOptions, PipelineSplitOptions, SearchGoal,
@@ -821,7 +822,7 @@ def search_workload(m: ModelSpec, pins: SearchPins, s: SwitchOptions) -> Workloa
     if global_batch is None:
         tokens = parse_count(pins.batch_tokens, "--batch-tokens") if pins.batch_tokens else DEFAULT_BATCH_TOKENS
         global_batch = global_batch_from_tokens(tokens, seq)
-    flags = switches(s)
+    flags = {"bias_dropout_fusion": default_bias_dropout_fusion(m), **switches(s)}  # the model's unless named
     if flags["grad_reduce"] == "all-reduce" and (pins.zero is None or pins.zero >= 2):
         zero = "a free --zero" if pins.zero is None else f"--zero {pins.zero}"
         raise LlmplanError(f"--grad-reduce all-reduce with {zero}: ZeRO-2/3 keep only their gradient shard, so "

@@ -74,26 +74,39 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     return norms_residual + rope + qk_norm + act + scores + routing + recurrent + casts + v4 + sinks + merges + bias_add
 
 
-UNFUSED_BIAS_ADD_BYTES = (4.0, 2.0)
+UNFUSED_BIAS_ADD_BYTES = (4.0, 0.0)
 """(forward, backward) HBM bytes per element of a projection's h-wide bf16 output of its bias added in its own
-pass before the residual add (ParallelPlan.bias_dropout_fusion False): forward x + bias reads x and writes the sum
-(2 + 2; dropout at p 0 returns its input, no kernel); backward the add passes the gradient through and the bias
-gradient sums it over the tokens (read 2). The residual add after it is the norms_residual add priced for every
-layer. Source: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_dropout.py _bias_dropout_add_func (x = x + bias,
-then residual + out), transformer/attention.py (linear_proj with skip_bias_add=True) at core_v0.16.0;
-NVIDIA-NeMo/Megatron-Bridge gpt_oss_provider.py / gpt_oss_bridge.py (bias_dropout_fusion False, v0.2.0 - v0.6.0).
-Derived: docs/formulas.md#compute.bias_add"""
+pass before the residual add (ParallelPlan.bias_dropout_fusion False), beyond what the fused bias-dropout-add
+costs: forward x + bias reads x and writes the sum (2 + 2; dropout at p 0 returns its input, no kernel); backward
+nothing more: the add passes the gradient through, and the bias gradient's sum over the tokens is paid either way
+(the fused torch.compile'd bias-dropout-add reduces it too). The residual add after it is the norms_residual add
+priced for every layer. Source: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_dropout.py
+_bias_dropout_add_func (x = x + bias, then residual + out), transformer/attention.py (linear_proj with
+skip_bias_add=True) at core_v0.16.0 and d98e8a6; NVIDIA-NeMo/Megatron-Bridge gpt_oss_provider.py /
+gpt_oss_bridge.py (bias_dropout_fusion False, v0.2.0 - v0.6.0). Derived: docs/formulas.md#compute.bias_add"""
+
+UNFUSED_DROPOUT_BYTES = (4.0, 0.0)
+"""(forward, backward) HBM bytes per element of a sub-block's h-wide bf16 output of the hidden dropout run as its
+own kernel (ParallelPlan.bias_dropout_fusion False, ModelSpec.hidden_dropout > 0), beyond the fused
+bias-dropout-add: forward F.dropout reads its input and writes the dropped output (2 + 2), which the residual add
+then reads in place of the input; the 1-byte mask is written by both paths. Backward the same mask multiply in
+either. Source: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_dropout.py _bias_dropout_add_func at d98e8a6
+(out = dropout(x, p), then residual + out); pytorch/pytorch aten/src/ATen/native/Dropout.cpp (native_dropout
+for 0 < p < 1). Derived: docs/formulas.md#compute.bias_add"""
 
 
 def bias_add_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
-    """HBM bytes per token and hidden element of one layer's output biases added apart from the residual add
+    """HBM bytes per token and hidden element of one layer's unfused bias-dropout-add passes
     (ParallelPlan.bias_dropout_fusion False), in the forward-equivalent units of elementwise_bytes (the stage
-    charges three times them): the attention output projection's (attention_bias; qkv_bias has none) and a dense
-    MLP's fc2 bias (mlp_bias; an MoE layer adds its experts' biases inside the experts and hands the
-    bias-dropout-add none). 0 with the fused bias-dropout-add. Derived: docs/formulas.md#compute.bias_add"""
+    charges three times them): the output biases added on their own, the attention output projection's
+    (attention_bias; qkv_bias has none) and a dense MLP's fc2 bias (mlp_bias; an MoE layer adds its experts'
+    biases inside the experts and hands the bias-dropout-add none), and with hidden_dropout > 0 the dropout's own
+    kernel after each sub-block. 0 with the fused bias-dropout-add. Derived: docs/formulas.md#compute.bias_add"""
     passes = (attention_share(m) if m.attention_bias else 0.0) + (
         dense_mlp_share(m) if m.mlp_bias and not moe else 0.0)
-    return where(plan.bias_dropout_fusion, 0.0, sum(UNFUSED_BIAS_ADD_BYTES) / 3 * passes)
+    dropouts = norms_per_layer(m) if m.hidden_dropout > 0 else 0.0  # one bias-dropout-add per sub-block
+    unfused = sum(UNFUSED_BIAS_ADD_BYTES) * passes + sum(UNFUSED_DROPOUT_BYTES) * dropouts
+    return where(plan.bias_dropout_fusion, 0.0, unfused / 3)
 
 
 CP_MERGE_BYTES = {"out_fill": 2.0, "out_merge": 6.0, "dq_first": 4.0, "dq_add": 6.0, "dkv_setup": 4.0,

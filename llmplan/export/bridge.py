@@ -19,7 +19,7 @@ from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_b
                                    launcher_schedule, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
                                    pp_sync_notes, need_mode, op_fuser, refuse, refuse_first, rendezvous_lines,
                                    sh_header, squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
-                                   parallel_block_refusal, torch_ring_refusal)
+                                   parallel_block_refusal, torch_ring_refusal, fused_expert_bias_refusal)
 from llmplan.export.bridge_precision import written_out
 from llmplan.export.megatron import (FSDP_STRATEGY, MANUAL_GC_INTERVAL, outer_dp_strategy, balance_pairs,
                                      fsdp_zero2_refusals,
@@ -293,6 +293,7 @@ def _feature_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
     p, m = pf.plan, pf.model
     return [
         attention_kernel_refusal(p),
+        fused_expert_bias_refusal(pf),
         # the EP overlap and delay_wgrad need no CommOverlapConfig: they are TransformerConfig fields (ep_overlap)
         ("TP communication overlap (Megatron-Bridge turns it on with a CommOverlapConfig object holding a "
          "userbuffers shape, tp_comm_overlap_cfg, which a KEY=VALUE override cannot build)",

@@ -635,3 +635,55 @@ def virtual_stage_layers(pf: PlanFile) -> list[int]:
 
 def is_uneven(pf: PlanFile) -> bool:
     return len(set(stage_layer_list(pf.model, pf.plan))) > 1
+
+
+def bias_fields(m: Any) -> str:
+    """The model's output-bias fields as a refusal names them: 'gpt-1.7b: attention_bias true, mlp_bias true'."""
+    return f"{m.name}: attention_bias {str(m.attention_bias).lower()}, mlp_bias {str(m.mlp_bias).lower()}"
+
+
+def unfused_bias_add(pf: PlanFile) -> bool:
+    """Whether the plan prices output biases added in their own pass (cost.elementwise.bias_add_bytes):
+    bias_dropout_fusion off on a model with an attention output bias, or with an fc2 bias on dense MLP layers (an
+    MoE layer adds its experts' biases inside the experts)."""
+    m = pf.model
+    return not pf.plan.bias_dropout_fusion and bool(m.attention_bias or (m.mlp_bias and m.num_mlp_layers > 0))
+
+
+def bias_add_refusal(pf: PlanFile, linears: str) -> tuple[str, bool, str]:
+    """(what, whether, fix) for a launcher whose `linears` add their bias in the GEMM (torchtitan, DeepSpeed's
+    Hugging Face models): the plan priced the biases added in their own pass by choice. Where the pass is the
+    default the model settles (expert biases: specs.defaults.default_bias_dropout_fusion), bias_add_notes notes
+    it instead, so that the model's default plan exports."""
+    m = pf.model
+    return (f"the output biases added apart from the residual (bias_dropout_fusion off, Megatron-Core's unfused "
+            f"bias-dropout-add; {bias_fields(m)}): {linears} add their bias in the GEMM",
+            unfused_bias_add(pf) and not expert_bias(m),
+            "set bias_dropout_fusion true in the plan, or export to megatron")
+
+
+def bias_add_notes(pf: PlanFile, target: str) -> tuple[str, ...]:
+    """The note for a plan that prices the output biases in their own pass because its model's experts carry biases
+    (the default for it, as Megatron-Core must run it), exported to a launcher that adds them in the GEMM."""
+    m = pf.model
+    if not (unfused_bias_add(pf) and expert_bias(m)):
+        return ()
+    return (f"note: priced with the output biases added in their own pass (bias_dropout_fusion false, the "
+            f"default for {m.name}'s expert biases, as Megatron-Core's TEGroupedMLP must run them); {target} adds "
+            "them in the GEMM, so this runs a little faster than priced: set bias_dropout_fusion true in the plan "
+            "to price it",)
+
+
+def fused_expert_bias_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """(what, whether, fix) for Megatron-LM and Megatron-Bridge: the bias-dropout-add priced fused on a model with
+    expert biases. Megatron-Core builds the routed experts (--moe-grouped-gemm) as TEGroupedMLP, whose __init__
+    asserts not (add_bias_linear and bias_dropout_fusion) (NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/experts.py:205-207 at d98e8a6, from a329dd6da5), and Megatron-Bridge's GPT-OSS
+    bridge sets bias_dropout_fusion False (gpt_oss_bridge.py at 067f987df)."""
+    m = pf.model
+    return (f"the bias-dropout-add fused (bias_dropout_fusion true) with expert biases ({bias_fields(m)}, "
+            f"{m.num_experts} experts): Megatron-Core's TEGroupedMLP asserts not (add_bias_linear and "
+            "bias_dropout_fusion) (megatron/core/transformer/moe/experts.py at d98e8a6), and Megatron-Bridge's "
+            "GPT-OSS bridge sets it false",
+            pf.plan.bias_dropout_fusion and expert_bias(m),
+            "set bias_dropout_fusion false in the plan, or re-plan with --no-bias-dropout-fusion")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from llmplan.arith import where
-from llmplan.export.common import (WIDTH, accumulation_notes, check_accumulation, comment_strings, header_lines,
+from llmplan.export.common import (WIDTH, accumulation_notes, bias_add_notes, bias_add_refusal, check_accumulation,
+                                   comment_strings, header_lines,
                                    is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
                                    kept_grad_shards_refusal, fp32_embedding_grads_refusal, fp32_sum_refusal,
                                    delay_wgrad_refusal, refuse, refuse_first, router_fusion_refusal,
@@ -221,17 +222,8 @@ def check(pf: PlanFile) -> None:
     if p.pp > 1 and p.zero >= 2:
         raise refuse(TARGET, f"pipeline parallelism (pp {p.pp}) with ZeRO stage {p.zero} (DeepSpeed's pipeline engine "
                      "refuses ZeRO-2 and ZeRO-3)", "re-plan with --zero 1 or --pp 1, or export to megatron")
-    refuse_first(TARGET, _feature_rules(p) + _layout_rules(pf) + [bias_add_refusal(pf)])
+    refuse_first(TARGET, _feature_rules(p) + _layout_rules(pf) + [bias_add_refusal(pf, "the Hugging Face linears")])
     check_grads(pf)
-
-
-def bias_add_refusal(pf: PlanFile) -> tuple[str, bool, str]:
-    """Output biases priced as added apart from the residual (bias_dropout_fusion off) on a model that has them:
-    the Hugging Face linears DeepSpeed trains add their bias in the GEMM (docs/formulas.md#compute.bias_add)."""
-    return ("the output biases added apart from the residual (bias_dropout_fusion off, Megatron-Core's unfused "
-            "bias-dropout-add; the Hugging Face linears add their bias in the GEMM)",
-            not pf.plan.bias_dropout_fusion and (pf.model.attention_bias or pf.model.mlp_bias),
-            "set bias_dropout_fusion true in the plan, or export to megatron")
 
 
 def _feature_rules(p: ParallelPlan) -> list[tuple[str, bool, str]]:
@@ -352,7 +344,7 @@ def notes(pf: PlanFile) -> tuple[str, ...]:
     a ZeRO-3 plan gathering per tensor runs (zero3_tensor); the pipeline transfers it runs one at a time; at
     tp > 1, that the loss must go through the model's labels (vocab_parallel_notes)."""
     return (accumulation_notes(pf, "DeepSpeed", *accumulation(pf)) + zero3_notes(pf) + pp_send_notes(pf)
-            + vocab_parallel_notes(pf))
+            + vocab_parallel_notes(pf) + bias_add_notes(pf, "DeepSpeed"))
 
 
 def vocab_parallel_notes(pf: PlanFile) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ import numpy as np
 from llmplan.cost.model_states import grad_prescaled
 from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal,
-                                   expert_bias,
+                                   expert_bias, fused_expert_bias_refusal,
                                    kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, need_mode, refuse, refuse_first, rendezvous_lines,
                                    sh_header, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
@@ -746,7 +746,8 @@ def _check_kernels(pf: PlanFile) -> None:
     if pf.model.is_moe and p.moe_routing == "contiguous":
         raise refuse(TARGET, "contiguous MoE routing (NeMo AutoModel's benchmark gate; Megatron-LM's "
                      "--moe-router-force-load-balancing draws random experts)", "re-plan with --moe-routing random")
-    refuse_first(TARGET, [*tp_refusals(pf), *megatron_expert_refusals(pf), cast_add_refusal(pf),
+    refuse_first(TARGET, [*tp_refusals(pf), *megatron_expert_refusals(pf), fused_expert_bias_refusal(pf),
+                          cast_add_refusal(pf),
                           *norm_kernel_refusals(pf), *softmax_kernel_refusals(pf, "te"),
                           parallel_block_refusal(pf),
                           torch_ring_refusal(pf), kept_grad_shards_refusal(pf), fp32_embedding_grads_refusal(pf),

@@ -13,7 +13,8 @@
 from __future__ import annotations
 
 from llmplan.arith import where
-from llmplan.export.common import (accumulation_notes, check_accumulation, expert_bias, header_lines, hf_repo,
+from llmplan.export.common import (accumulation_notes, bias_add_notes, bias_add_refusal, check_accumulation,
+                                   expert_bias, header_lines, hf_repo,
                                    launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse,
                                    refuse_first,
                                    sh_header, tp_refusals, virtual_stage_layers, norm_kernel_refusals,
@@ -249,11 +250,7 @@ def _check_precision(pf: PlanFile, target: str) -> None:
         raise refuse(target, "the rotary embedding unfused (rope_fusion off, Megatron-Core's eager rotary) with "
                      "fused kernels: torch.compile of the model, which this export turns on for them, fuses it",
                      "set rope_fusion true in the plan, or export to megatron")
-    if not p.bias_dropout_fusion and (pf.model.attention_bias or pf.model.mlp_bias):
-        raise refuse(target, "the output biases added apart from the residual (bias_dropout_fusion off, "
-                     "Megatron-Core's unfused bias-dropout-add): torchtitan's linears add their bias in the GEMM",
-                     "set bias_dropout_fusion true in the plan, or export to megatron")
-    refuse_first(target, [grad_reduce_refusal(p)])
+    refuse_first(target, [bias_add_refusal(pf, "torchtitan's linears"), grad_reduce_refusal(p)])
 
 
 def _check_recompute_moe(pf: PlanFile, target: str) -> None:
@@ -351,7 +348,8 @@ def notes(pf: PlanFile) -> tuple[str, ...]:
               "rescales flex_attention's output by them after the kernel, so this runs a little slower than "
               "priced: set sink_fusion false in the plan to price it",)
              if m.attention_sinks and p.sink_fusion else ())
-    return accumulation_notes(pf, "torchtitan", *accumulation(pf)) + bias + sinks
+    return (accumulation_notes(pf, "torchtitan", *accumulation(pf)) + bias + sinks
+            + bias_add_notes(pf, "torchtitan"))
 
 
 COMPLEX_ROPE = ("llama3", "deepseek_v3")

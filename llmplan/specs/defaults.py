@@ -50,3 +50,12 @@ def min_headroom_bytes(min_headroom_gib: float | None, capacity_bytes: float) ->
     if min_headroom_gib is None:
         return DEFAULT_MIN_HEADROOM_FRACTION * capacity_bytes
     return min_headroom_gib * GIB
+
+
+def default_bias_dropout_fusion(m: ModelSpec) -> bool:
+    """ParallelPlan.bias_dropout_fusion where --bias-dropout-fusion is not given: False for a model whose routed
+    experts carry biases (is_moe and mlp_bias: GPT-OSS), which Megatron-Core builds as TEGroupedMLP, whose
+    __init__ asserts not (add_bias_linear and bias_dropout_fusion) (NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/experts.py at d98e8a6, from a329dd6da5), and whose Megatron-Bridge bridge sets
+    it False (gpt_oss_bridge.py); True (Megatron-LM's default) otherwise."""
+    return not (m.is_moe and m.mlp_bias)

@@ -108,6 +108,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.cp_comm_overlap."""
     rope_complex: bool
     """ParallelPlan.rope_complex."""
+    bias_dropout_fusion: bool | None = None
+    """ParallelPlan.bias_dropout_fusion; None: the model's (specs.defaults.default_bias_dropout_fusion)."""
     zero3_copy_out: bool
     """ParallelPlan.zero3_copy_out."""
     pp_blocking_sends: bool

@@ -421,8 +421,11 @@ class ParallelPlan(PlanQuantities, Spec):
     """A biased projection's output bias added in the bias-dropout-add kernel with the residual (Megatron-Core's
     jit-fused bias_dropout_add; a bias inside the GEMM elsewhere). False: Megatron-Core's unfused
     _bias_dropout_add_func adds the attention output projection's bias (and a dense MLP's fc2 bias) in its own
-    pass before the residual add, which Megatron-Bridge's GPT-OSS bridge runs (bias_dropout_fusion False;
-    docs/formulas.md#compute.bias_add). Priced only for a model with those biases."""
+    pass before the residual add, and with hidden dropout the dropout in its own kernel, which Megatron-Bridge's
+    GPT-OSS bridge runs (bias_dropout_fusion False; docs/formulas.md#compute.bias_add). Priced only for a model with
+    those biases or hidden dropout. estimate and search settle it False for a model with expert biases (GPT-OSS:
+    Megatron-Core's TEGroupedMLP refuses the fusion with biases; specs.defaults.default_bias_dropout_fusion) unless
+    --bias-dropout-fusion is given."""
     rope_complex: bool = False
     """The rotary is PyTorch complex arithmetic (torchtitan's Llama at 9dec370, apply_rotary_emb: the fp32 copy
     viewed as complex, times freqs_cis, viewed back and cast), which torch.compile's Inductor does not generate
