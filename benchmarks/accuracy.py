@@ -1648,6 +1648,26 @@ def mbridge_fp8_attention(rec: dict) -> bool:
     return "gpt-oss-120b" in rid and gpu.startswith("gb")
 
 
+def mbridge_fp8_output_proj(rec: dict) -> bool:
+    """Whether an mbridge MoE row's recipe runs the output layer in MXFP8 (ParallelPlan.fp8_output_proj,
+    Megatron-Core's TELMHeadColumnParallelLinear, NVIDIA/Megatron-LM 3f6a2ed844): Megatron-Bridge sets
+    cfg.model.fp8_output_proj under the mxfp8 recipe for DeepSeek-V3 and GPT-OSS 120B on GB300 / GB200 from
+    v0.5.0 (26.06; fcbb6031 scripts/performance/configs/deepseek/deepseek_llm_pretrain.py
+    deepseek_v3_pretrain_config_gb{300,200}, configs/gpt_oss/gpt_oss_llm_pretrain.py
+    gpt_oss_120b_pretrain_config_gb{300,200}: `if cfg.mixed_precision.fp8_recipe == "mxfp8"`) and at v0.6.0
+    (26.08; 51885cf1 src/megatron/bridge/perf_recipes/deepseek/{gb200,gb300,b300}/deepseek_v3.py
+    deepseek_v3_pretrain_256gpu_*_fp8mx_config, perf_recipes/gpt_oss/common.py
+    _apply_gpt_oss_120b_full_iter_fp8mx_configs, called by the GB200 / GB300 120B fp8mx recipes); never for
+    Qwen3 or the other models. False elsewhere (docs/validation.md#lmhead-fp8)."""
+    rid, gpu = rec["id"], str(rec["hardware"]["gpu"]).lower()
+    if family(rid) != "mbridge-moe" or "mxfp8" not in rid or source_ref(rec)[:2] < (26, 6):
+        return False
+    rack = gpu.startswith(("gb200", "gb300"))
+    if "deepseekv3" in rid:
+        return rack or (gpu.startswith("b300") and source_ref(rec)[:2] >= (26, 8))
+    return "gpt-oss-120b" in rid and rack
+
+
 def nvlink_segment_gpus(rec: dict, system: Any) -> int | None:
     """GPUs of each NVLink domain an mbridge MoE row on a multi-node NVLink system (GB200 / GB300 NVL72) uses:
     Megatron-Bridge's Slurm executor asks for `--segment` = the largest number of 4-GPU nodes <= 18 that
@@ -2186,6 +2206,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # Megatron-FSDP's hybrid sharding where a preset sets it (RECIPE_SETTINGS: the Nemotron-3 Ultra presets)
         dp_replicate=par.get("dp_replicate", 1), dp_outer_optimizer=bool(par.get("dp_outer_optimizer", False)),
         fp8_attention=mbridge_fp8_attention(rec),
+        fp8_output_proj=mbridge_fp8_output_proj(rec),  # the recipe's MXFP8 LM head
         # where the record names the expert kernels (the Qwen3.5 card's layer spec: torch.grouped_mm), else the preset's
         expert_gemm=par.get("expert_gemm") or mbridge_expert_gemm(rec),
         bf16_layers_start=bridge_bf16_layers(rec, fam, dtype)[0], bf16_layers_end=bridge_bf16_layers(rec, fam, dtype)[1],

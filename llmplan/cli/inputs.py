@@ -189,7 +189,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "fused_loss_impl", "tp_whole_embedding",
                      "tp_impl", "cp_impl", "cp_kv_repeated", "cp_comm_overlap", "fp32_param_shards", "megatron_fsdp",
                      "swiglu_fp8_input",
-                     "fp8_attention", "moe_dispatcher",
+                     "fp8_attention", "fp8_output_proj", "moe_dispatcher",
                      "bf16_layers_start", "bf16_layers_end", "moe_routing", "expert_gemm", "moe_dispatch_sms",
                      "cuda_max_connections",
                      "moe_flex_backend", "ep_dispatch_fp8", "moe_router_fusion", "moe_router_padding",

@@ -209,6 +209,9 @@ FP8_ATTENTION = typer.Option(_plan("fp8_attention"), "--fp8-attention/--no-fp8-a
                              help="Run the fused attention's matmuls in FP8 under an fp8 --precision (Transformer "
                                   "Engine FP8 dot-product attention, Megatron-Bridge "
                                   "mixed_precision.fp8_dot_product_attention).")
+FP8_OUTPUT_PROJ = typer.Option(_plan("fp8_output_proj"), "--fp8-output-proj/--no-fp8-output-proj",
+                               help="Run the output layer's GEMMs in MXFP8 under --precision mxfp8 "
+                                    "(Megatron-Core fp8_output_proj; Megatron-Bridge model.fp8_output_proj).")
 EP_COMM_OVERLAP = typer.Option(_plan("ep_comm_overlap"), "--ep-comm-overlap/--no-ep-comm-overlap",
                        help="Overlap EP all-to-alls with another micro-batch (Megatron/DeepEP-style).")
 DELAY_WGRAD = typer.Option(_plan("delay_wgrad"), "--delay-wgrad/--no-delay-wgrad",
@@ -389,7 +392,8 @@ SWITCHES = Flags("Training switches", {
     "megatron_fsdp": MEGATRON_FSDP,
     "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,
     "mxfp8_modules": MXFP8_MODULES,
-    "swiglu_fp8_input": SWIGLU_FP8_INPUT, "fp8_attention": FP8_ATTENTION, "grad_dtype": GRAD_DTYPE,
+    "swiglu_fp8_input": SWIGLU_FP8_INPUT, "fp8_attention": FP8_ATTENTION, "fp8_output_proj": FP8_OUTPUT_PROJ,
+    "grad_dtype": GRAD_DTYPE,
     "fp8_params": FP8_PARAMS,
     "optimizer": OPTIMIZER,
     "optimizer_master_dtype": OPTIMIZER_MASTER_DTYPE, "optimizer_moment_dtype": OPTIMIZER_MOMENT_DTYPE,

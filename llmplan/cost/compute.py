@@ -377,15 +377,43 @@ def output_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> tuple[Any,
     """(output-layer GEMM, loss) seconds of one micro-batch on the last stage (once more per MTP module, with the
     module's eh_proj, 2h -> h split by TP, priced in the same format: mtp_projection_seconds). The output layer
     stays in bf16 under every low-precision recipe (Megatron-Core's fp8 autocast covers the decoder layers only;
-    torchtitan's float8 / MX converters skip the output layer)."""
+    torchtitan's float8 / MX converters skip the output layer) unless plan.fp8_output_proj runs it as a
+    Transformer Engine Linear in MXFP8 (output_head_format; its casts: output_cast_bytes, with the loss).
+    Derived: docs/formulas.md#compute.fp8_output_proj"""
     def compute() -> tuple[Any, Any]:
         s, b = plan.seq_len / plan.cp, plan.micro_batch
-        fmt = bf16_kernel_format(plan)
+        fmt, cublas = output_head_format(m, plan)
         eff = gemm_shape_efficiency(gpu, fmt, s * b, padded_vocab(m.vocab_size, plan.tp) / plan.tp, m.hidden_size)
         heads = 1 + m.num_nextn_predict_layers  # multi-token prediction runs the output head once more per module
-        return (heads * logits_flops(m, plan) / (gpu.sustained_flops(fmt) * eff) + mtp_projection_seconds(m, plan, gpu),
-                heads * loss_bytes(m, plan) / gpu.hbm_achieved_bytes_per_s)
+        return (heads * logits_flops(m, plan) / (gpu.sustained_flops(fmt) * eff) * cublas
+                + mtp_projection_seconds(m, plan, gpu),
+                heads * (loss_bytes(m, plan) + output_cast_bytes(m, plan)) / gpu.hbm_achieved_bytes_per_s)
     return memoized(plan, ("output_seconds", m, gpu), compute)
+
+
+def output_head_format(m: ModelSpec, plan: ParallelPlan) -> tuple[str, Any]:
+    """(format, block_scaled_gemm_factor) of the output layer's GEMMs (forward, input and weight gradient):
+    the recipe's MXFP8 on cuBLASLt under plan.fp8_output_proj (Megatron-Core's TELMHeadColumnParallelLinear, a
+    TE Linear run inside the fp8 autocast, wgrad not deferred), else bf16_kernel_format. Source:
+    NVIDIA/Megatron-LM 3f6a2ed844 (#4825) megatron/core/extensions/transformer_engine.py,
+    fp8_utils.is_mxfp8_output_proj_active. Derived: docs/formulas.md#compute.fp8_output_proj"""
+    if plan.fp8_output_proj and plan.dtype == "fp8" and plan.recipe == "mxfp8":
+        return plan.gemm_format, block_scaled_gemm_factor(m, plan, plan.gemm_format, "lm_head")
+    return bf16_kernel_format(plan), 1.0
+
+
+def output_cast_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """HBM bytes of the MXFP8 output layer's input casts, one micro-batch, one rank, per head: its h-wide input
+    (forward; on the sequence shard under SP, before TE's gather) and the V/t-wide logits' gradient (backward),
+    each cast as fp8_cast_bytes casts a GEMM input (quantize_bytes: read bf16, write the rowwise and the
+    columnwise copy); its weight is cast once per step (TE's first micro-batch), left out as for every TE
+    linear. None without plan.fp8_output_proj. Derived: docs/formulas.md#compute.fp8_output_proj"""
+    if output_head_format(m, plan)[0] == bf16_kernel_format(plan):
+        return 0.0
+    t = plan.tp
+    rows = plan.seq_len / plan.cp * plan.micro_batch
+    h_in = m.hidden_size * where(plan.sp & (t > 1), 1 / t, 1.0)
+    return quantize_bytes(plan) * rows * (h_in + padded_vocab(m.vocab_size, t) / t)
 
 
 def mtp_projection_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:

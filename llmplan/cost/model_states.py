@@ -502,7 +502,9 @@ def _bf16_kept(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
     rp = rank_params(m, plan, stage)
     frac = plan.low_precision_layer_fraction(m.num_hidden_layers)
     quantized_mtp = mtp_weight_sets(m) * (mtp_projection_params(m, plan.tp) - 2 * norm_params(m))
-    ends = stage_end_params(m, plan, stage) - where(stage == plan.pp - 1, quantized_mtp, 0.0)
+    # the output layer under fp8_output_proj: a TE Linear the recipe casts (docs/formulas.md#compute.fp8_output_proj)
+    quantized = quantized_mtp + (vocab_shard_params(m, plan.tp) if plan.fp8_output_proj else 0.0)
+    ends = stage_end_params(m, plan, stage) - where(stage == plan.pp - 1, quantized, 0.0)
     n_dense, n_moe = stage_weight_layers(m, plan, stage)
     dense_l, moe_l, expert_l = memoized(plan, ("nonmatrix_layer_params", m), lambda: nonmatrix_layer_params(
         m, plan.tp, plan.ep, plan.etp_resolved))

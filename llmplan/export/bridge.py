@@ -421,6 +421,8 @@ def overrides(pf: PlanFile) -> list[tuple[str, object]]:
     out += muon_overrides(pf)  # after the preset, whose low-precision weight gather it turns off
     if p.fp8_attention:  # MixedPrecisionConfig.fp8_dot_product_attention, after the preset that it amends
         out.append(("mixed_precision.fp8_dot_product_attention", True))
+    if p.fp8_output_proj:  # GPTModelProvider (TransformerConfig).fp8_output_proj: a model field, not a preset's
+        out.append(("model.fp8_output_proj", True))
     return reduction_overrides(pf, out)
 
 

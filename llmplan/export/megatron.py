@@ -431,6 +431,8 @@ def precision_pairs(pf: PlanFile) -> list[tuple[str, object]]:
             ("--fp4-format", "e2m1" if p.dtype == "fp4" else None),
             ("--fp4-recipe", "nvfp4" if p.dtype == "fp4" else None),
             ("--fp8-param-gather", p.dtype == "fp8" and p.fp8_params),
+            # TransformerConfig.fp8_output_proj (Megatron-LM 3f6a2ed844; an argument from its dataclass field)
+            ("--fp8-output-proj", p.dtype == "fp8" and p.fp8_output_proj),
             ("--fp4-param-gather", p.dtype == "fp4" and p.fp8_params),
             ("--grad-reduce-in-bf16", p.grad_dtype == "bf16" and p.dtype in ("bf16", "fp8", "fp4")),
             # fp16 keeps fp16 main_grads unless asked (d98e8a6 validate_args forces fp32 ones under --bf16 only)

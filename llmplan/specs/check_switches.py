@@ -617,6 +617,18 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "Transformer Engine's fused (cuDNN) attention under an fp8 recipe (Megatron-Core "
                          "TransformerConfig.fp8_dot_product_attention with fp8 set); use an fp8 --precision with "
                          "fused attention, or drop --fp8-attention"),
+    Rule("fp8_output_proj", lambda m, p, c: (not p.fp8_output_proj) | ((p.dtype == "fp8") & (p.recipe == "mxfp8")),
+         lambda m, p, c: f"fp8_output_proj with dtype {p.dtype}, recipe {p.recipe}: Megatron-Core runs the output "
+                         "layer in MXFP8 only under fp8 with fp8_recipe mxfp8 (TransformerConfig.__post_init__ "
+                         "raises 'fp8_output_proj requires fp8_recipe=mxfp8', Megatron-LM 3f6a2ed844); use "
+                         "--precision mxfp8, or drop --fp8-output-proj"),
+    Rule("fp8_output_proj_tied", lambda m, p, c: (not p.fp8_output_proj) | (not m.tie_word_embeddings)
+         | ((p.pp > 1) & (m.num_nextn_predict_layers == 0)),
+         lambda m, p, c: f"fp8_output_proj with {m.name}'s tied embeddings, pp {p.pp}, "
+                         f"{m.num_nextn_predict_layers} MTP layers: the output layer would use the embedding's "
+                         "weight on its stage, which Megatron-Core's TELMHeadColumnParallelLinear refuses "
+                         "(skip_weight_param_allocation / runtime weight, Megatron-LM 3f6a2ed844); use --pp 2 or "
+                         "more without MTP, or drop --fp8-output-proj"),
     Rule("attention_release_kernel", lambda m, p, c: _release_native(p),
          lambda m, p, c: f"attention_release {p.attention_release} with "
                          f"{'unfused attention' if not p.flash_attention else 'attention_kernel flash2'}: the "

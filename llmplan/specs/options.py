@@ -184,6 +184,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.swiglu_fp8_input."""
     fp8_attention: bool
     """ParallelPlan.fp8_attention."""
+    fp8_output_proj: bool
+    """ParallelPlan.fp8_output_proj."""
     grad_dtype: str | None
     """ParallelPlan.grad_dtype; None (search only): both tried."""
     optimizer_master_dtype: str

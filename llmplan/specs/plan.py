@@ -649,6 +649,12 @@ class ParallelPlan(PlanQuantities, Spec):
     fused attention: Megatron --fp8-dot-product-attention, Megatron-Bridge mixed_precision.fp8_dot_product_attention)
     under the fp8 recipes. Its QK^T and PV run at twice the bf16 tensor rate, its softmax does not speed up
     (docs/formulas.md#compute.fp8_attention). Off: the attention in bf16."""
+    fp8_output_proj: bool = False
+    """Run the output layer (LM head) as a Transformer Engine Linear under the MXFP8 recipe: its forward,
+    input-gradient and weight-gradient GEMMs in MXFP8 as the decoder's linears, where Megatron-Core otherwise
+    keeps it a bf16 ColumnParallelLinear (Megatron-LM --fp8-output-proj, TransformerConfig.fp8_output_proj;
+    Megatron-Bridge model.fp8_output_proj). Needs --precision mxfp8 and an output layer with its own weight on its
+    stage (docs/formulas.md#compute.fp8_output_proj). Off: the head in bf16."""
     swiglu_fp8_input: bool = False
     """Keep the SwiGLU activation's input (the first MLP linear's 2f-wide output) for backward in fp8, cast back
     in the backward pass: Megatron-Core TransformerConfig.activation_func_fp8_input_store (one float8_e4m3fn
