@@ -184,7 +184,10 @@ ASSUMPTIONS = {
     "megatron2020": "A100 rows only (no V100 profile), on A100 40GB (the records' gpu: the table of 2020-09-11 "
                     "predates the 80GB A100 of 2020-11-16): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
                     "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
-                    "attention, its softmax as eager ops (EAGER_SOFTMAX), every TP collective synchronous (SYNC_TP), "
+                    "attention, its softmax as eager ops (EAGER_SOFTMAX), its bias-dropout-add unfused "
+                    "(OPT_IN_FUSIONS; the bias-GeLU's unfused bias add not priced), no gradient accumulation pass "
+                    "(grads set to None, one micro-batch: GRAD_ACCUMULATION), every TP collective synchronous "
+                    "(SYNC_TP), "
                     "the LayerNorm backward in two kernels (TWO_PASS_NORM); predicts hardware TFLOP/s",
     "bridge": "Megatron-Bridge performance recipes (NeMo 25.11 / 26.02 tables; dense Llama rows without "
               "activation offload; block recompute where the recipe preset sets recompute_num_layers): the distributed optimizer (Megatron-FSDP where FSDP > 0), "
@@ -479,6 +482,15 @@ was an opt-in store_true that neither its README commands nor examples/ set (NVI
 and megatron/model/fused_softmax.py at d73def35a3). From 2021 the fused causal kernel is the default
 (--no-masked-softmax-fusion opts out: 50a4b5fa02), and the Megatron-DeepSpeed forks keep it (the other
 unfused-attention families: the default, fused)."""
+OPT_IN_FUSIONS = ("megatron2020",)
+"""Families whose bias-dropout-add ran unfused (ParallelPlan.bias_dropout_fusion False,
+docs/formulas.md#compute.bias_add): Megatron-LM of 2020, whose --bias-dropout-fusion and --bias-gelu-fusion were
+opt-in store_true flags (added by 51a2e6b0ff, "Various speed optimizations", 2020-09-11) that neither the README
+nor examples/*.sh set, at the table's merge 19301985dd and at d73def35a3 (megatron/arguments.py); without them
+ParallelTransformerLayer takes get_bias_dropout_add (dropout(x + bias), then residual + out: eager ops) and
+ParallelMLP activation_func(x + bias) (megatron/model/transformer.py). On by default only from 9acc895632
+(2021-01-06, "Change some arguments to default to on"), the same reading as EAGER_SOFTMAX. The unfused bias-GeLU
+has no plan switch (its bias add's pass is not priced: docs/validation.md#m2020-flags)."""
 SYNC_TP = ("megatron2020", "narayanan2021", "bloom", "mtnlg")
 """Families whose TP collectives are all synchronous (ParallelPlan.tp_backward_overlap off): Megatron-LM before
 the asynchronous backward all-reduce of 2021-09-02 (NVIDIA/Megatron-LM 3f65246911: the 2020 tables and
@@ -498,7 +510,14 @@ adds it after every backward (bf16_optimizer.py update_hp_grads, pipe/engine.py,
 its fp16 ZeRO-1 leaves autograd to add into the fp16 param.grad (BLOOM's fp16 runs). MT-NLG's bf16 run accumulated
 in fp32 (cast-add, the only public DeepSpeed code that accumulates so), but its rows are priced at zero 0 with
 reduce-scatter, not as BF16_Optimizer plans (cost.model_states.bf16_optimizer holds for the 21 BLOOM bf16 rows
-only): no kept bf16 param.grad, no bf16 reduction copy (docs/validation.md#rdt-mend)."""
+only): no kept bf16 param.grad, no bf16 reduction copy (docs/validation.md#rdt-mend).
+megatron2020 is absent on purpose and takes the default, whose price is no pass at all (0 bytes, no fresh
+gradient beside the accumulated one): Megatron-LM of 2020 had no micro-batches and no main_grad; backward_step
+calls optimizer.zero_grad(set_grads_to_None=True) before loss.backward(), so autograd's AccumulateGrad takes each
+weight-gradient GEMM's output as the fp16 param.grad (no add); the local DDP all-reduces those after the backward
+and FP16_Optimizer.update_master_grads copies them to fp32 (megatron/training.py, megatron/fp16/fp16.py at
+19301985dd and d73def35a3). Not Megatron-LM's gradient accumulation fusion (83b1e42f30, 2022-02), which 'fused'
+names: the same price for a different reason (docs/validation.md#m2020-flags)."""
 
 BLOOM_BF16_OPTIMIZER = "bloom-prequel-rebalancing-layers-"
 """BLOOM's prequel rows of 2022-02-28 (chronicles-prequel.md 'Rebalancing layers': "from now on the testing is
@@ -2247,7 +2266,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # Megatron-Bridge's GPT-OSS provider / bridge sets bias_dropout_fusion False (gpt_oss_provider.py v0.2.0 -
         # v0.3.1, gpt_oss_bridge.py v0.3.1 - v0.6.0; no GPT-OSS perf recipe sets it back): the attention output
         # bias is added in _bias_dropout_add_func's own pass (docs/formulas.md#compute.bias_add)
-        bias_dropout_fusion=not ((mbridge or fam == "bridgecard") and "gpt-oss" in rec["id"]),
+        # Megatron-LM 2020's bias-dropout-add ran as eager ops (OPT_IN_FUSIONS: --bias-dropout-fusion opt-in)
+        bias_dropout_fusion=not ((mbridge or fam == "bridgecard") and "gpt-oss" in rec["id"])
+        and fam not in OPT_IN_FUSIONS,
     ))
 
 

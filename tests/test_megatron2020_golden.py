@@ -56,3 +56,33 @@ def test_memory_bound_time_goes_as_the_hbm_bandwidth(published_runs, acc):
     assert small.stage.attention == pytest.approx(big.stage.attention)
     assert small.stage.memory_bound / big.stage.memory_bound == pytest.approx(2039 / 1555)
     assert small.optimizer / big.optimizer == pytest.approx(2039 / 1555)
+
+
+def test_the_2020_release_ran_its_fusions_as_opt_in_flags(published_runs, acc):
+    # NVIDIA/Megatron-LM megatron/arguments.py at 19301985dd (the merge that carried the table, 2020-09-11):
+    # --bias-gelu-fusion, --bias-dropout-fusion and --scaled-upper-triang-masked-softmax-fusion are
+    # action='store_true' and neither the README nor examples/*.sh pass them; they default to on only from
+    # 9acc895632 (2021-01-06). So the table's bias-dropout-add and softmax ran as eager ops. training.py
+    # backward_step zeroes the gradients with set_grads_to_None=True before a single backward per step (no
+    # micro-batches, no main_grad): autograd takes the GEMM's gradient as param.grad, no accumulation pass.
+    from llmplan.cost.compute import grad_accumulation_bytes
+    from llmplan.cost.elementwise import bias_add_bytes
+
+    for rid, rec in _rows(published_runs).items():
+        gpus = rec["parallel"].get("tp", 1) * rec["parallel"].get("dp", 1)
+        plan, m = acc.plan_for(rec, "megatron2020", gpus), acc.model_for(rec, "megatron2020")
+        assert plan.bias_dropout_fusion is False, rid
+        assert plan.softmax_kernel == "eager", rid
+        assert grad_accumulation_bytes(plan) == 0, rid
+        assert plan.micro_batch == plan.global_batch // plan.dp, rid  # one micro-batch a step
+        # GPT-2-style layers carry the attention output and fc2 biases, so the unfused add is priced
+        assert m.attention_bias and m.mlp_bias and bias_add_bytes(m, plan, False) > 0, rid
+
+
+def test_the_2021_release_turned_them_on(published_runs, acc):
+    # 9acc895632 made them --no-bias-dropout-fusion / --no-masked-softmax-fusion opt-outs: Narayanan et al.
+    # 2021's release (50a4b5fa02) runs the fused bias-dropout-add.
+    rows = [r for rid, r in published_runs.items() if rid.startswith("narayanan2021")]
+    assert rows
+    for rec in rows[:3]:
+        assert acc.plan_for(rec, "narayanan2021", 8).bias_dropout_fusion is True
