@@ -185,8 +185,8 @@ def test_exports_run_the_bridge_recipe_and_refuse_what_dsv4_attention_cannot():
     # Megatron-LM has no command-line flags for DSv4 attention or hyper-connections (Megatron-Core's dev-branch
     # modules, set by Megatron-Bridge's provider): refused, pointing at megatron-bridge. Megatron-Bridge 0.6.2's
     # recipes/deepseek/deepseek_v4.py (6124fbe) has deepseek_v4_flash_pretrain_config; at PP > 1 the export
-    # writes the layout the hash-routed layers need, and it refuses TP > 1 and core_attn recompute, which
-    # Megatron-Core's DSv4HybridAttention asserts against.
+    # writes the layout the hash-routed layers need, and it refuses TP > 1, which Megatron-Core's
+    # DSv4HybridAttention asserts against.
     from llmplan.export import render_all
     from llmplan.export.common import CannotExpress
 
@@ -198,8 +198,9 @@ def test_exports_run_the_bridge_recipe_and_refuse_what_dsv4_attention_cannot():
     assert "model.pipeline_model_parallel_layout=\"Et*22|t*21mL\"" in script and "model.mtp_num_layers=1" in script
     with pytest.raises(CannotExpress, match="DSv4HybridAttention asserts a TP size of 1"):
         render_all(_plan_file(tp=2, sp=True, dp=4, ep=8, etp=1), "megatron-bridge")  # sp: moe_tp_sp passes
-    with pytest.raises(CannotExpress, match="core_attn recompute"):
-        render_all(_plan_file(recompute="selective"), "megatron-bridge")
+    # core_attn recompute is check_plan's rule (recompute_core_attn_dsv4), not the export's
+    from llmplan.specs.check import check_plan
+    assert "recompute_core_attn_dsv4" in {v.rule for v in check_plan(FLASH, _plan(recompute="selective"))}
 
 
 def test_mhc_recompute_drops_the_streams_and_reruns_their_projections():
@@ -218,3 +219,48 @@ def test_mhc_recompute_drops_the_streams_and_reruns_their_projections():
     assert extra == pytest.approx(2 * 4096 * 2 * hc_params(FLASH))
     plain = builtin_models()["deepseek-v3"]
     assert any("mhc" in v.message for v in check_plan(plain, mhc.model_copy(update={"recompute_modules": ("mhc",)})))
+
+
+V4_CLI = ("estimate", "--model", "deepseek-v4-flash", "--nodes", "2", "--tp", "1", "--pp", "1", "--ep", "8",
+          "--global-batch", "64", "--seq-len", "4096", "--recompute", "selective")
+
+
+@pytest.mark.parametrize("modules", [(), ("--recompute-modules", "core_attn,moe_act")])
+def test_core_attn_recompute_of_dsv4_attention_is_a_plan_error(cli, modules):
+    # NVIDIA/Megatron-LM deepseek_v4_hybrid_attention.py at 1e23526adc: DSv4HybridAttention asserts
+    # `not self.checkpoint_core_attention`; plain selective recompute is Megatron-Core's default ["core_attn"]
+    r = cli(*V4_CLI, "--hardware", "gb200-nvl72", *modules)
+    assert r.code == 2 and "Traceback" not in r.err
+    assert "core_attn" in r.err and "DSv4HybridAttention" in r.err and "--recompute-modules mla_up_proj" in r.err
+    # the recipes' modules pass, and a model without compressed attention keeps core_attn
+    assert cli(*V4_CLI, "--hardware", "gb200-nvl72", "--recompute-modules", "mla_up_proj").code == 0
+    from llmplan.specs.check import check_plan
+    assert not [v for v in check_plan(builtin_models()["deepseek-v3"], _plan(recompute="selective"))
+                if v.rule == "recompute_core_attn_dsv4"]
+
+
+def _bridge_overrides(cli, tmp_path, hardware: str, *extra: str) -> list[str]:
+    import re
+    import shlex
+    name = "-".join((hardware, *extra))
+    path, out = tmp_path / f"{name}.json", tmp_path / f"out-{name}"
+    r = cli(*V4_CLI, "--hardware", hardware, "--recompute-modules", "mla_up_proj", *extra, "--save", path)
+    assert r.code == 0, r.err
+    assert cli("export", path, "--to", "megatron-bridge", "-o", out).code == 0
+    text = (out / "megatron_bridge_pretrain.sh").read_text()
+    block = re.search(r"^OVERRIDES=\((.*?)\)[ \t]*(?:#[^\n]*)?$", text, re.S | re.M).group(1)
+    return shlex.split(block, comments=True)
+
+
+def test_bridge_export_runs_the_fused_csa_path_it_prices(cli, tmp_path):
+    # llmplan prices DeepSeek-V4's sparse gather calls and the CSA indexer-loss kernels on a GPU with a published
+    # sparse gather rate (docs/formulas.md#compute.indexer_loss). Megatron-Bridge 6124fbe's library recipe
+    # (recipes/deepseek/h100/deepseek_v4.py) sets apply_dsa_kernel_fusion False, dsa_indexer_loss_coeff 0.0,
+    # dsa_indexer_use_sparse_loss False; its perf recipe (perf_recipes/deepseek/gb200/deepseek_v4.py), which the
+    # 26.08 rows ran, sets True, 0.01, True: the export must write the perf recipe's three.
+    fused = ["model.apply_dsa_kernel_fusion=true", "model.dsa_indexer_loss_coeff=0.01",
+             "model.dsa_indexer_use_sparse_loss=true"]
+    args = _bridge_overrides(cli, tmp_path, "gb200-nvl72")
+    assert all(a in args for a in fused), [a for a in args if "dsa" in a]
+    # priced on the dense kernel (no published sparse rate on H100): the recipe's unfused path stays
+    assert not [a for a in _bridge_overrides(cli, tmp_path, "dgx-h100") if "dsa" in a]

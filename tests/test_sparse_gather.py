@@ -112,7 +112,8 @@ def test_v4_unquantized_matmuls_run_in_bf16(monkeypatch: pytest.MonkeyPatch) -> 
 
     p, g = plan(), GPUS["gb200"]
     tags = [x.module for x in gemm.layer_gemms(FLASH, p, True)]
-    assert (tags.count("grouped_out"), tags.count("indexer_query"), tags.count("compressor")) == (1, 1, 4)
+    assert (tags.count("grouped_out"), tags.count("indexer_query"), tags.count("indexer"),
+            tags.count("compressor")) == (1, 1, 2, 2)
     grouped = next(x for x in gemm.layer_gemms(FLASH, p, True) if x.module == "grouped_out")
     assert grouped.flops == 2 * 4096 * 64 * 512 * 1024  # a·d -> d_g per token: 2·T·a·d·d_g
     bf16_plan = plan(dtype="bf16", recipe="tensorwise")
@@ -120,6 +121,26 @@ def test_v4_unquantized_matmuls_run_in_bf16(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(gemm, "UNQUANTIZED_MODULES", frozenset())
     assert gemm.layer_gemm_seconds(FLASH, p, g, True)[0] < kept[0]
     assert gemm.layer_gemm_seconds(FLASH, bf16_plan, g, True)[0] == pytest.approx(kept[1])
+
+
+def test_v4_indexer_matmuls_run_no_input_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NVIDIA/Megatron-LM csa.py at 1e23526adc feeds the CSA indexer x.detach() and qr.detach()
+    # (_forward_fused_indexer_training, _forward_unfused_csa): its compressor's kv / gate, query and head-weight
+    # projections run a weight gradient in the backward and no input gradient; the attention's own compressors
+    # (CSA and HCA kv / gate, fed the live x) run both.
+    from llmplan.cost import gemm
+
+    p, g = plan(), GPUS["gb200"]
+    for module in ("indexer", "indexer_query"):
+        fwd, bwd = gemm.layer_gemm_seconds(FLASH, p, g, True, only=module)
+        assert fwd > 0 and bwd == pytest.approx(fwd, rel=1e-12)
+    fwd, bwd = gemm.layer_gemm_seconds(FLASH, p, g, True, only="compressor")
+    assert fwd > 0 and bwd == pytest.approx(2 * fwd, rel=1e-12)
+    # the whole layer's backward is short by exactly the indexer's forward matmul time
+    indexer = sum(gemm.layer_gemm_seconds(FLASH, p, g, True, only=x)[0] for x in ("indexer", "indexer_query"))
+    detached = gemm.layer_gemm_seconds(FLASH, p, g, True)[1]
+    monkeypatch.setattr(gemm, "DETACHED_INPUT_MODULES", frozenset())
+    assert gemm.layer_gemm_seconds(FLASH, p, g, True)[1] - detached == pytest.approx(indexer, rel=1e-9)
 
 
 @pytest.mark.parametrize("gpu", sorted(PUBLISHED))

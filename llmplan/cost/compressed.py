@@ -100,24 +100,26 @@ def compressor_params(m: ModelSpec) -> int:
     return n_csa * csa_compressor_params(m) + n_hca * hca_compressor_params(m)
 
 
-def compressor_gemm_widths(m: ModelSpec) -> list[tuple[int, int, float, bool]]:
-    """(K, N, layer share, quantized) of the compressors' and indexer's projections over every token of a layer:
-    CSA kv and gate (h -> 4d), the indexer's kv and gate (h -> 4d_I), query (r_q -> H_I d_I) and head weights
-    (h -> H_I); HCA kv and gate (h -> 2d). Only the indexer's query runs in a low-precision recipe's format: the
-    compressors and the head weights are built and run outside the FP8 autocast. Source: transformers
-    modeling_deepseek_v4.py (DeepseekV4CSACompressor, DeepseekV4Indexer, DeepseekV4HCACompressor: their Linear
-    layers); NVIDIA/Megatron-LM experimental_attention_variant/csa.py at 1e23526adc (Compressor._project and
-    CSAIndexer._project_weights under get_fp8_disabled_context; linear_wq_b built without it).
-    Derived: docs/formulas.md#compressed.unquantized"""
+def compressor_gemm_widths(m: ModelSpec) -> list[tuple[int, int, float, bool, bool]]:
+    """(K, N, layer share, quantized, indexer) of the compressors' and indexer's projections over every token of a
+    layer: CSA kv and gate (h -> 4d), the indexer's kv and gate (h -> 4d_I), query (r_q -> H_I d_I) and head
+    weights (h -> H_I); HCA kv and gate (h -> 2d). Only the indexer's query runs in a low-precision recipe's
+    format: the compressors and the head weights are built and run outside the FP8 autocast. `indexer`: the
+    matmul is the CSA indexer's, fed detached inputs (x and q_r .detach() before forward_before_topk), so its
+    backward has a weight gradient and no input gradient. Source: transformers modeling_deepseek_v4.py
+    (DeepseekV4CSACompressor, DeepseekV4Indexer, DeepseekV4HCACompressor: their Linear layers); NVIDIA/Megatron-LM
+    experimental_attention_variant/csa.py at 1e23526adc (Compressor._project and CSAIndexer._project_weights under
+    get_fp8_disabled_context; linear_wq_b built without it; x_det / qr_det in _forward_unfused_csa and
+    _forward_fused_indexer_training). Derived: docs/formulas.md#compressed.unquantized"""
     h, d, L = m.hidden_size, m.d_head, m.num_hidden_layers
     H, dI = m.index_n_heads or 0, m.index_head_dim or 0
     n_csa, n_hca = compressed_layer_counts(m)
-    out: list[tuple[int, int, float, bool]] = []
+    out: list[tuple[int, int, float, bool, bool]] = []
     if n_csa:
-        out += [(h, 4 * d, n_csa / L, False), (h, 4 * dI, n_csa / L, False),
-                (m.q_lora_rank or h, H * dI, n_csa / L, True), (h, H, n_csa / L, False)]
+        out += [(h, 4 * d, n_csa / L, False, False), (h, 4 * dI, n_csa / L, False, True),
+                (m.q_lora_rank or h, H * dI, n_csa / L, True, True), (h, H, n_csa / L, False, True)]
     if n_hca:
-        out += [(h, 2 * d, n_hca / L, False)]
+        out += [(h, 2 * d, n_hca / L, False, False)]
     return out
 
 

@@ -265,10 +265,10 @@ def attention_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any]]:
 
 
 GemmModule = Literal["attention", "grouped_out", "recurrent", "mamba_out_proj", "mlp", "shared_expert", "expert",
-                     "router", "latent_proj", "compressor", "indexer_query", "hyper_connection"]
+                     "router", "latent_proj", "compressor", "indexer", "indexer_query", "hyper_connection"]
 """What a matmul of layer_gemms' list computes: the pricing picks its matmuls by this tag, never by position."""
 
-UNQUANTIZED_MODULES: frozenset[str] = frozenset({"grouped_out", "compressor", "router"})
+UNQUANTIZED_MODULES: frozenset[str] = frozenset({"grouped_out", "compressor", "indexer", "router"})
 """Matmuls Megatron-LM runs in bf16 under every low-precision recipe, outside Transformer Engine's FP8 autocast:
 DeepSeek-V4's grouped output projection (a torch.einsum over the plain linear_o_group_proj parameter, a·d/g ->
 d_g per group) and its compressors' kv / gate and indexer head-weight projections (built and run under
@@ -278,6 +278,15 @@ bf16, an fp32 router_dtype not modelled). Source: NVIDIA/Megatron-LM experimenta
 deepseek_v4_hybrid_attention.py (torch.einsum "...gd,grd->...gr") and csa.py at 1e23526adc;
 megatron/core/transformer/moe/router.py (gating) and moe_utils.py (RouterGatingLinearFunction) at 24bad8e677.
 Derived: docs/formulas.md#compressed.unquantized"""
+
+
+DETACHED_INPUT_MODULES: frozenset[str] = frozenset({"indexer", "indexer_query"})
+"""Matmuls whose input is detached from the graph, so their backward runs the weight gradient alone (no
+input-gradient matmul): DeepSeek-V4's CSA indexer (its compressor's kv / gate, query and head-weight
+projections), which Megatron-LM feeds x.detach() and qr.detach() on every path (trained by its own KL loss, its
+gradients kept from the main model). Source: NVIDIA/Megatron-LM experimental_attention_variant/csa.py at
+1e23526adc (_forward_unfused_csa, _forward_fused_indexer_training: x_det, qr_det before
+indexer.forward_before_topk). Derived: docs/formulas.md#compressed.unquantized"""
 
 
 class Gemm(NamedTuple):
@@ -322,8 +331,9 @@ def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
                                                           strict=False))]
     # DeepSeek-V4's compressors and indexer (their share of the layers) and the two hyper-connection
     # projections (n·h -> (2+n)n), replicated on every TP rank (cost.compressed)
-    out += [Gemm(2 * T * k * n * share, T, n, k, "", "indexer_query" if quantized else "compressor")
-            for k, n, share, quantized in compressor_gemm_widths(m)]
+    out += [Gemm(2 * T * k * n * share, T, n, k, "",
+                 ("indexer_query" if quantized else "indexer") if indexer else "compressor")
+            for k, n, share, quantized, indexer in compressor_gemm_widths(m)]
     if m.hc_mult > 1:
         nh, w = hc_fn_shape(m)
         out += [Gemm(2 * T * nh * w, T, w, nh, "", "hyper_connection")] * 2
@@ -448,7 +458,8 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     a weight-gradient
     matmul of the forward's FLOPs each, priced at the forward's shape except where chunked TP overlap splits
     the call (chunk_rows). `only` (a module, e.g. "expert"): the time of that module's matmuls alone, each
-    priced as in the whole layer. An MXFP8 matmul on cuBLASLt takes block_scaled_gemm_factor more.
+    priced as in the whole layer. An MXFP8 matmul on cuBLASLt takes block_scaled_gemm_factor more. A matmul of
+    DETACHED_INPUT_MODULES runs no input-gradient matmul.
     Derived: docs/formulas.md#compute.gemm, docs/formulas.md#precision, docs/formulas.md#compute.mxfp8_cublas_rate"""
     gemms = layer_gemms(m, plan, moe)
     total = sum(g.flops for g in gemms)
@@ -483,6 +494,7 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
             else:  # fc2 (the experts' second matmul): its input gradient runs the fused dGLU kernel
                 fc2 = module == "expert" and i > 0 and gemms[i - 1].module == "expert"
                 dgrad = whole * fused_dglu_factor(m, plan, gpu, fmt) if fc2 else whole
+                dgrad = 0.0 if module in DETACHED_INPUT_MODULES else dgrad  # a detached input: no dgrad
                 fwd, bwd = fwd + whole, bwd + dgrad + whole
         return fwd, bwd
 

@@ -57,6 +57,18 @@ published backward rates use). Source: NVIDIA/cudnn-frontend benchmark/dsa/READM
 gathered rows"). Derived: docs/formulas.md#compute.sparse_gather"""
 
 
+def fused_csa_priced(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> bool:
+    """Whether the plan's DeepSeek-V4 attention is priced as Megatron-LM's fused CSA path runs it (the sparse
+    gather calls and, in training, the indexer-loss kernels at their published rates): a model with compressed
+    layers, fused attention, a GPU with a published sparse gather rate. Else the dense fused kernel's rate prices
+    it. The launcher turns that path on with apply_dsa_kernel_fusion (dsa_kernel_backend "cudnn") and trains
+    the indexer with the sparse KL loss. Source: NVIDIA/Megatron-LM transformer_config.py (apply_dsa_kernel_fusion
+    -> dsa_kernel_backend) and csa.py (_forward_fused_indexer_training) at 1e23526adc. One plan (the
+    export's question); cost.compute.attention_seconds prices the same condition over a batch of plans.
+    Derived: docs/formulas.md#compute.indexer_loss"""
+    return bool(m.compressed_layers) and plan.flash_attention and gpu.sparse_gather_efficiency is not None
+
+
 def padded_slots(K: Any) -> Any:
     """K slots rounded up to GATHER_TOPK_ALIGN. Derived: docs/formulas.md#compute.sparse_gather"""
     return np.ceil(np.asarray(K, dtype=float) / GATHER_TOPK_ALIGN) * GATHER_TOPK_ALIGN

@@ -14,6 +14,7 @@ from typing import Any
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.model_states import grad_prescaled
 from llmplan.cost.muon import MUON_NS_STEPS
+from llmplan.cost.sparse_gather import fused_csa_priced
 from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal,
                                    kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
@@ -307,10 +308,7 @@ def _feature_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
         mxfp8_modules_refusal(p),
         (f"TP {p.tp} with DeepSeek-V4's attention (Megatron-Core's DSv4HybridAttention asserts a TP size of 1)",
          m.compressed_layers > 0 and p.tp > 1, "re-plan with --tp 1 (split the experts with --ep)"),
-        ("core_attn recompute with DeepSeek-V4's attention (Megatron-Core's DSv4HybridAttention asserts that core "
-         "attention is not checkpointed)", m.compressed_layers > 0 and p.recompute == "selective"
-         and "core_attn" in (p.recompute_modules or ("core_attn",)),
-         "re-plan with --recompute-modules mla_up_proj (or moe_act), as the deepseek_v4 recipes do"),
+        # core_attn recompute, which DSv4HybridAttention also asserts against: check_plan (recompute_core_attn_dsv4)
         cast_add_refusal(pf),
         cuda_graphs_refusal(p),
         (f"a sequence of {p.seq_len} tokens past {m.name}'s max_position_embeddings ({m.max_position_embeddings}): "
@@ -486,6 +484,30 @@ def moe_overrides(pf: PlanFile) -> list[tuple[str, object]]:
     return out
 
 
+def dsa_overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """DeepSeek-V4's fused CSA path where the plan prices it (cost.sparse_gather.fused_csa_priced: the sparse
+    gather calls and the indexer-loss kernels, docs/formulas.md#compute.indexer_loss), as the 26.08 perf recipe
+    sets it (Megatron-Bridge perf_recipes/deepseek/gb200/deepseek_v4.py at 6124fbe: apply_dsa_kernel_fusion True,
+    dsa_indexer_loss_coeff 0.01, dsa_indexer_use_sparse_loss True) over the library recipes' unfused path
+    (recipes/deepseek/h100/deepseek_v4.py and gb300/deepseek_v4.py: False, 0.0, False). apply_dsa_kernel_fusion
+    is a TransformerConfig field of Megatron-Core's dev branch (1e23526adc; Optional[bool], mapped to
+    dsa_kernel_backend "cudnn"), which the DSv4 recipes need and assign; the recorded cd4afff config lacks it.
+    dsa_kernel_backend alone would not do: the recipes' apply_dsa_kernel_fusion False maps to "none" and
+    TransformerConfig.__post_init__ raises on the conflict. Nothing where the plan is priced on the dense kernel
+    (the recipe's unfused path stays)."""
+    p, m = pf.plan, pf.model
+    if not fused_csa_priced(m, p, pf.cluster.system.gpu):
+        return []
+    return [("model.apply_dsa_kernel_fusion", True), ("model.dsa_indexer_loss_coeff", DSA_INDEXER_LOSS_COEFF),
+            ("model.dsa_indexer_use_sparse_loss", True)]
+
+
+DSA_INDEXER_LOSS_COEFF = 0.01
+"""The CSA indexer's KL-loss coefficient of Megatron-Bridge's DeepSeek-V4 perf recipes (perf_recipes/deepseek/
+gb200/deepseek_v4.py at 6124fbe), which the fused path's indexer-loss kernels priced run under (they run only
+at a coefficient above 0: csa.py at 1e23526adc)."""
+
+
 def model_overrides(pf: PlanFile) -> list[tuple[str, object]]:
     """The model features the plan priced over the recipe's: MTP layers, the SwiGLU fp8 input, activation
     offloading, optimizer instances, gradient accumulation fusion, interleaved pipeline sends, RoPE fusion."""
@@ -525,7 +547,7 @@ def model_overrides(pf: PlanFile) -> list[tuple[str, object]]:
         out.append(("model.apply_rope_fusion", False))
     if not p.bias_dropout_fusion:  # TransformerConfig.bias_dropout_fusion: the output biases' own pass
         out.append(("model.bias_dropout_fusion", False))
-    return out
+    return out + dsa_overrides(pf)
 
 
 def train_overrides(pf: PlanFile) -> list[tuple[str, object]]:

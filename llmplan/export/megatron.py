@@ -364,7 +364,8 @@ def kernel_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     sizes."""
     p = pf.plan
     return [("--no-rope-fusion", not p.rope_fusion),  # Megatron-Core's eager rotary (apply_rope_fusion off)
-            # the output biases added in their own pass (_bias_dropout_add_func unfused: docs/formulas.md#compute.bias_add)
+            # the output biases added in their own pass (_bias_dropout_add_func unfused:
+            # docs/formulas.md#compute.bias_add)
             ("--no-bias-dropout-fusion", not p.bias_dropout_fusion),
             # batch_p2p_comm: the interleaved exchanges waited for and synchronised (step.pp_blocking)
             ("--no-overlap-p2p-communication", p.pp_blocking_sends and p.pp > 1 and p.vpp > 1),

@@ -32,13 +32,14 @@ PLAN_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "mi
 
 
 def plan_json(plan: ParallelPlan) -> dict[str, Any]:
-    """The plan's fields as it runs: etp resolved (etp_resolved), and grad_prescale True wherever the buckets are
-    pre-scaled, the fp32-sum reduce-scatter forcing it too (cost.model_states.grad_prescaled, the rule the
-    pricing and the exports read). The plan itself keeps the asked value, so a copy without the fp32 sum prices
-    the average where the plan asked for it."""
-    d = {**plan.model_dump(), "grad_prescale": bool(grad_prescaled(plan))}
+    """The plan's fields: etp resolved (etp_resolved), grad_prescale as the plan asks it, and grad_prescaled
+    (added) True wherever the buckets are pre-scaled as the plan runs, the fp32-sum reduce-scatter forcing it
+    too (cost.model_states.grad_prescaled, the rule the pricing and the exports read). grad_prescale keeps the
+    plan's own value, as the plan file's `plan` does (JSON keys are added, never given a new meaning)."""
+    d = plan.model_dump()
     return {**{k: d[k] for k in PLAN_KEYS}, "etp": plan.etp_resolved,
-            **{k: d[k] for k in d if k not in PLAN_KEYS and k != "etp"}}
+            **{k: d[k] for k in d if k not in PLAN_KEYS and k != "etp"},
+            "grad_prescaled": bool(grad_prescaled(plan))}
 
 
 def host_json(mem: TrainingMemory, cluster: ClusterSpec) -> dict[str, Any]:

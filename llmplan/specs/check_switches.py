@@ -56,6 +56,11 @@ def _foreign_modules(m: ModelSpec, p: ParallelPlan) -> list[str]:
     return [x for x in p.recompute_modules if not has.get(x, True)]
 
 
+def _listed_modules(p: ParallelPlan) -> str:
+    """The plan's recompute_modules in words (Megatron-Core's default core_attn where it lists none)."""
+    return ", ".join(p.recompute_modules) or "none listed, so Megatron-Core's default core_attn"
+
+
 def _host_bytes(m: ModelSpec, p: Any, c: ClusterSpec) -> tuple[Any, float]:
     """Offloaded activation bytes per GPU and the host bytes each GPU may take (the node's usable host memory over
     the GPUs used of it; the bytes are priced in cost/offload.py)."""
@@ -559,6 +564,14 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "have (mla_up_proj: MLA attention or a query rank; moe, moe_act: expert layers; "
                          "shared_experts: shared experts; mhc: hyper-connections; Megatron TransformerConfig "
                          "rules); drop them from --recompute-modules"),
+    # NVIDIA/Megatron-LM experimental_attention_variant/deepseek_v4_hybrid_attention.py at 1e23526adc
+    # (DSv4HybridAttention.__init__: assert not self.checkpoint_core_attention)
+    Rule("recompute_core_attn_dsv4", lambda m, p, c: (not m.compressed_layers) | ~as_bool(p.recomputes("core_attn")),
+         lambda m, p, c: f"selective recompute of core_attn (recompute_modules: {_listed_modules(p)}) with "
+                         f"{m.name}'s compressed attention: Megatron-Core's DSv4HybridAttention asserts that core "
+                         "attention is not checkpointed (deepseek_v4_hybrid_attention.py); use --recompute-modules "
+                         "mla_up_proj (or moe_act, mhc), as Megatron-Bridge's deepseek_v4 recipes do, or --recompute "
+                         "full or none"),
     Rule("delay_wgrad_graphs",
          lambda m, p, c: not (p.delay_wgrad and p.overlap_grad_reduce and p.cuda_graphs == "layers")
          or (p.grad_accumulation == "fused" and not (m.attention_bias or m.qkv_bias)),  # workload fields
