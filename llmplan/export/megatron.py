@@ -574,7 +574,12 @@ def cuda_graph_pairs(pf: PlanFile) -> list[tuple[str, object]]:
         budget = m.is_moe and p.moe_capacity_factor is None
         return [("--cuda-graph-impl", "full_iteration"), ("--no-check-for-nan-in-loss-and-grad", True),
                 ("--moe-expert-rank-capacity-factor", "1.5" if budget else None),
-                ("--moe-use-grouped-tensor", budget)]  # split sizes on the GPU (TransformerConfig rule)
+                ("--moe-use-grouped-tensor", budget),  # split sizes on the GPU (TransformerConfig rule)
+                # the paged stash of the fused grouped MLP's saved tensors and its device pool's factor
+                # (TransformerConfig moe_paged_stash, moe_paged_stash_buffer_size_factor_cuda at 1e23526adc)
+                ("--moe-paged-stash", budget and p.moe_paged_stash is not None),
+                ("--moe-paged-stash-buffer-size-factor-cuda",
+                 f"{p.moe_paged_stash:g}" if budget and p.moe_paged_stash is not None else None)]
     return []
 
 

@@ -126,6 +126,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.mtp_layers (None: the model's own num_nextn_predict_layers)."""
     offload_moe_act: bool
     """ParallelPlan.offload_moe_act."""
+    moe_paged_stash: float | None
+    """ParallelPlan.moe_paged_stash; None: off."""
     dp_replicate: int
     """ParallelPlan.dp_replicate."""
     dp_outer_optimizer: bool
