@@ -1178,8 +1178,8 @@ MBRIDGE_PAGED_STASH_CUDA_FACTOR = 1.2
 """moe_paged_stash_buffer_size_factor_cuda of Megatron-Bridge's full-iteration MXFP8 presets (v0.5.0 / 26.06:
 scripts/performance/configs/{deepseek,gpt_oss,qwen}/*_llm_pretrain.py set_full_iter_cg_configs; v0.6.0 / 26.08
 at 4ab94dfad: perf_recipes/{deepseek,gpt_oss,qwen}/common.py and deepseek/{gb200,gb300}/deepseek_v4.py), each
-with moe_paged_stash True and moe_expert_rank_capacity_factor 1.5 (GPT-OSS GB200 / GB300 7; the pool is sized on
-the average rows, max_num_tokens // that factor, so the factor does not enter it)."""
+with moe_paged_stash True and moe_expert_rank_capacity_factor 1.5 (ParallelPlan.moe_rank_capacity_factor's
+default; only the GPT-OSS 20B presets, no validation row, set 1.2 - 7)."""
 
 
 def mbridge_paged_stash(rec: dict, par: dict) -> float | None:

@@ -1,8 +1,9 @@
 """Megatron-Core's paged stash on Megatron-Bridge's full-iteration MXFP8 rows (docs/validation.md#paged-stash):
-per row that accuracy.py runs with ParallelPlan.moe_paged_stash, the predicted peak memory per GPU with the stash
-off and on, the capacity, and the stash's copies a micro-batch (the marked rows, to the pool and back, read and
+per row that accuracy.py runs with ParallelPlan.moe_paged_stash, the predicted peak memory per GPU (GiB) with the
+stash off and on, the capacity, and the stash's copies a micro-batch (the marked rows, to the pool and back, read and
 write each way) against the copy bandwidth: the time the side stream needs, which the source overlaps with the
-next layer (PipelinePreScheduleFunction waits only at the next layer's grouped MLP), so it is not priced.
+next layer (PipelinePreScheduleFunction waits only at the next layer's grouped MLP), so it is not priced; then
+per layer and micro-batch (ms) the copies, the attention and the exposed EP time.
 
     python benchmarks/paged_stash.py
 """
@@ -23,8 +24,7 @@ from llmplan.estimate import estimate_training
 
 
 def main() -> int:
-    print(f"{'row':60s} {'off GiB':>7s} {'on GiB':>7s} {'cap':>6s} {'copy/mb':>7s} {'copy/l':>6s} {'attn/l':>6s} "
-          f"{'ep/l':>5s}")
+    print(f"{'row':30s} {'off':>5s} {'on':>5s} {'cap':>5s} {'cp/mb':>5s} {'cp/l':>5s} {'at/l':>5s} {'ep/l':>5s}")
     for rec in yaml.safe_load(A.DEFAULT_RUNS.read_text()):
         fam = A.family(rec["id"])
         if fam != "mbridge-moe":
@@ -41,8 +41,10 @@ def main() -> int:
         _, parts = H.terms(m, cluster, plan)
         mb = plan.num_microbatches
         per_layer = (copy_ms / layers, parts.get("attention", 0.0) / mb / layers, parts.get("ep", 0.0) / mb / layers)
-        print(f"{rec['id'][14:74]:60s} {off.total / 2**30:7.1f} {on.total / 2**30:7.1f} "
-              f"{on.capacity / 2**30:6.1f} {copy_ms:7.2f} " + " ".join(f"{x:6.3f}" for x in per_layer))
+        release, gpu = rec["id"].split("-")[1], str(rec["hardware"]["gpu"]).split()[0].lower()
+        label = f"{m.name[:16]} {gpu} {release}"
+        print(f"{label:30s} {off.total / 2**30:5.0f} {on.total / 2**30:5.0f} {on.capacity / 2**30:5.0f} "
+              f"{copy_ms:5.1f} " + " ".join(f"{x:5.2f}" for x in per_layer))
     return 0
 
 

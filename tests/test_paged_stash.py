@@ -92,3 +92,28 @@ def test_megatron_export_writes_the_stash_and_its_pool_factor():
     assert float(ns.moe_expert_rank_capacity_factor) == 1.5  # the budget the stash needs
     off = parsed()
     assert not off.moe_paged_stash and off.moe_paged_stash_buffer_size_factor_cuda is None
+
+
+def test_one_layer_at_the_budgets_rows_sits_beside_the_pool():
+    # pp 1, one micro-batch in flight, 48 MoE layers: the stage's activations grow by the pool's headroom on each
+    # layer and by one layer's marked tensors at the budget's rows (1.5 x by default: the padded originals until
+    # the next layer's wait, the reloaded copy in backward)
+    from llmplan.cost.memory import activation_bytes
+    m = builtin_models()["qwen3-30b-a3b"]
+    rows, row = 4096 * 8, 2048 * MXFP8 + 2 * 768 * 2 + 4 + 768 * MXFP8
+    off = float(activation_bytes(m, _plan(), 0).layers)
+    on = float(activation_bytes(m, _plan(moe_paged_stash=1.2), 0).layers)
+    assert on - off == pytest.approx(48 * 0.2 * rows * row + 1.5 * rows * row)
+    wide = float(activation_bytes(m, _plan(moe_paged_stash=1.2, moe_rank_capacity_factor=5.0), 0).layers)
+    assert wide - on == pytest.approx(3.5 * rows * row)
+
+
+def test_rank_capacity_is_exported_and_refused_outside_the_graph():
+    pf = load_plan(PLANS / "moe_train.json")
+    plan = pf.plan.model_copy(update={"cuda_graphs": "full-iteration", "moe_dispatcher": "deepep",
+                                      "moe_flex_backend": "hybridep", "moe_rank_capacity_factor": 1.2})
+    ns = parse_megatron(render_all(dataclasses.replace(pf, plan=plan), "megatron")[0]["megatron_pretrain.sh"])[0]
+    assert float(ns.moe_expert_rank_capacity_factor) == 1.2
+    msgs = [v.message for v in check_plan(builtin_models()["qwen3-30b-a3b"],
+                                          _plan(moe_rank_capacity_factor=1.2, cuda_graphs="none"))]
+    assert any("moe_rank_capacity_factor (1.2) with cuda_graphs none" in x for x in msgs)

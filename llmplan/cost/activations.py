@@ -501,6 +501,27 @@ def paged_stash_row_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     return MXFP8_COLUMNWISE_BYTES * (m.expert_width + f) + fc1_out + 4
 
 
+RANK_CAPACITY_DEFAULT = 1.5
+"""moe_expert_rank_capacity_factor of Megatron-Bridge's full-iteration presets (perf_recipes/{deepseek,gpt_oss,
+qwen}/common.py at 4ab94dfad), taken where a plan with the budget gives no ParallelPlan.moe_rank_capacity_factor."""
+
+
+def paged_stash_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes beyond the pool that one MoE layer's marked tensors take at the static budget's rows while paged:
+    in forward the padded originals live until the next layer's grouped MLP waits for their stash, in backward
+    the reload fills a fresh tensor of the original (budget) shape while the pool stays allocated; one layer at
+    a time, rank capacity factor x dispatched rows x paged_stash_row_bytes on the fused MXFP8 layers' share. 0
+    when off. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/paged_stash.py at 1e23526adc
+    (wait_for_stash_to_complete, reload_paged_tensors: torch.empty(original_shape)) and
+    moe/token_dispatcher.py (_HybridEPManager.setup_metadata: num_permuted_tokens = T x topk x factor).
+    Derived: docs/formulas.md#mem.paged_stash"""
+    if plan.moe_paged_stash is None or not m.is_moe:
+        return 0.0
+    share = where(fused_grouped_mlp(m, plan), plan.low_precision_layer_fraction(m.num_hidden_layers), 0.0)
+    rank = plan.moe_rank_capacity_factor or RANK_CAPACITY_DEFAULT
+    return share * rank * dispatched_rows(m, plan) * paged_stash_row_bytes(m, plan)
+
+
 def paged_stash_headroom_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Bytes one MoE layer's paged stash adds to its saved activations, one micro-batch, one rank: the page pool
     is sized at moe_paged_stash (Megatron's moe_paged_stash_buffer_size_factor_cuda) x the average rows of the

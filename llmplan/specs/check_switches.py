@@ -114,7 +114,8 @@ def _fine_grained_host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) ->
 
 MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_flex_backend",
                 "moe_capacity_factor", "ep_comm_overlap", "delay_wgrad", "offload_moe_act",
-                "ep_dispatch_fp8", "moe_router_fusion", "moe_router_padding", "moe_paged_stash")
+                "ep_dispatch_fp8", "moe_router_fusion", "moe_router_padding", "moe_paged_stash",
+                "moe_rank_capacity_factor")
 """The training switches that act on expert layers only (rule moe_switches_dense)."""
 
 
@@ -754,6 +755,17 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "per-rank budget (--moe-expert-rank-capacity-factor) of a dropless MoE layer in a "
                          "full-iteration CUDA graph (TransformerConfig); use --cuda-graphs full-iteration without "
                          "--moe-capacity-factor, or drop --moe-paged-stash"),
+    # Megatron-Core TransformerConfig (1e23526adc): the rank capacity "requires moe_flex_dispatcher_backend to be
+    # 'hybridep' or 'ncclep'" with the op fuser; llmplan prices the static budget (no host sync) only inside the
+    # full-iteration graph (cost.moe.host_syncs_per_layer), where rule cuda_graphs_flex_backend asks for hybridep
+    Rule("rank_capacity_budget",
+         lambda m, p, c: (p.moe_rank_capacity_factor is None) | ((p.cuda_graphs == "full-iteration")
+                                                                 & (p.moe_capacity_factor is None)),
+         lambda m, p, c: f"moe_rank_capacity_factor ({p.moe_rank_capacity_factor}) with cuda_graphs "
+                         f"{p.cuda_graphs} and moe_capacity_factor {p.moe_capacity_factor}: llmplan prices "
+                         "Megatron-Core's static per-rank budget only for a dropless MoE layer in a full-iteration "
+                         "CUDA graph (HybridEP, TransformerConfig); use --cuda-graphs full-iteration without "
+                         "--moe-capacity-factor, or drop --moe-rank-capacity-factor"),
     Rule("paged_stash_offload",
          lambda m, p, c: (p.moe_paged_stash is None) | ((p.offload_layers == 0) & (not p.offload_moe_act)
                                                         & ("expert_fc1" not in p.offload_modules)),
