@@ -1193,6 +1193,25 @@ def mbridge_mx_v2(rec: dict) -> bool:
             and not ("deepseekv3" in rid and gpu.startswith("b300") and release == (26, 6)))
 
 
+MBRIDGE_PAGED_STASH_CUDA_FACTOR = 1.2
+"""moe_paged_stash_buffer_size_factor_cuda of Megatron-Bridge's full-iteration MXFP8 presets (v0.5.0 / 26.06:
+scripts/performance/configs/{deepseek,gpt_oss,qwen}/*_llm_pretrain.py set_full_iter_cg_configs; v0.6.0 / 26.08
+at 4ab94dfad: perf_recipes/{deepseek,gpt_oss,qwen}/common.py and deepseek/{gb200,gb300}/deepseek_v4.py), each
+with moe_paged_stash True and moe_expert_rank_capacity_factor 1.5 (ParallelPlan.moe_rank_capacity_factor's
+default; only the GPT-OSS 20B presets, no validation row, set 1.2 - 7)."""
+
+
+def mbridge_paged_stash(rec: dict, par: dict) -> float | None:
+    """ParallelPlan.moe_paged_stash of a Megatron-Bridge row: the presets turn the paged stash on with the
+    full-iteration CUDA graph of a dropless MoE layer (v0.5.0's set_full_iter_cg_configs: "we pad to a fixed
+    capacity ... and use MCore PR #4247 paged stashing to recover memory"; v0.6.0's
+    _enable_*_full_iteration_mxfp8), so every mbridge-moe row that mbridge_cuda_graphs gives full-iteration;
+    None elsewhere (docs/validation.md#paged-stash)."""
+    full = (par.get("cuda_graphs") or mbridge_cuda_graphs(rec)) == "full-iteration"
+    dropless = par.get("moe_capacity_factor") is None and "-tokendrop-" not in rec["id"]
+    return MBRIDGE_PAGED_STASH_CUDA_FACTOR if family(rec["id"]) == "mbridge-moe" and full and dropless else None
+
+
 def mbridge_connections(rec: dict, fam: str, tp: int, cp: int, pp: int, dp: int) -> int | None:
     """CUDA_DEVICE_MAX_CONNECTIONS a Megatron-Bridge performance row ran at (ParallelPlan.cuda_max_connections;
     None outside the mbridge families). 25.09 (v0.1.0rc4): the scripts set none and CommOverlapConfig's
@@ -2220,6 +2239,8 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         ep_dispatch_fp8=bool(par.get("ep_dispatch_fp8", False)),  # RECIPE_SETTINGS: DeepSeek-V3 §3.3.3
         offload_layers=mbridge_offload_layers(rec),  # the Megatron-FSDP Llama presets' activation offload
         offload_moe_act=mbridge_offload_moe_act(rec),  # the Nemotron-3 Ultra presets' expert fc1-output offload
+        # the full-iteration MXFP8 presets' paged stash of the fused grouped MLP's saved tensors (mbridge_paged_stash)
+        moe_paged_stash=par.get("moe_paged_stash") or mbridge_paged_stash(rec, par),
         # where the record names the recipe's fine-grained offload modules (the Lightning H100 card: expert_fc1)
         offload_modules=tuple(par.get("offload_modules", ())),
         # Megatron-FSDP's hybrid sharding where a preset sets it (RECIPE_SETTINGS: the Nemotron-3 Ultra presets)

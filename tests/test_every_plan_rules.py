@@ -48,6 +48,8 @@ RULES = {  # (target, EVERY_PLAN key): the plan change that meets the rule, and 
     ("deepspeed", "offload_layers"): ({"offload_layers": 2}, "activation offload of 2 layers"),
     ("deepspeed", "dp_replicate"): ({"dp_replicate": 2}, "hybrid sharding over 2 replicas"),
     ("deepspeed", "offload_moe_act"): ({"offload_moe_act": True}, "offload of the experts' fc1 output"),
+    ("deepspeed", "moe_paged_stash"): ({"moe_paged_stash": 1.2}, "paged stash of the experts' saved tensors"),
+    ("torchtitan", "moe_paged_stash"): ({"moe_paged_stash": 1.2}, "this export writes no saved-tensor hooks"),
     ("deepspeed", "offload_modules"): ({"offload_modules": ("core_attn", "attn_proj")},
                                        "fine-grained activation offload of core_attn, attn_proj"),
     ("deepspeed", "fp8_attention"): ({"fp8_attention": True}, "FP8 dot-product attention (Transformer Engine's"),

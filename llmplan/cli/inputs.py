@@ -197,7 +197,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "kept_grad_shards", "fp32_embedding_grads", "grad_reduce",
                      "grad_accumulation", "grad_reduce_dtype", "grad_reduce_fp32_sum", "launch_blocking",
                      "offload_layers",
-                     "offload_moe_act", "zero3_unit",
+                     "offload_moe_act", "moe_paged_stash", "moe_rank_capacity_factor", "zero3_unit",
                      "mtp_layers",
                      "dp_replicate", "dp_outer_optimizer",
                      "rope_complex", "zero3_copy_out", "pp_blocking_sends",

@@ -72,6 +72,14 @@ MTP_LAYERS = typer.Option(None, "--mtp-layers", min=0, max=16,
                           help="Multi-token-prediction modules to train (Megatron --mtp-num-layers): 0 trains "
                                "without the model's MTP module; at most its num_nextn_predict_layers (default: "
                                "all of them).")
+MOE_PAGED_STASH = typer.Option(None, "--moe-paged-stash", min=1.0, max=4.0,
+                               help="MoE, full-iteration graphs: page the fused grouped MLP's saved tensors into a "
+                                    "device pool of this factor x the average rows (Megatron --moe-paged-stash, "
+                                    "--moe-paged-stash-buffer-size-factor-cuda; default: off).")
+MOE_RANK_CAPACITY_FACTOR = typer.Option(None, "--moe-rank-capacity-factor", min=0.01, max=64.0,
+                                        help="MoE, full-iteration graphs: the static per-rank budget, tokens x "
+                                             "topk x this (Megatron --moe-expert-rank-capacity-factor; default: "
+                                             "1.5).")
 OFFLOAD_MOE_ACT = typer.Option(_plan("offload_moe_act"), "--offload-moe-act/--no-offload-moe-act",
                                help="Copy each MoE layer's expert fc1 output to host memory and back, beside "
                                     "compute (Megatron --fine-grained-activation-offloading --offload-modules "
@@ -378,7 +386,8 @@ SWITCHES = Flags("Training switches", {
     "cp_comm_overlap": CP_COMM_OVERLAP,
     "recompute_layers": RECOMPUTE_LAYERS,
     "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS, "mtp_layers": MTP_LAYERS,
-    "offload_moe_act": OFFLOAD_MOE_ACT, "offload_modules": OFFLOAD_MODULES, "dp_replicate": DP_REPLICATE,
+    "offload_moe_act": OFFLOAD_MOE_ACT, "moe_paged_stash": MOE_PAGED_STASH,
+    "moe_rank_capacity_factor": MOE_RANK_CAPACITY_FACTOR, "offload_modules": OFFLOAD_MODULES, "dp_replicate": DP_REPLICATE,
     "dp_outer_optimizer": DP_OUTER_OPTIMIZER,
     "overlap_grad_reduce": OVERLAP_GRAD_REDUCE,
     "overlap_param_gather": OVERLAP_PARAM_GATHER, "tp_comm_overlap": TP_COMM_OVERLAP,

@@ -481,7 +481,60 @@ def _mlp_stored(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     routed = rows * (2 * m.expert_width + (c + glu_clamp_saved_bytes(m, plan)) * m.expert_ffn / etp) \
         + tokens * (m.num_experts * 4 + aux_loss_saved_bytes(m))
     latent = 2 * tokens * m.moe_latent_size if m.moe_latent_size else 0.0  # fc2_latent_proj's saved input
-    return routed + latent + c * s * b * m.shared_ffn / t
+    return routed + latent + c * s * b * m.shared_ffn / t + paged_stash_headroom_bytes(m, plan)
+
+
+MXFP8_COLUMNWISE_BYTES = 33 / 32
+"""Bytes an element of an MXFP8 tensor saved columnwise: one FP8 byte and one E8M0 scale per 32 elements."""
+
+
+def paged_stash_row_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes a routed (token, expert) row of the grouped tensors Transformer Engine's fused MXFP8 grouped MLP marks
+    for Megatron's paged stash (mark_grouped_tensor): fc1's input, columnwise MXFP8 (h x 33/32); fc1's bf16
+    output (activation_in: 2 x 2f_e/etp with a GLU, 2 x f_e/etp without); the row's fp32 probability; fc2's
+    input, columnwise MXFP8 (f_e/etp x 33/32). Source: NVIDIA/TransformerEngine
+    transformer_engine/pytorch/ops/fused/grouped_mlp.py (mark_grouped_tensor(saved_fc1_x, activation_in, scales,
+    grouped_fc2_x); c_dtype bfloat16) and pytorch/utils.py (mark_grouped_tensor) at d0067d0da.
+    Derived: docs/formulas.md#mem.paged_stash"""
+    f = m.expert_ffn / plan.etp_resolved
+    fc1_out = 2 * (2 if m.gated_mlp else 1) * f
+    return MXFP8_COLUMNWISE_BYTES * (m.expert_width + f) + fc1_out + 4
+
+
+RANK_CAPACITY_DEFAULT = 1.5
+"""moe_expert_rank_capacity_factor of Megatron-Bridge's full-iteration presets (perf_recipes/{deepseek,gpt_oss,
+qwen}/common.py at 4ab94dfad), taken where a plan with the budget gives no ParallelPlan.moe_rank_capacity_factor."""
+
+
+def paged_stash_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes beyond the pool that one MoE layer's marked tensors take at the static budget's rows while paged:
+    in forward the padded originals live until the next layer's grouped MLP waits for their stash, in backward
+    the reload fills a fresh tensor of the original (budget) shape while the pool stays allocated; one layer at
+    a time, rank capacity factor x dispatched rows x paged_stash_row_bytes on the fused MXFP8 layers' share. 0
+    when off. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/paged_stash.py at 1e23526adc
+    (wait_for_stash_to_complete, reload_paged_tensors: torch.empty(original_shape)) and
+    moe/token_dispatcher.py (_HybridEPManager.setup_metadata: num_permuted_tokens = T x topk x factor).
+    Derived: docs/formulas.md#mem.paged_stash"""
+    if plan.moe_paged_stash is None or not m.is_moe:
+        return 0.0
+    share = where(fused_grouped_mlp(m, plan), plan.low_precision_layer_fraction(m.num_hidden_layers), 0.0)
+    rank = plan.moe_rank_capacity_factor or RANK_CAPACITY_DEFAULT
+    return share * rank * dispatched_rows(m, plan) * paged_stash_row_bytes(m, plan)
+
+
+def paged_stash_headroom_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Bytes one MoE layer's paged stash adds to its saved activations, one micro-batch, one rank: the page pool
+    is sized at moe_paged_stash (Megatron's moe_paged_stash_buffer_size_factor_cuda) x the average rows of the
+    layers in flight (max_num_tokens // rank capacity factor, peak over the schedule) and holds the marked grouped
+    tensors (paged_stash_row_bytes) in their stead, so each layer's share is the factor x its dispatched rows;
+    the dynamic model already charges 1 x. Only the layers on the fused MXFP8 grouped MLP (the stash context is
+    opened in TEGroupedMLP._fused_forward). 0 when off. Source: NVIDIA/Megatron-LM
+    megatron/core/transformer/moe/paged_stash.py (allocate_stash_buffers, on_save_for_backward) and
+    moe/experts.py (_fused_forward) at 1e23526adc. Derived: docs/formulas.md#mem.paged_stash"""
+    if plan.moe_paged_stash is None or not m.is_moe:
+        return 0.0
+    share = where(fused_grouped_mlp(m, plan), plan.low_precision_layer_fraction(m.num_hidden_layers), 0.0)
+    return share * (plan.moe_paged_stash - 1.0) * dispatched_rows(m, plan) * paged_stash_row_bytes(m, plan)
 
 
 

@@ -20,7 +20,7 @@ from llmplan.cost.activations import (  # noqa: F401  (re-exported: their home w
     SAVED_INPUT_BYTES, LayerActivationParts, LayerActivations, cp_comm_workspace_bytes, dispatched_rows,
     layer_activation_bytes,
     layer_activation_no_recompute, layer_activation_parts, layer_activations, linear_input_split,
-    moe_saved_input_bytes, op_checkpoint_bytes, recomputed_module_bytes,
+    moe_saved_input_bytes, op_checkpoint_bytes, paged_stash_transient_bytes, recomputed_module_bytes,
 )
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home was this module)
@@ -238,6 +238,9 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     # EP overlap: one layer's pre-dispatch activations beyond them (Derived: docs/formulas.md#mem.ep_overlap)
     paired = ep_overlap_microbatch_steps(plan, stage) if m.is_moe and plan.ep_comm_overlap else False
     overlap = where(paired, ep_overlap_layer_bytes(m, plan, n_dense, n_moe, dense_b, moe_b), 0.0)
+    # Paged stash: one MoE layer's marked tensors at the static budget's rows beside the pool (Derived:
+    # docs/formulas.md#mem.paged_stash)
+    overlap = overlap + where(n_moe > 0, paged_stash_transient_bytes(m, plan), 0.0)
     # Activation offload: the first N layers' activations wait in host memory (Derived: docs/formulas.md#mem.offload)
     offloaded = held * offloaded_share(plan, n_dense + n_moe)
     # Fine-grained offload of the experts' fc1 output: every MoE layer's in flight but the last (nothing to move

@@ -88,6 +88,14 @@ def dp_replicate_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "re-plan with --dp-replicate 1, or export to megatron")
 
 
+def paged_stash_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Megatron-Core's paged stash of the experts' saved tensors, refused whatever else the plan sets
+    (export.EVERY_PLAN)."""
+    return (f"the paged stash of the experts' saved tensors (Megatron-Core's moe_paged_stash, pool factor "
+            f"{p.moe_paged_stash})", p.moe_paged_stash is not None,
+            "re-plan without --moe-paged-stash, or export to megatron")
+
+
 def offload_moe_act_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """Offload of the experts' fc1 output, refused whatever else the plan sets (export.EVERY_PLAN)."""
     return ("fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules moe_act)",
@@ -247,6 +255,7 @@ def _feature_rules(p: ParallelPlan) -> list[tuple[str, bool, str]]:
         offload_layers_refusal(p),
         dp_replicate_refusal(p),
         offload_moe_act_refusal(p),
+        paged_stash_refusal(p),
         offload_modules_refusal(p),
         fp8_attention_refusal(p),
         te_softmax_refusal(p),

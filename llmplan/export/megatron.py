@@ -21,6 +21,7 @@ from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap,
                                    parallel_block_refusal, squared_relu,
                                    torch_ring_refusal, tp_refusals)
 from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_layer_count, pattern_variable
+from llmplan.cost.activations import RANK_CAPACITY_DEFAULT
 from llmplan.cost.comm import TE_UB_SMS, te_default_margin_sms
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.runtime_memory import mla_turns_tp_overlap_off, userbuffers_on
@@ -576,9 +577,20 @@ def cuda_graph_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     if p.cuda_graphs == "full-iteration":
         budget = m.is_moe and p.moe_capacity_factor is None
         return [("--cuda-graph-impl", "full_iteration"), ("--no-check-for-nan-in-loss-and-grad", True),
-                ("--moe-expert-rank-capacity-factor", "1.5" if budget else None),
-                ("--moe-use-grouped-tensor", budget)]  # split sizes on the GPU (TransformerConfig rule)
+                ("--moe-expert-rank-capacity-factor", f"{rank_capacity(p):g}" if budget else None),
+                ("--moe-use-grouped-tensor", budget),  # split sizes on the GPU (TransformerConfig rule)
+                # the paged stash of the fused grouped MLP's saved tensors and its device pool's factor
+                # (TransformerConfig moe_paged_stash, moe_paged_stash_buffer_size_factor_cuda at 1e23526adc)
+                ("--moe-paged-stash", budget and p.moe_paged_stash is not None),
+                ("--moe-paged-stash-buffer-size-factor-cuda",
+                 f"{p.moe_paged_stash:g}" if budget and p.moe_paged_stash is not None else None)]
     return []
+
+
+def rank_capacity(p: ParallelPlan) -> float:
+    """The static per-rank budget factor the export writes (ParallelPlan.moe_rank_capacity_factor; None: 1.5,
+    as Megatron-Bridge's performance presets set it with HybridEP)."""
+    return p.moe_rank_capacity_factor or RANK_CAPACITY_DEFAULT
 
 
 def recompute_module_pairs(pf: PlanFile) -> list[tuple[str, object]]:

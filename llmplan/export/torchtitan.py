@@ -158,6 +158,14 @@ def dp_outer_optimizer_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "re-plan without --dp-outer-optimizer")
 
 
+def paged_stash_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
+    """Megatron-Core's paged stash of the experts' saved tensors, refused whatever else the plan sets
+    (export.EVERY_PLAN)."""
+    return (f"the paged stash of the experts' saved tensors (Megatron-Core's moe_paged_stash, pool factor "
+            f"{p.moe_paged_stash}; this export writes no saved-tensor hooks)", p.moe_paged_stash is not None,
+            "re-plan without --moe-paged-stash, or export to megatron")
+
+
 def offload_moe_act_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """Offload of the experts' fc1 output, refused whatever else the plan sets (export.EVERY_PLAN)."""
     return ("fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules moe_act; this export "
@@ -273,8 +281,8 @@ def _check_recompute_moe(pf: PlanFile, target: str) -> None:
                      "DeepEP in a model's config function, which this export does not write, and routes with the "
                      "model's own router)", "re-plan with --moe-dispatcher alltoall --moe-routing random, or "
                      "export to megatron")
-    refuse_first(target, (dp_outer_optimizer_refusal(p), offload_moe_act_refusal(p), offload_modules_refusal(p),
-                          offload_layers_refusal(p), recompute_layers_refusal(p)))
+    refuse_first(target, (dp_outer_optimizer_refusal(p), offload_moe_act_refusal(p), paged_stash_refusal(p),
+                          offload_modules_refusal(p), offload_layers_refusal(p), recompute_layers_refusal(p)))
 
 
 def mtp_refusal(pf: PlanFile) -> tuple[str, bool, str]:

@@ -119,7 +119,8 @@ def _fine_grained_host_message(m: ModelSpec, p: ParallelPlan, c: ClusterSpec) ->
 
 MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sms", "moe_flex_backend",
                 "moe_capacity_factor", "ep_comm_overlap", "delay_wgrad", "offload_moe_act",
-                "ep_dispatch_fp8", "moe_router_fusion", "moe_router_padding")
+                "ep_dispatch_fp8", "moe_router_fusion", "moe_router_padding", "moe_paged_stash",
+                "moe_rank_capacity_factor")
 """The training switches that act on expert layers only (rule moe_switches_dense)."""
 
 
@@ -767,6 +768,37 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: "offload_moe_act with recompute module moe: Megatron-Core refuses to offload inside an MoE "
                          "layer that is recomputed whole (TransformerConfig); drop moe from --recompute-modules or "
                          "drop --offload-moe-act"),
+    # Megatron-Core TransformerConfig.__post_init__ (1e23526adc, transformer_config.py:2371-2386): "moe_paged_stash
+    # requires moe_expert_rank_capacity_factor to be set", the static per-rank budget llmplan's plans carry only
+    # as a dropless MoE layer in a full-iteration graph (export.megatron writes it there); the stash "cannot be
+    # enabled with cpu_offloading" and offload_modules "must not include expert_fc1, moe_act, or fused_group_mlp"
+    Rule("paged_stash_budget",
+         lambda m, p, c: (p.moe_paged_stash is None) | ((p.cuda_graphs == "full-iteration")
+                                                        & (p.moe_capacity_factor is None)),
+         lambda m, p, c: f"moe_paged_stash ({p.moe_paged_stash}) with cuda_graphs {p.cuda_graphs} and "
+                         f"moe_capacity_factor {p.moe_capacity_factor}: Megatron-Core's paged stash needs the static "
+                         "per-rank budget (--moe-expert-rank-capacity-factor) of a dropless MoE layer in a "
+                         "full-iteration CUDA graph (TransformerConfig); use --cuda-graphs full-iteration without "
+                         "--moe-capacity-factor, or drop --moe-paged-stash"),
+    # Megatron-Core TransformerConfig (1e23526adc): the rank capacity "requires moe_flex_dispatcher_backend to be
+    # 'hybridep' or 'ncclep'" with the op fuser; llmplan prices the static budget (no host sync) only inside the
+    # full-iteration graph (cost.moe.host_syncs_per_layer), where rule cuda_graphs_flex_backend asks for hybridep
+    Rule("rank_capacity_budget",
+         lambda m, p, c: (p.moe_rank_capacity_factor is None) | ((p.cuda_graphs == "full-iteration")
+                                                                 & (p.moe_capacity_factor is None)),
+         lambda m, p, c: f"moe_rank_capacity_factor ({p.moe_rank_capacity_factor}) with cuda_graphs "
+                         f"{p.cuda_graphs} and moe_capacity_factor {p.moe_capacity_factor}: llmplan prices "
+                         "Megatron-Core's static per-rank budget only for a dropless MoE layer in a full-iteration "
+                         "CUDA graph (HybridEP, TransformerConfig); use --cuda-graphs full-iteration without "
+                         "--moe-capacity-factor, or drop --moe-rank-capacity-factor"),
+    Rule("paged_stash_offload",
+         lambda m, p, c: (p.moe_paged_stash is None) | ((p.offload_layers == 0) & (not p.offload_moe_act)
+                                                        & ("expert_fc1" not in p.offload_modules)),
+         lambda m, p, c: f"moe_paged_stash ({p.moe_paged_stash}) with offload_layers {p.offload_layers}, "
+                         f"offload_moe_act {p.offload_moe_act}, offload_modules ({', '.join(p.offload_modules)}): "
+                         "Megatron-Core refuses the paged stash with layer offload and with an offload of the "
+                         "experts' tensors (expert_fc1, moe_act), which the stash already covers "
+                         "(TransformerConfig); drop those offloads or --moe-paged-stash"),
     Rule("offload_modules_host_memory", lambda m, p, c: _fine_grained_host_fits(m, p, c),
          lambda m, p, c: _fine_grained_host_message(m, p, c), needs_cluster=True),
     # Megatron-Core TransformerConfig.__post_init__ (d98e8a64dd), the same rules for every offload_modules entry

@@ -128,6 +128,10 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.mtp_layers (None: the model's own num_nextn_predict_layers)."""
     offload_moe_act: bool
     """ParallelPlan.offload_moe_act."""
+    moe_paged_stash: float | None
+    """ParallelPlan.moe_paged_stash; None: off."""
+    moe_rank_capacity_factor: float | None
+    """ParallelPlan.moe_rank_capacity_factor; None: 1.5 where the plan has the budget."""
     dp_replicate: int
     """ParallelPlan.dp_replicate."""
     dp_outer_optimizer: bool

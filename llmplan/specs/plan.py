@@ -148,6 +148,24 @@ class ParallelPlan(PlanQuantities, Spec):
     Bridge's Nemotron-3 Ultra presets): every MoE layer's but the last one's, copied on side streams over the
     host link (SystemSpec.host_bytes_per_s), each due one MoE layer later. False: none
     (docs/formulas.md#mem.offload_moe_act)."""
+    moe_rank_capacity_factor: Optional[float] = Field(default=None, gt=0, le=64)
+    """The static per-rank budget of a dropless MoE layer in a full-iteration graph (Megatron-Core
+    --moe-expert-rank-capacity-factor): HybridEP's dispatch output and the experts' tensors after it have
+    tokens x topk x this factor rows (rounded up to the quantisation alignment), the used rows computed on the
+    GPU. None: 1.5, the value Megatron-Bridge's presets set and llmplan's export writes. Priced only through
+    moe_paged_stash's one-layer transient (docs/formulas.md#mem.paged_stash). Needs cuda_graphs full-iteration
+    with a dropless MoE layer (check_plan rule rank_capacity_budget)."""
+    moe_paged_stash: Optional[float] = Field(default=None, ge=1.0, le=4.0)
+    """Paged stash of the routed experts' saved tensors (Megatron-Core --moe-paged-stash with
+    --moe-paged-stash-buffer-size-factor-cuda, the value): under the static per-rank budget of a full-iteration
+    graph (--moe-expert-rank-capacity-factor) Transformer Engine's fused MXFP8 grouped MLP saves its grouped
+    tensors (fc1's columnwise MXFP8 input and scales, fc1's output, the probabilities, fc2's columnwise MXFP8
+    input and scales) at the budget's rows; the stash copies each layer's used rows into one device page pool
+    sized at this factor x the average rows in flight and frees the padded tensors, copying back before the
+    layer's backward, on a side stream beside the next layer. Priced: the pool's headroom (factor - 1) on those
+    tensors and one layer of them at the budget's rows (moe_rank_capacity_factor), no time
+    (docs/formulas.md#mem.paged_stash). Needs cuda_graphs full-iteration with a dropless MoE
+    layer and no offload of the experts' tensors (check_plan rules paged_stash_*). None: off."""
     offload_modules: tuple[OffloadModule, ...] = Field(default=(), max_length=len(OFFLOAD_MODULES))
     """Modules whose input (as the module saves it for backward) goes to host memory in forward and comes back in
     backward, one layer's group at a time (Megatron-Core --fine-grained-activation-offloading --offload-modules

@@ -1,0 +1,119 @@
+"""Megatron-Core's paged stash of the fused grouped MLP's saved tensors (ParallelPlan.moe_paged_stash;
+docs/formulas.md#mem.paged_stash, docs/validation.md#paged-stash).
+
+Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/paged_stash.py at 1e23526adc: on_save_for_backward pages
+the tensors that carry `grouped_tensor_scale_inv`; allocate_stash_buffers sizes one device pool per (dtype,
+hidden) at moe_paged_stash_buffer_size_factor_cuda x the peak of the average rows in flight (max_num_tokens //
+moe_expert_rank_capacity_factor, moe/experts.py _fused_forward); TransformerConfig.__post_init__ asserts the rank
+capacity factor and refuses cpu_offloading and the experts' fine-grained offloads. NVIDIA/TransformerEngine
+pytorch/ops/fused/grouped_mlp.py at d0067d0da marks fc1's input, fc1's output (activation_in, bf16), the
+probabilities (scales) and fc2's input (mark_grouped_tensor; columnwise data and scales for the MXFP8 ones).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from test_export import PLANS, parse_megatron
+
+from llmplan.cost.activations import layer_activation_parts
+from llmplan.export import render_all
+from llmplan.planfile import load_plan
+from llmplan.specs.check import check_plan
+from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.registry import builtin_models
+
+MXFP8 = 1 + 1 / 32  # one E4M3 byte and an E8M0 scale per 32 elements (OCP Microscaling spec v1.0)
+
+
+def _plan(**kw: object) -> ParallelPlan:
+    base: dict[str, object] = {"dp": 8, "ep": 8, "seq_len": 4096, "micro_batch": 1, "global_batch": 64,
+                               "dtype": "fp8", "recipe": "mxfp8", "expert_gemm": "grouped",
+                               "cuda_graphs": "full-iteration", "moe_dispatcher": "deepep",
+                               "moe_flex_backend": "hybridep"}
+    base.update(kw)
+    return ParallelPlan(**base)  # type: ignore[arg-type]
+
+
+def test_the_page_pool_holds_the_marked_rows_at_the_preset_factor_by_hand():
+    # Qwen3-30B-A3B (h 2,048, k 8, f_e 768, SwiGLU), one rank, T = 4,096 tokens, every layer MXFP8 on the fused
+    # grouped MLP. Marked per (token, expert) row: fc1's input columnwise (h MXFP8), fc1's bf16 output (2 f_e x 2
+    # bytes), the fp32 probability (4), fc2's input columnwise (f_e MXFP8). The pool is 1.2 x the average rows
+    # (Megatron-Bridge's presets: moe_paged_stash_buffer_size_factor_cuda 1.2), the dynamic saving already 1 x.
+    m = builtin_models()["qwen3-30b-a3b"]
+    rows = 4096 * 8
+    hand = 0.2 * rows * (2048 * MXFP8 + 2 * 768 * 2 + 4 + 768 * MXFP8)
+    on = float(layer_activation_parts(m, _plan(moe_paged_stash=1.2), True).mlp)
+    off = float(layer_activation_parts(m, _plan(), True).mlp)
+    assert on - off == pytest.approx(hand)
+    # a factor of 1.0 sizes the pool at the average rows: no headroom
+    assert float(layer_activation_parts(m, _plan(moe_paged_stash=1.0), True).mlp) == pytest.approx(off)
+
+
+def test_no_pool_off_the_fused_mxfp8_grouped_mlp():
+    # the stash context is opened in TEGroupedMLP._fused_forward only: BF16 experts page nothing
+    m = builtin_models()["qwen3-30b-a3b"]
+    on = _plan(dtype="bf16", recipe="tensorwise", moe_paged_stash=1.2)
+    assert float(layer_activation_parts(m, on, True).mlp) == pytest.approx(
+        float(layer_activation_parts(m, on.model_copy(update={"moe_paged_stash": None}), True).mlp))
+
+
+def _messages(plan: ParallelPlan) -> list[str]:
+    return [v.message for v in check_plan(builtin_models()["qwen3-30b-a3b"], plan) if "paged stash" in v.message]
+
+
+def test_check_plan_asks_for_the_static_budget_of_a_full_iteration_graph():
+    assert _messages(_plan(moe_paged_stash=1.2)) == []
+    msgs = _messages(_plan(moe_paged_stash=1.2, cuda_graphs="none"))
+    assert len(msgs) == 1
+    assert "moe_paged_stash (1.2) with cuda_graphs none" in msgs[0]
+    assert "static per-rank budget" in msgs[0] and "--cuda-graphs full-iteration" in msgs[0]
+
+
+def test_check_plan_refuses_the_stash_beside_an_offload_of_the_experts_tensors():
+    msgs = _messages(_plan(moe_paged_stash=1.2, offload_moe_act=True))
+    assert len(msgs) == 1 and "offload_moe_act True" in msgs[0] and "drop those offloads" in msgs[0]
+
+
+def test_megatron_export_writes_the_stash_and_its_pool_factor():
+    pf = load_plan(PLANS / "moe_train.json")
+    graphs = {"cuda_graphs": "full-iteration", "moe_dispatcher": "deepep", "moe_flex_backend": "hybridep",
+              "dtype": "fp8", "recipe": "mxfp8", "expert_gemm": "grouped"}
+
+    def parsed(**kw: object):
+        plan = pf.plan.model_copy(update={**graphs, **kw})
+        return parse_megatron(render_all(dataclasses.replace(pf, plan=plan), "megatron")[0]["megatron_pretrain.sh"])[0]
+
+    ns = parsed(moe_paged_stash=1.2)  # an unknown flag or a switch given a value fails in the recorded parser
+    assert ns.moe_paged_stash is True
+    assert float(ns.moe_paged_stash_buffer_size_factor_cuda) == 1.2
+    assert float(ns.moe_expert_rank_capacity_factor) == 1.5  # the budget the stash needs
+    off = parsed()
+    assert not off.moe_paged_stash and off.moe_paged_stash_buffer_size_factor_cuda is None
+
+
+def test_one_layer_at_the_budgets_rows_sits_beside_the_pool():
+    # pp 1, one micro-batch in flight, 48 MoE layers: the stage's activations grow by the pool's headroom on each
+    # layer and by one layer's marked tensors at the budget's rows (1.5 x by default: the padded originals until
+    # the next layer's wait, the reloaded copy in backward)
+    from llmplan.cost.memory import activation_bytes
+    m = builtin_models()["qwen3-30b-a3b"]
+    rows, row = 4096 * 8, 2048 * MXFP8 + 2 * 768 * 2 + 4 + 768 * MXFP8
+    off = float(activation_bytes(m, _plan(), 0).layers)
+    on = float(activation_bytes(m, _plan(moe_paged_stash=1.2), 0).layers)
+    assert on - off == pytest.approx(48 * 0.2 * rows * row + 1.5 * rows * row)
+    wide = float(activation_bytes(m, _plan(moe_paged_stash=1.2, moe_rank_capacity_factor=5.0), 0).layers)
+    assert wide - on == pytest.approx(3.5 * rows * row)
+
+
+def test_rank_capacity_is_exported_and_refused_outside_the_graph():
+    pf = load_plan(PLANS / "moe_train.json")
+    plan = pf.plan.model_copy(update={"cuda_graphs": "full-iteration", "moe_dispatcher": "deepep",
+                                      "moe_flex_backend": "hybridep", "moe_rank_capacity_factor": 1.2})
+    ns = parse_megatron(render_all(dataclasses.replace(pf, plan=plan), "megatron")[0]["megatron_pretrain.sh"])[0]
+    assert float(ns.moe_expert_rank_capacity_factor) == 1.2
+    msgs = [v.message for v in check_plan(builtin_models()["qwen3-30b-a3b"],
+                                          _plan(moe_rank_capacity_factor=1.2, cuda_graphs="none"))]
+    assert any("moe_rank_capacity_factor (1.2) with cuda_graphs none" in x for x in msgs)
