@@ -24,19 +24,18 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 import accuracy as A
+from qwen235_terms import scored_setup
 
 from llmplan.estimate import estimate_training
 
 
 def row(rec: dict) -> dict | None:
     """The row's factors, error and the per-piece factors; None where it is not a scored mbridge-moe row."""
-    fam = A.family(rec["id"])
-    setup = A.record_setup(rec, fam) if fam == "mbridge-moe" else None
-    if setup is None or not A.predict(rec, fam):
+    scored = scored_setup(rec)
+    if scored is None:
         return None
-    m, c, p = setup
+    (m, c, p), measured = scored
     e = estimate_training(m, c, p)
-    measured = rec["measured"]["tokens_per_s_per_gpu"]
     signed = float(e.throughput.tokens_per_s) / c.num_gpus / measured - 1
     t = e.time
     step, meas_step = float(t.total), float(t.total) * (1 + signed)

@@ -31,14 +31,21 @@ from llmplan.cost.step import stage_times
 from llmplan.estimate import estimate_training
 
 
-def row(rec: dict) -> dict | None:
-    """Terms and what-ifs of one scored mbridge-moe row; None where the row is not scored."""
+def scored_setup(rec: dict) -> tuple[tuple, float] | None:
+    """(model, cluster, plan) and measured tokens/s per GPU of a scored mbridge-moe row; None for any other row."""
     fam = A.family(rec["id"])
     setup = A.record_setup(rec, fam) if fam == "mbridge-moe" else None
     if setup is None or not A.predict(rec, fam):
         return None
-    m, c, p = setup
-    measured = rec["measured"]["tokens_per_s_per_gpu"]
+    return setup, rec["measured"]["tokens_per_s_per_gpu"]
+
+
+def row(rec: dict) -> dict | None:
+    """Terms and what-ifs of one scored mbridge-moe row; None where the row is not scored."""
+    scored = scored_setup(rec)
+    if scored is None:
+        return None
+    (m, c, p), measured = scored
 
     def err(cluster) -> tuple[float, object]:  # type: ignore[no-untyped-def]
         e = estimate_training(m, cluster, p)
