@@ -4,6 +4,8 @@ operations (docs/formulas.md#compute.bias_add), and where it applies."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -175,3 +177,25 @@ def test_the_refusal_predicate_is_what_is_priced():
                 # by hand: the attention output bias on every layer; fc2's only on a dense MLP (experts: none)
                 assert priced == (attn or (mlp and not moe)), (spec["name"], attn, mlp)
                 assert unfused_bias_add(SimpleNamespace(model=m, plan=unfused)) == priced, (spec["name"], attn, mlp)
+
+
+def test_a_plan_file_without_the_key_loads_the_model_s_default(cli, tmp_path):
+    """A plan file saved before bias_dropout_fusion was a key (or with it deleted) loads with the model's
+    default (specs.defaults.default_bias_dropout_fusion: off for GPT-OSS, whose TEGroupedMLP asserts not
+    (add_bias_linear and bias_dropout_fusion), Megatron-LM d98e8a6 experts.py), not ParallelPlan's True; a
+    file that states the key keeps it."""
+    from llmplan.planfile import load_plan
+    base = ("--hardware", "dgx-h100", "--ep", "8", "--etp", "1", "--global-batch", "64")
+    for name, extra, want in (("default", (), False), ("named", ("--bias-dropout-fusion",), True)):
+        path = tmp_path / f"{name}.json"
+        assert cli("estimate", "--model", "gpt-oss-120b", *base, *extra, "--save", path).code == 0
+        assert load_plan(path).plan.bias_dropout_fusion is want  # stated: kept
+        doc = json.loads(path.read_text())
+        del doc["plan"]["bias_dropout_fusion"]
+        path.write_text(json.dumps(doc))
+        assert load_plan(path).plan.bias_dropout_fusion is False  # absent: GPT-OSS's default
+    dense = biased_dense_plan(cli, tmp_path)  # gpt-1.7b: Megatron-LM's default True stays
+    doc = json.loads(dense.read_text())
+    del doc["plan"]["bias_dropout_fusion"]
+    dense.write_text(json.dumps(doc))
+    assert load_plan(dense).plan.bias_dropout_fusion is True
