@@ -22,6 +22,7 @@ from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ETP_SAME_AS_TP, PLAN_FILE_ONLY, ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
 from llmplan.specs.check import check_plan, check_pools, check_serve_plan
 from llmplan.specs.check_switches import unused_switches
+from llmplan.specs.defaults import default_bias_dropout_fusion
 from llmplan.specs.registry import (build, builtin_gpus, builtin_models, builtin_systems, load_model_file,
                                     load_system_file, looks_like_path, read_document)
 from llmplan.specs.pools import HeteroPlan, PoolCluster
@@ -349,6 +350,8 @@ def plan_file(doc: PlanDocument, model: ModelSpec, system: SystemSpec, path: Pat
         per_tensor = fields.get("dtype") == "fp8" and fields.get("recipe", "tensorwise") == "tensorwise"
         if per_tensor and "fp8_scaling" not in fields:
             fields["fp8_scaling"] = "current"  # a file from before the field: every export then ran current scaling
+        if "bias_dropout_fusion" not in fields:  # a file without the key: the model's default, as estimate settles
+            fields["bias_dropout_fusion"] = default_bias_dropout_fusion(model)
         plan, job = build(ParallelPlan, fields, f"{where} (plan)"), None
         model = trained_model(model, plan)  # the MTP modules it trains: what its estimate and export build
     return PlanFile(model, cluster, plan, allowance, order, doc.mode, doc.predictions.model_dump(), doc, path, job)

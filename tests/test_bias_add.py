@@ -4,6 +4,9 @@ operations (docs/formulas.md#compute.bias_add), and where it applies."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -175,3 +178,52 @@ def test_the_refusal_predicate_is_what_is_priced():
                 # by hand: the attention output bias on every layer; fc2's only on a dense MLP (experts: none)
                 assert priced == (attn or (mlp and not moe)), (spec["name"], attn, mlp)
                 assert unfused_bias_add(SimpleNamespace(model=m, plan=unfused)) == priced, (spec["name"], attn, mlp)
+
+
+def test_a_plan_file_without_the_key_loads_the_model_s_default(cli, tmp_path):
+    """A plan file saved before bias_dropout_fusion was a key (or with it deleted) loads with the model's
+    default (specs.defaults.default_bias_dropout_fusion: off for GPT-OSS, whose TEGroupedMLP asserts not
+    (add_bias_linear and bias_dropout_fusion), Megatron-LM d98e8a6 experts.py), not ParallelPlan's True; a
+    file that states the key keeps it."""
+    from llmplan.planfile import load_plan
+    base = ("--hardware", "dgx-h100", "--ep", "8", "--etp", "1", "--global-batch", "64")
+    for name, extra, want in (("default", (), False), ("named", ("--bias-dropout-fusion",), True)):
+        path = tmp_path / f"{name}.json"
+        assert cli("estimate", "--model", "gpt-oss-120b", *base, *extra, "--save", path).code == 0
+        assert load_plan(path).plan.bias_dropout_fusion is want  # stated: kept
+        doc = json.loads(path.read_text())
+        del doc["plan"]["bias_dropout_fusion"]
+        path.write_text(json.dumps(doc))
+        assert load_plan(path).plan.bias_dropout_fusion is False  # absent: GPT-OSS's default
+    dense = biased_dense_plan(cli, tmp_path)  # gpt-1.7b: Megatron-LM's default True stays
+    doc = json.loads(dense.read_text())
+    del doc["plan"]["bias_dropout_fusion"]
+    dense.write_text(json.dumps(doc))
+    assert load_plan(dense).plan.bias_dropout_fusion is True
+
+
+def test_a_dropout_only_unfused_plan_per_launcher(cli, tmp_path):
+    """bias_add_bytes also prices the hidden dropout's own kernel with bias_dropout_fusion off (no biases needed).
+    DeepSpeed's Hugging Face blocks run that dropout as its own kernel before the residual add, as priced: not
+    refused. torchtitan's LLM modules have no dropout at all (pytorch/torchtitan@73a0e69 torchtitan/models:
+    'dropout' appears only under flux), so a plan pricing one is refused whether fused or not."""
+    from test_export_switches import export, saved
+    from llmplan.export.common import unfused_bias_add
+    from llmplan.planfile import load_plan
+    def dropout_plan(name: str, *extra: str, fused: bool) -> Path:
+        path = saved(cli, tmp_path / name, *extra, bias_dropout_fusion=fused)  # Llama: no biases
+        doc = json.loads(path.read_text())
+        doc["model"]["hidden_dropout"] = 0.1
+        path.write_text(json.dumps(doc))
+        assert not unfused_bias_add(load_plan(path))  # no bias priced apart: the dropout alone
+        return path
+
+    for fused in (False, True):
+        code, _, err = export(cli, dropout_plan(f"tt-{fused}", fused=fused), "torchtitan", tmp_path / f"tt-{fused}")
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert "hidden dropout 0.1" in err and "run no dropout" in err, err
+        assert f"bias_dropout_fusion {str(fused).lower()}" in err, err
+    # --grad-dtype bf16: DeepSpeed's ZeRO 0 needs gradients in the model's dtype (an unrelated refusal)
+    ds = dropout_plan("ds", "--grad-dtype", "bf16", fused=False)
+    code, _, err = export(cli, ds, "deepspeed", tmp_path / "ds-out")
+    assert code == 0 and "dropout" not in err and "bias_dropout_fusion" not in err, err

@@ -10,7 +10,7 @@ import pytest
 
 from llmplan.cost.compute import output_seconds
 from llmplan.cost.gemm import MXFP8_CUBLAS_GEMM_TIME, gemm_shape_efficiency
-from llmplan.cost.model_states import low_precision_params
+from llmplan.cost.model_states import bf16_kept_params, low_precision_params, low_precision_weight_cache
 from llmplan.cost.params import padded_vocab
 from llmplan.cost.quantize import CAST_BYTES
 from llmplan.specs.check import check_plan
@@ -50,14 +50,26 @@ def test_head_casts_its_input_and_the_logits_gradient():
     assert float(on[1]) - float(off[1]) == pytest.approx(expected, rel=1e-9)
 
 
-def test_head_weight_joins_the_recipes_cached_copies_on_the_last_stage():
+@pytest.mark.parametrize("fp8_params", [False, True])
+def test_head_weight_stays_bf16_and_adds_its_mxfp8_cache_on_the_last_stage(fp8_params):
+    """DeepSeek-V3, tp 1, pp 4, last stage. Megatron-LM d98e8a6 gpt_model.py builds the output layer outside
+    get_fp8_context(..., is_init=True) (transformer_block._build_layers only), and TELinear's own init context
+    (_get_fp8_model_init_for_quant_params) is a nullcontext without a quant_recipe: the head's V·h weight stays a
+    bf16 parameter (2 B, gathered in bf16) even under fp8_params. Run in the MXFP8 autocast, TE caches its
+    rowwise and columnwise MXFP8 copies: 2 x (1 B + one E8M0 scale byte per 32 values, OCP MX spec) = 2.0625 B
+    per element, on top of the bf16 weight. The first stage is unchanged."""
     m = M["deepseek-v3"]
-    plan = dict(MX, dp=4, pp=2, ep=4, global_batch=64)
-    off = low_precision_params(m, ParallelPlan(**plan), 1).total
-    on = low_precision_params(m, ParallelPlan(**plan, fp8_output_proj=True), 1).total
-    assert float(on) - float(off) == pytest.approx(padded_vocab(m.vocab_size, 1) * m.hidden_size)
-    first = [low_precision_params(m, ParallelPlan(**plan, fp8_output_proj=f), 0).total for f in (False, True)]
-    assert first[0] == first[1]
+    plan = dict(MX, dp=4, pp=4, ep=4, global_batch=64, fp8_params=fp8_params)
+    off, on = ParallelPlan(**plan), ParallelPlan(**plan, fp8_output_proj=True)
+    head = padded_vocab(m.vocab_size, 1) * m.hidden_size
+    assert float(low_precision_params(m, on, 3).total) == float(low_precision_params(m, off, 3).total)
+    if fp8_params:  # the head among the 2-byte parameters
+        kept = [float(bf16_kept_params(m, p, 3).total) for p in (off, on)]
+        assert kept[0] == kept[1]
+        assert kept[1] >= head
+    cache = [float(low_precision_weight_cache(m, p, 3)) for p in (off, on)]
+    assert cache[1] - cache[0] == pytest.approx(head * 2 * (1 + 1 / 32), rel=1e-12)
+    assert float(low_precision_weight_cache(m, on, 0)) == float(low_precision_weight_cache(m, off, 0))
 
 
 def test_check_plan_needs_mxfp8_and_an_untied_head_weight():
@@ -111,6 +123,35 @@ def test_exports_write_the_real_names_and_the_others_refuse(cli, tmp_path):
     for target, words in (("torchtitan", "the mxfp8 recipe"), ("deepspeed", "fp8")):
         r = cli("export", tmp_path / "on.json", "--to", target, "-o", tmp_path / target)
         assert r.code == 2 and words in r.err and "Traceback" not in r.err, r.err
+
+
+def test_tp_comm_overlap_is_refused_where_the_head_s_te_linear_asserts_a_buffer_name(cli):
+    """Megatron-LM d98e8a6 (and 3f6a2ed844) TELMHeadColumnParallelLinear passes tp_comm_buffer_name None to
+    TELinear, whose __init__ asserts `tp_comm_buffer_name is not None` under config.tp_comm_overlap: the plan
+    the Megatron-LM export would write --tp-comm-overlap for (tp_comm_overlap, sp, tp > 1) cannot build.
+    MLA models pass: their attention turns the shared config's tp_comm_overlap off before gpt_model builds
+    the head (MLASelfAttention's q_down_proj buffer name; TELinear sets config.tp_comm_overlap False)."""
+    r = cli("estimate", "-m", "gpt-oss-120b", "--hardware", "gb200-nvl72", "--nodes", "2", "--ep", "8", "--etp", "1",
+            "--tp", "2", "--precision", "mxfp8", "--fp8-output-proj", "--tp-comm-overlap")
+    assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    assert "fp8_output_proj with tp_comm_overlap, tp 2, sp on" in r.err
+    assert "tp_comm_buffer_name is not None" in r.err and "drop --tp-comm-overlap" in r.err
+    m = M["gpt-oss-120b"]
+    base = dict(MX, dp=4, tp=2, sp=True, fp8_output_proj=True)
+    rules = {p: [v.rule for v in check_plan(m, ParallelPlan(**base, tp_comm_overlap=p))] for p in (False, True)}
+    assert "fp8_output_proj_tp_overlap" in rules[True] and "fp8_output_proj_tp_overlap" not in rules[False]
+    mla = [v.rule for v in check_plan(M["deepseek-v3"], ParallelPlan(**{**base, "dp": 8}, tp_comm_overlap=True))]
+    assert "fp8_output_proj_tp_overlap" not in mla
+
+
+def test_search_never_ranks_a_plan_the_rule_refuses(cli):
+    """The search prunes by check_plan's rules: with both switches every plan that could use the TP overlap
+    (tp > 1 with sp) is cut, so --tp-comm-overlap is left unused and refused (rather than a tp > 1 plan ranked
+    that Megatron-Core cannot build)."""
+    r = cli("search", "-m", "gpt-oss-120b", "--hardware", "gb200-nvl72", "--nodes", "2", "--precision", "mxfp8",
+            "--fp8-output-proj", "--tp-comm-overlap", "--json")
+    assert r.code == 2 and "Traceback" not in r.err, r.err
+    assert "can use it: tp_comm_overlap" in r.err, r.err
 
 
 @pytest.mark.parametrize("rid, on", [

@@ -414,7 +414,8 @@ def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, stage: Any, fp8
     """Bytes of the recipe's cached low-precision weight copies on one rank of `stage` (that stage alone): its
     low-precision weights (low_precision_weights) x LOW_PRECISION_WEIGHT_CACHE (less the transpose where the
     GPU's FP8 GEMMs take any layout), less the model copy itself where it is kept in the recipe's format
-    (fp8_params: 1 byte, or NVFP4's 4 bits and scales); none under ZeRO-3 / FSDP, which gathers and frees each
+    (fp8_params: 1 byte, or NVFP4's 4 bits and scales), and the MXFP8 output layer's weight (head_cast_params)
+    x the whole cache, its model copy bf16 under every fp8_params; none under ZeRO-3 / FSDP, which gathers and frees each
     layer, unless a pipeline keeps the stage gathered (mem.other); none for torchao's Float8Linear
     (quantize.torchao_float8), which casts the weight in every forward and again in backward and keeps no copy
     (pytorch/ao@36027d82d1 torchao/float8/float8_linear.py: weight_hp_t = self.weight.t(), a view, saved; with
@@ -425,7 +426,24 @@ def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, stage: Any, fp8
     cache = LOW_PRECISION_WEIGHT_CACHE[plan.recipe] - (0.0 if fp8_tn_only else FP8_TRANSPOSE.get(plan.recipe, 0.0))
     per_weight = cache - (plan.weight_bytes if plan.fp8_params and plan.dtype != "bf16" else 0.0)
     linear = low_precision_weights(m, plan, stage, paired=False)
-    return where(plan.gathered_per_microbatch, 0.0, linear * max(per_weight, 0.0))
+    head = head_cast_params(m, plan, stage) * max(cache, 0.0)  # a bf16 parameter: the whole cache on top of it
+    return where(plan.gathered_per_microbatch, 0.0, linear * max(per_weight, 0.0) + head)
+
+
+def head_cast_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> Any:
+    """Output-layer parameters of a rank of `stage` (that stage alone) the recipe casts without storing them in
+    its format: the head's V·h/t on the last stage under fp8_output_proj (mxfp8). Megatron-Core's
+    TELMHeadColumnParallelLinear runs in the fp8 autocast, so TE caches its MXFP8 rowwise and columnwise copies
+    (LOW_PRECISION_WEIGHT_CACHE), but gpt_model builds it outside get_fp8_context(..., is_init=True) (which wraps
+    only the transformer, MTP and hybrid layers' construction) and TELinear's own init context is
+    _get_fp8_model_init_for_quant_params -> nullcontext without a quant_recipe: a bf16 parameter even under
+    fp8_params (bf16_kept_params), gathered in bf16, never unstaged. Source: NVIDIA/Megatron-LM d98e8a6
+    megatron/core/models/gpt/gpt_model.py (output_layer_cls), extensions/transformer_engine.py (TELinear,
+    TELMHeadColumnParallelLinear), transformer/transformer_block.py (_build_layers).
+    Derived: docs/formulas.md#compute.fp8_output_proj"""
+    if not (plan.fp8_output_proj and plan.dtype == "fp8" and plan.recipe == "mxfp8"):
+        return 0.0
+    return where(stage == plan.pp - 1, vocab_shard_params(m, plan.tp), 0.0)
 
 
 def low_precision_weights(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: bool = True) -> Any:
@@ -436,8 +454,9 @@ def low_precision_weights(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: 
 
 def low_precision_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: bool = True) -> RankParams:
     """Parameters of a rank of `stage` (and of its paired stage under DualPipe, the rank's stepped_rank_params)
-    that are linear-layer weight matrices in the layers the recipe covers: what the recipe casts (its cached
-    copies, MXFP8's unstaging and block amaxes) and what fp8_params stores in its format. The one rule, per
+    that are linear-layer weight matrices in the layers the recipe covers: what fp8_params stores in its format
+    (gathers in it, MXFP8's unstaging and block amaxes) and what the recipe casts besides the MXFP8 output
+    layer (head_cast_params: cast, cached, but a bf16 parameter). The one rule, per
     stage: the stage's parameters less those kept in bf16 (_bf16_kept: embedding, position embedding, final norm,
     output layer, bf16 layers, and every layer's non-matrix parameters: nonmatrix_layer_params); bf16_kept_params
     is its complement. A tied embedding at pp 1 is
@@ -464,7 +483,8 @@ def bf16_kept_params(m: ModelSpec, plan: ParallelPlan, stage: Any, paired: bool 
     builds quantized inside the transformer layers, i.e. the rank's parameters less low_precision_params (one
     rule; a tied embedding that DualPipe's rank of both ends holds once is kept once). Kept (_bf16_kept, per
     stage): the word (and position) embedding, the final norm and
-    the output layer (Megatron-Core's VocabParallelEmbedding and ColumnParallelLinear, no TE module), the
+    the output layer (Megatron-Core's VocabParallelEmbedding and ColumnParallelLinear; under fp8_output_proj a
+    TE Linear, but built outside the quantized-init context: head_cast_params), the
     layers the recipe keeps in bf16 (bf16_layer_counts: built outside the quantized-init context), and in the
     quantized layers every parameter that is no TE GEMM weight (nonmatrix_layer_params: norms, biases, q/k and
     latent norms, MoE routers, the recurrent mixers' convolution, A, D, dt-bias and gated norm; TE quantizes only
@@ -498,13 +518,13 @@ def bf16_gathered_params(m: ModelSpec, plan: ParallelPlan, stage: Any) -> RankPa
 
 def _bf16_kept(m: ModelSpec, plan: ParallelPlan, stage: Any) -> tuple[Any, Any]:
     """(dense, expert) parameters one rank of `stage` alone keeps in bf16 under fp8_params (bf16_kept_params); the
-    complement of low_precision_params."""
+    complement of low_precision_params. The output layer among them under fp8_output_proj too: gpt_model builds
+    it outside fp8_model_init (head_cast_params)."""
     rp = rank_params(m, plan, stage)
     frac = plan.low_precision_layer_fraction(m.num_hidden_layers)
     quantized_mtp = mtp_weight_sets(m) * (mtp_projection_params(m, plan.tp) - 2 * norm_params(m))
-    # the output layer under fp8_output_proj: a TE Linear the recipe casts (docs/formulas.md#compute.fp8_output_proj)
-    quantized = quantized_mtp + (vocab_shard_params(m, plan.tp) if plan.fp8_output_proj else 0.0)
-    ends = stage_end_params(m, plan, stage) - where(stage == plan.pp - 1, quantized, 0.0)
+    # the output layer stays bf16 even under fp8_output_proj (built outside fp8_model_init: head_cast_params)
+    ends = stage_end_params(m, plan, stage) - where(stage == plan.pp - 1, quantized_mtp, 0.0)
     n_dense, n_moe = stage_weight_layers(m, plan, stage)
     dense_l, moe_l, expert_l = memoized(plan, ("nonmatrix_layer_params", m), lambda: nonmatrix_layer_params(
         m, plan.tp, plan.ep, plan.etp_resolved))

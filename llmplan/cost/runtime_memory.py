@@ -107,11 +107,18 @@ def nccl_communicators(plan: ParallelPlan, stage: Any) -> Any:
     return groups + p2p + embedding + model_parallel
 
 
+def tp_overlap_asked(plan: ParallelPlan) -> Any:
+    """Whether the plan asks Megatron-Core for TP communication overlap where it can act: tp_comm_overlap with sp
+    over more than one rank (what the Megatron-LM export writes as --tp-comm-overlap and the Megatron-Bridge
+    export refuses; check rule fp8_output_proj_tp_overlap)."""
+    return plan.tp_comm_overlap & plan.sp & (plan.tp > 1)
+
+
 def userbuffers_on(plan: ParallelPlan) -> Any:
-    """Whether Transformer Engine's userbuffers carry the plan's TP collectives: tp_comm_overlap with sp on
-    Megatron-Core's TP (tp_impl megatron) over more than one rank. Here rather than in cost.comm (which prices
+    """Whether Transformer Engine's userbuffers carry the plan's TP collectives: tp_overlap_asked on
+    Megatron-Core's TP (tp_impl megatron). Here rather than in cost.comm (which prices
     what they do to the step) because comm imports the memory modules: one predicate for both."""
-    return (plan.tp_impl == "megatron") & plan.tp_comm_overlap & plan.sp & (plan.tp > 1)
+    return (plan.tp_impl == "megatron") & tp_overlap_asked(plan)
 
 
 MCORE_UB_NAMES = ("qkv", "proj", "fc1", "fc2")

@@ -643,9 +643,13 @@ def bias_fields(m: Any) -> str:
 
 
 def unfused_bias_add(pf: PlanFile) -> bool:
-    """Whether the plan prices output biases added in their own pass (cost.elementwise.bias_add_bytes):
-    bias_dropout_fusion off on a model with an attention output bias, or with an fc2 bias on dense MLP layers (an
-    MoE layer adds its experts' biases inside the experts)."""
+    """Whether the plan prices output biases added in their own pass (the biases' part of
+    cost.elementwise.bias_add_bytes, UNFUSED_BIAS_ADD_BYTES): bias_dropout_fusion off on a model with an attention
+    output bias, or with an fc2 bias on dense MLP layers (an MoE layer adds its experts' biases inside the
+    experts). Not its dropout part (UNFUSED_DROPOUT_BYTES, hidden_dropout > 0 with or without biases): the
+    launchers that add biases in the GEMM run that dropout as its own kernel too (DeepSpeed's Hugging Face
+    blocks: nn.Dropout then the residual add) or run none (torchtitan: hidden_dropout_refusal), so the dropout
+    alone is never refused here."""
     m = pf.model
     return not pf.plan.bias_dropout_fusion and bool(m.attention_bias or (m.mlp_bias and m.num_mlp_layers > 0))
 
@@ -660,6 +664,17 @@ def bias_add_refusal(pf: PlanFile, linears: str) -> tuple[str, bool, str]:
             f"bias-dropout-add; {bias_fields(m)}): {linears} add their bias in the GEMM",
             unfused_bias_add(pf) and not expert_bias(m),
             "set bias_dropout_fusion true in the plan, or export to megatron")
+
+
+def hidden_dropout_refusal(pf: PlanFile, target: str) -> tuple[str, bool, str]:
+    """(what, whether, fix) for a launcher whose model code has no hidden dropout (torchtitan's llama3, llama4,
+    qwen3, deepseek_v3, gpt_oss modules: no dropout after the attention or MLP block, pytorch/torchtitan@73a0e69
+    torchtitan/models): a model with hidden_dropout > 0, whose plan prices the dropout's masks and, with
+    bias_dropout_fusion off, its own kernel (cost.elementwise.bias_add_bytes), neither of which runs."""
+    m = pf.model
+    return (f"hidden dropout {m.hidden_dropout:g} ({m.name}; priced: its masks, and its own pass with "
+            f"bias_dropout_fusion {str(pf.plan.bias_dropout_fusion).lower()}): {target}'s models run no dropout",
+            m.hidden_dropout > 0, "set hidden_dropout 0 in the model, or export to megatron")
 
 
 def bias_add_notes(pf: PlanFile, target: str) -> tuple[str, ...]:

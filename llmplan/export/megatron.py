@@ -24,7 +24,7 @@ from llmplan.export.hybrid import check_hybrid, hybrid_model_pairs, megatron_lay
 from llmplan.cost.activations import RANK_CAPACITY_DEFAULT
 from llmplan.cost.comm import TE_UB_SMS, te_default_margin_sms
 from llmplan.cost.params import stage_layer_list
-from llmplan.cost.runtime_memory import mla_turns_tp_overlap_off, userbuffers_on
+from llmplan.cost.runtime_memory import mla_turns_tp_overlap_off, tp_overlap_asked, userbuffers_on
 from llmplan.planfile import PlanFile
 from llmplan.specs.plan import ParallelPlan
 from llmplan.specs.quantities import bf16_layer_counts
@@ -346,7 +346,7 @@ def ddp_pairs(pf: PlanFile) -> list[tuple[str, object]]:
             # the gather overlap and without the reduction's is refused: param_gather_refusal)
             ("--overlap-param-gather-with-optimizer-step", p.overlap_param_gather_with_optimizer_step
              and p.overlap_param_gather and p.zero == 1 and p.overlap_grad_reduce),
-            ("--tp-comm-overlap", p.tp_comm_overlap and p.sp),
+            ("--tp-comm-overlap", bool(tp_overlap_asked(p))),  # check rule fp8_output_proj_tp_overlap shares it
             # Megatron-LM's defaults are the NaN check's bucket norms and the 1/dp pre-scaling before the
             # reduction (docs/formulas.md#step.grad_buffer). The pre-scaling is off where the plan priced it
             # off; the NaN check, a safety check, stays on (grad_nan_notes says what that costs; a
@@ -1072,7 +1072,7 @@ def ub_margin_notes(pf: PlanFile) -> tuple[str, ...]:
     Engine 2.x's defaults, which also run the bulk overlaps' GEMMs on 16 SMs fewer
     (docs/formulas.md#step.ub_margin)."""
     p = pf.plan
-    if not (p.tp_comm_overlap and p.sp and p.tp > 1) or p.tp_overlap_margin_sms is not None \
+    if not tp_overlap_asked(p) or p.tp_overlap_margin_sms is not None \
             or mla_turns_tp_overlap_off(pf.model, p):  # no userbuffer GEMMs run (mla_tp_overlap_notes)
         return ()
     fp8 = ("; the forward reduce-scatters as their fp8 configs run them (proj_fprop / fc2_fprop a 1-SM ring "
@@ -1090,7 +1090,7 @@ def ub_config_notes(pf: PlanFile) -> tuple[str, ...]:
     Engine 2.x runs initialize_ub's defaults (cost.comm.TE_UB_SMS, te_default_margin_sms;
     docs/formulas.md#step.ub_sms, #step.ub_margin)."""
     p = pf.plan
-    if not (p.tp_comm_overlap and p.sp and p.tp > 1) or mla_turns_tp_overlap_off(pf.model, p):
+    if not tp_overlap_asked(p) or mla_turns_tp_overlap_off(pf.model, p):
         return ()
     if p.tp_overlap_sms in (None, TE_UB_SMS) and p.tp_overlap_margin_sms in (None, te_default_margin_sms()):
         return ()

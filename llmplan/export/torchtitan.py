@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from llmplan.arith import where
 from llmplan.export.common import (accumulation_notes, bias_add_notes, bias_add_refusal, check_accumulation,
+                                   hidden_dropout_refusal,
                                    expert_bias, header_lines, hf_repo,
                                    launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse,
                                    refuse_first,
@@ -258,7 +259,8 @@ def _check_precision(pf: PlanFile, target: str) -> None:
         raise refuse(target, "the rotary embedding unfused (rope_fusion off, Megatron-Core's eager rotary) with "
                      "fused kernels: torch.compile of the model, which this export turns on for them, fuses it",
                      "set rope_fusion true in the plan, or export to megatron")
-    refuse_first(target, [bias_add_refusal(pf, "torchtitan's linears"), grad_reduce_refusal(p)])
+    refuse_first(target, [hidden_dropout_refusal(pf, "torchtitan"), bias_add_refusal(pf, "torchtitan's linears"),
+                          grad_reduce_refusal(p)])
 
 
 def _check_recompute_moe(pf: PlanFile, target: str) -> None:

@@ -18,6 +18,7 @@ from llmplan.cost.model_states import (bf16_optimizer, fp32_embedding_grads_act,
 from llmplan.cost.muon import muon_unpriced
 from llmplan.cost.memory import inflight_microbatches
 from llmplan.cost.offload import fine_grained_host_bytes, host_offload_bytes
+from llmplan.cost.runtime_memory import tp_overlap_asked
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.plan_choices import MOE_OFFLOAD_MODULES
@@ -532,6 +533,21 @@ def _ub_recipe_ok(p: Any) -> Any:
     return ~as_bool(bad & (p.tp_impl == "megatron") & as_bool(p.tp_comm_overlap) & _tp_sp(p))
 
 
+def _head_ub_ok(m: ModelSpec, p: Any) -> Any:
+    """Rule fp8_output_proj_tp_overlap: no MXFP8 output layer where userbuffers still carry TP on its stage.
+    TELMHeadColumnParallelLinear passes tp_comm_buffer_name None to TELinear, whose __init__ asserts a buffer name
+    whenever config.tp_comm_overlap is set (`assert tp_comm_buffer_name is not None, "Buffer name should be set
+    to configure communication overlap settings"`): refused where the Megatron-LM export writes --tp-comm-overlap
+    (tp_overlap_asked: tp_comm_overlap, sp, tp > 1). An MLA model's attention has already
+    turned the shared config's tp_comm_overlap off when gpt_model builds the head after the decoder
+    (mla_turns_tp_overlap_off), so it passes. Source: NVIDIA/Megatron-LM d98e8a6
+    megatron/core/extensions/transformer_engine.py (TELinear.__init__, TELMHeadColumnParallelLinear),
+    models/gpt/gpt_model.py; 3f6a2ed844 likewise. Derived: docs/formulas.md#compute.fp8_output_proj"""
+    if not p.fp8_output_proj or m.is_mla:
+        return True
+    return ~as_bool(tp_overlap_asked(p))
+
+
 SWITCH_RULES: tuple[Rule, ...] = (
     Rule("mtp_layers", lambda m, p, c: (p.mtp_layers is None) or p.mtp_layers <= m.num_nextn_predict_layers,
          lambda m, p, c: f"mtp_layers {p.mtp_layers} exceeds the {m.num_nextn_predict_layers} multi-token-prediction "
@@ -643,6 +659,12 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "weight on its stage, which Megatron-Core's TELMHeadColumnParallelLinear refuses "
                          "(skip_weight_param_allocation / runtime weight, Megatron-LM 3f6a2ed844); use --pp 2 or "
                          "more without MTP, or drop --fp8-output-proj"),
+    Rule("fp8_output_proj_tp_overlap", lambda m, p, c: _head_ub_ok(m, p),
+         lambda m, p, c: f"fp8_output_proj with tp_comm_overlap, tp {p.tp}, sp {'on' if p.sp else 'off'}: "
+                         "Megatron-Core's TELMHeadColumnParallelLinear gives TELinear no "
+                         "userbuffer name, and TELinear.__init__ asserts 'tp_comm_buffer_name is not None' under "
+                         "tp_comm_overlap (Megatron-LM d98e8a6 extensions/transformer_engine.py); drop "
+                         "--tp-comm-overlap, or drop --fp8-output-proj"),
     Rule("attention_release_kernel", lambda m, p, c: _release_native(p),
          lambda m, p, c: f"attention_release {p.attention_release} with "
                          f"{'unfused attention' if not p.flash_attention else 'attention_kernel flash2'}: the "
