@@ -13,6 +13,7 @@ probabilities (scales) and fc2's input (mark_grouped_tensor; columnwise data and
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -69,12 +70,51 @@ def test_check_plan_asks_for_the_static_budget_of_a_full_iteration_graph():
     msgs = _messages(_plan(moe_paged_stash=1.2, cuda_graphs="none"))
     assert len(msgs) == 1
     assert "moe_paged_stash (1.2) with cuda_graphs none" in msgs[0]
-    assert "static per-rank budget" in msgs[0] and "--cuda-graphs full-iteration" in msgs[0]
+    assert "static per-rank budget" in msgs[0] and "plan file's cuda_graphs to full-iteration" in msgs[0]
 
 
 def test_check_plan_refuses_the_stash_beside_an_offload_of_the_experts_tensors():
     msgs = _messages(_plan(moe_paged_stash=1.2, offload_moe_act=True))
     assert len(msgs) == 1 and "offload_moe_act True" in msgs[0] and "drop those offloads" in msgs[0]
+
+
+def test_check_plan_refuses_the_stash_beside_offload_modules_moe_act():
+    # TransformerConfig.__post_init__ (1e23526adc): offload_modules must not include expert_fc1, moe_act or
+    # fused_group_mlp with moe_paged_stash; moe_act listed in offload_modules (not offload_moe_act) counts too
+    for mod in ("moe_act", "expert_fc1"):
+        msgs = _messages(_plan(moe_paged_stash=1.2, offload_modules=(mod,)))
+        assert len(msgs) == 1 and f"offload_modules ({mod})" in msgs[0], msgs
+    assert _messages(_plan(moe_paged_stash=1.2, offload_modules=("core_attn",))) == []
+
+
+def _stash_cli_args() -> tuple[str, ...]:
+    return ("estimate", "-m", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes", "4", "--tp", "2", "--pp", "2",
+            "--dp", "8", "--ep", "8", "--global-batch", "256", "--moe-dispatcher", "deepep",
+            "--moe-flex-backend", "hybridep")
+
+
+def test_the_cli_refusal_names_a_route_that_works(cli, tmp_path):
+    # training has no CUDA-graph flag (--cuda-graphs is the serving boolean): the advice names the plan file's key,
+    # and following it (a plan file with cuda_graphs full-iteration) prices the stash
+    r = cli(*_stash_cli_args(), "--moe-paged-stash", "1.2")
+    assert r.code == 2 and "Traceback" not in r.err and "plan file's cuda_graphs to full-iteration" in r.err, r.err
+    assert "--cuda-graphs full-iteration" not in r.err and "breaks a rule:" in r.err, r.err
+    doc = json.loads((PLANS / "moe_train.json").read_text())
+    doc["plan"].update({"cuda_graphs": "full-iteration", "moe_dispatcher": "deepep", "moe_flex_backend": "hybridep",
+                        "moe_paged_stash": 1.2})
+    f = tmp_path / "stash.json"
+    f.write_text(json.dumps(doc))
+    ok = cli("estimate", "--plan", f)
+    assert ok.code == 0, ok.err
+
+
+def test_a_rank_capacity_below_one_is_refused_in_one_line(cli):
+    # a budget below the average rows makes HybridEP drop tokens; llmplan prices a dropless layer
+    r = cli(*_stash_cli_args(), "--moe-rank-capacity-factor", "0.5")
+    assert r.code == 2 and "Traceback" not in r.err and "0.5" in r.err and len(r.err.strip().splitlines()) <= 3
+    with pytest.raises(ValueError, match="moe_rank_capacity_factor"):
+        _plan(moe_rank_capacity_factor=0.9)
+    assert _plan(moe_rank_capacity_factor=1.0).moe_rank_capacity_factor == 1.0
 
 
 def test_megatron_export_writes_the_stash_and_its_pool_factor():
