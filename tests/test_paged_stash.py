@@ -157,3 +157,32 @@ def test_rank_capacity_is_exported_and_refused_outside_the_graph():
     msgs = [v.message for v in check_plan(builtin_models()["qwen3-30b-a3b"],
                                           _plan(moe_rank_capacity_factor=1.2, cuda_graphs="none"))]
     assert any("moe_rank_capacity_factor (1.2) with cuda_graphs none" in x for x in msgs)
+
+
+def _transient(**kw: object) -> float:
+    from llmplan.cost.memory import activation_bytes
+    return float(activation_bytes(builtin_models()["qwen3-30b-a3b"], _plan(moe_paged_stash=1.2, **kw), 0)
+                 .stash_transient)
+
+
+def test_the_transient_is_one_whole_layer_and_not_doubled_by_recompute():
+    # Qwen3-30B-A3B at T = 4,096, k 8: one MoE layer's marked tensors at the 1.5 x budget's rows
+    rows, row = 4096 * 8, 2048 * MXFP8 + 2 * 768 * 2 + 4 + 768 * MXFP8
+    assert _transient() == pytest.approx(1.5 * rows * row)
+    # half the layers in bf16 (bf16_layers_start 24 of 48): the fused MXFP8 layers still page one whole layer
+    assert _transient(bf16_layers_start=24) == pytest.approx(1.5 * rows * row)
+    # full recompute / selective moe: the rebuilt layer's working set holds its marked tensors at 1 x the rows,
+    # the budget pads 0.5 x more
+    assert _transient(recompute="full") == pytest.approx(0.5 * rows * row)
+    assert _transient(recompute="selective", recompute_modules=("moe",)) == pytest.approx(0.5 * rows * row)
+    assert _transient(recompute="selective", recompute_modules=("core_attn",)) == pytest.approx(1.5 * rows * row)
+
+
+def test_a_rank_with_two_stages_holds_one_transient():
+    # DualPipe: stages i and pp-1-i on one rank, one MoE layer runs at a time
+    from llmplan.cost.memory import activation_bytes, paired_activations
+    m = builtin_models()["qwen3-30b-a3b"]
+    a = activation_bytes(m, _plan(moe_paged_stash=1.2), 0)
+    both = paired_activations(a, a)
+    assert float(both.layers) == pytest.approx(2 * float(a.layers) - float(a.stash_transient))
+    assert float(both.stash_transient) == pytest.approx(float(a.stash_transient))

@@ -510,16 +510,21 @@ def paged_stash_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Bytes beyond the pool that one MoE layer's marked tensors take at the static budget's rows while paged:
     in forward the padded originals live until the next layer's grouped MLP waits for their stash, in backward
     the reload fills a fresh tensor of the original (budget) shape while the pool stays allocated; one layer at
-    a time, rank capacity factor x dispatched rows x paged_stash_row_bytes on the fused MXFP8 layers' share. 0
-    when off. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/paged_stash.py at 1e23526adc
+    a time: rank capacity factor x dispatched rows x paged_stash_row_bytes where any MoE layer runs the fused
+    MXFP8 grouped MLP (one whole layer, not a share). Where every layer's MoE part is rebuilt in its backward
+    (full recompute without a layer count, selective module moe) the recompute working set already holds that
+    layer's marked tensors at 1 x the rows, so only the budget's padding beyond them: (factor - 1). 0 when off.
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/paged_stash.py at 1e23526adc
     (wait_for_stash_to_complete, reload_paged_tensors: torch.empty(original_shape)) and
     moe/token_dispatcher.py (_HybridEPManager.setup_metadata: num_permuted_tokens = T x topk x factor).
     Derived: docs/formulas.md#mem.paged_stash"""
     if plan.moe_paged_stash is None or not m.is_moe:
         return 0.0
-    share = where(fused_grouped_mlp(m, plan), plan.low_precision_layer_fraction(m.num_hidden_layers), 0.0)
+    fused = fused_grouped_mlp(m, plan) & (plan.low_precision_layer_fraction(m.num_hidden_layers) > 0)
     rank = plan.moe_rank_capacity_factor or RANK_CAPACITY_DEFAULT
-    return share * rank * dispatched_rows(m, plan) * paged_stash_row_bytes(m, plan)
+    rebuilt = (plan.full & (plan.recompute_layers is None)) | plan.recomputes("moe")
+    return where(fused, 1.0, 0.0) * (rank - where(rebuilt, 1.0, 0.0)) * dispatched_rows(m, plan) \
+        * paged_stash_row_bytes(m, plan)
 
 
 def paged_stash_headroom_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
