@@ -47,10 +47,30 @@ def test_the_page_pool_holds_the_marked_rows_at_the_preset_factor_by_hand():
     rows = 4096 * 8
     hand = 0.2 * rows * (2048 * MXFP8 + 2 * 768 * 2 + 4 + 768 * MXFP8)
     on = float(layer_activation_parts(m, _plan(moe_paged_stash=1.2), True).mlp)
-    off = float(layer_activation_parts(m, _plan(), True).mlp)
+    off = float(layer_activation_parts(m, _plan(cuda_graphs="none"), True).mlp)  # dynamic sizes: 1 x the rows
     assert on - off == pytest.approx(hand)
     # a factor of 1.0 sizes the pool at the average rows: no headroom
     assert float(layer_activation_parts(m, _plan(moe_paged_stash=1.0), True).mlp) == pytest.approx(off)
+
+
+def test_without_the_stash_the_budget_pads_every_routed_row():
+    # HybridEP's dispatch output under the static budget has T x topk x factor rows (setup_metadata), and the
+    # experts' saved tensors take that shape. BF16 Qwen3-30B-A3B, T = 4,096, k 8: per (token, expert) row the
+    # dispatched input (2 h bytes) and the SwiGLU's saved fc1 output and product (2 x 2 f_e + 2 f_e bytes)
+    m = builtin_models()["qwen3-30b-a3b"]
+    rows, row = 4096 * 8, 2 * 2048 + 6 * 768
+    bf16 = {"dtype": "bf16", "recipe": "tensorwise"}
+    dynamic = float(layer_activation_parts(m, _plan(cuda_graphs="none", **bf16), True).mlp)
+    budget = float(layer_activation_parts(m, _plan(**bf16), True).mlp)
+    assert budget - dynamic == pytest.approx(0.5 * rows * row)  # the default factor 1.5
+    wide = float(layer_activation_parts(m, _plan(moe_rank_capacity_factor=2.0, **bf16), True).mlp)
+    assert wide - dynamic == pytest.approx(1.0 * rows * row)
+    # a capacity factor (drop and pad) sets no budget: its own padding only
+    drop = {"cuda_graphs": "full-iteration", "moe_capacity_factor": 1.0, **bf16}
+    assert float(layer_activation_parts(m, _plan(**drop), True).mlp) == pytest.approx(dynamic)
+    # the stash on MXFP8 keeps the used rows (and its pool) below the padded layer it replaces
+    on = float(layer_activation_parts(m, _plan(moe_paged_stash=1.2), True).mlp)
+    assert on < float(layer_activation_parts(m, _plan(), True).mlp)
 
 
 def test_no_pool_off_the_fused_mxfp8_grouped_mlp():
@@ -141,7 +161,7 @@ def test_one_layer_at_the_budgets_rows_sits_beside_the_pool():
     from llmplan.cost.memory import activation_bytes
     m = builtin_models()["qwen3-30b-a3b"]
     rows, row = 4096 * 8, 2048 * MXFP8 + 2 * 768 * 2 + 4 + 768 * MXFP8
-    off = float(activation_bytes(m, _plan(), 0).layers)
+    off = float(activation_bytes(m, _plan(cuda_graphs="none"), 0).layers)  # dynamic sizes: 1 x the rows
     on = float(activation_bytes(m, _plan(moe_paged_stash=1.2), 0).layers)
     assert on - off == pytest.approx(48 * 0.2 * rows * row + 1.5 * rows * row)
     wide = float(activation_bytes(m, _plan(moe_paged_stash=1.2, moe_rank_capacity_factor=5.0), 0).layers)

@@ -154,8 +154,8 @@ class ParallelPlan(PlanQuantities, Spec):
     tokens x topk x this factor rows (rounded up to the quantisation alignment), the used rows computed on the
     GPU. At least 1: below the average rows HybridEP drops tokens (Megatron-Core does not bound it), and
     llmplan prices a dropless layer. None: 1.5, the value Megatron-Bridge's presets set and llmplan's export
-    writes. Priced only through
-    moe_paged_stash's one-layer transient (docs/formulas.md#mem.paged_stash). Needs cuda_graphs full-iteration
+    writes. Priced in memory: the routed rows the experts save at this factor, or with moe_paged_stash the
+    stash's one-layer transient at it (docs/formulas.md#mem.paged_stash). Needs cuda_graphs full-iteration
     with a dropless MoE layer (check_plan rule rank_capacity_budget)."""
     moe_paged_stash: Optional[float] = Field(default=None, ge=1.0, le=4.0)
     """Paged stash of the routed experts' saved tensors (Megatron-Core --moe-paged-stash with
