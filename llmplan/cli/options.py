@@ -76,7 +76,7 @@ MOE_PAGED_STASH = typer.Option(None, "--moe-paged-stash", min=1.0, max=4.0,
                                help="MoE, full-iteration graphs: page the fused grouped MLP's saved tensors into a "
                                     "device pool of this factor x the average rows (Megatron --moe-paged-stash, "
                                     "--moe-paged-stash-buffer-size-factor-cuda; default: off).")
-MOE_RANK_CAPACITY_FACTOR = typer.Option(None, "--moe-rank-capacity-factor", min=0.01, max=64.0,
+MOE_RANK_CAPACITY_FACTOR = typer.Option(None, "--moe-rank-capacity-factor", min=1.0, max=64.0,
                                         help="MoE, full-iteration graphs: the static per-rank budget, tokens x "
                                              "topk x this (Megatron --moe-expert-rank-capacity-factor; default: "
                                              "1.5).")

@@ -478,6 +478,7 @@ def _mlp_stored(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     etp = plan.etp_resolved
     tokens = s * b / where(plan.sp, t, 1)
     rows = tokens * etp * m.num_experts_per_tok * plan.expert_padding  # padded to capacity when a factor is set
+    rows = rows * budget_row_factor(m, plan)  # the static per-rank budget's padded rows (full-iteration graph)
     routed = rows * (2 * m.expert_width + (c + glu_clamp_saved_bytes(m, plan)) * m.expert_ffn / etp) \
         + tokens * (m.num_experts * 4 + aux_loss_saved_bytes(m))
     latent = 2 * tokens * m.moe_latent_size if m.moe_latent_size else 0.0  # fc2_latent_proj's saved input
@@ -510,16 +511,39 @@ def paged_stash_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Bytes beyond the pool that one MoE layer's marked tensors take at the static budget's rows while paged:
     in forward the padded originals live until the next layer's grouped MLP waits for their stash, in backward
     the reload fills a fresh tensor of the original (budget) shape while the pool stays allocated; one layer at
-    a time, rank capacity factor x dispatched rows x paged_stash_row_bytes on the fused MXFP8 layers' share. 0
-    when off. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/paged_stash.py at 1e23526adc
+    a time: rank capacity factor x dispatched rows x paged_stash_row_bytes where any MoE layer runs the fused
+    MXFP8 grouped MLP (one whole layer, not a share). Where every layer's MoE part is rebuilt in its backward
+    (full recompute without a layer count, selective module moe) the recompute working set already holds that
+    layer's marked tensors at 1 x the rows, so only the budget's padding beyond them: (factor - 1). 0 when off.
+    Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/paged_stash.py at 1e23526adc
     (wait_for_stash_to_complete, reload_paged_tensors: torch.empty(original_shape)) and
     moe/token_dispatcher.py (_HybridEPManager.setup_metadata: num_permuted_tokens = T x topk x factor).
     Derived: docs/formulas.md#mem.paged_stash"""
     if plan.moe_paged_stash is None or not m.is_moe:
         return 0.0
-    share = where(fused_grouped_mlp(m, plan), plan.low_precision_layer_fraction(m.num_hidden_layers), 0.0)
+    fused = fused_grouped_mlp(m, plan) & (plan.low_precision_layer_fraction(m.num_hidden_layers) > 0)
     rank = plan.moe_rank_capacity_factor or RANK_CAPACITY_DEFAULT
-    return share * rank * dispatched_rows(m, plan) * paged_stash_row_bytes(m, plan)
+    rebuilt = (plan.full & (plan.recompute_layers is None)) | plan.recomputes("moe")
+    return where(fused, 1.0, 0.0) * (rank - where(rebuilt, 1.0, 0.0)) * dispatched_rows(m, plan) \
+        * paged_stash_row_bytes(m, plan)
+
+
+def budget_row_factor(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Factor on the routed rows an MoE layer saves for backward under the static per-rank budget of a dropless
+    layer in a full-iteration graph (where llmplan's plans carry --moe-expert-rank-capacity-factor): HybridEP's
+    dispatch output has num_permuted_tokens = T x topk x rank capacity factor rows, and the experts' saved
+    tensors after it have that shape, the used rows counted on the GPU. The paged stash keeps the fused MXFP8
+    layers' share at their used rows (1 x here; its pool headroom and one-layer transient are priced apart). 1
+    elsewhere. Source: NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py
+    (_HybridEPManager.setup_metadata, dispatch) and moe/experts.py (_fused_forward: max_num_tokens =
+    permuted_local_hidden_states.shape[0]) at 1e23526adc. Derived: docs/formulas.md#mem.paged_stash"""
+    if not m.is_moe or plan.moe_capacity_factor is not None or plan.cuda_graphs != "full-iteration":
+        return 1.0
+    rank = plan.moe_rank_capacity_factor or RANK_CAPACITY_DEFAULT
+    if plan.moe_paged_stash is None:
+        return rank
+    paged = where(fused_grouped_mlp(m, plan), plan.low_precision_layer_fraction(m.num_hidden_layers), 0.0)
+    return rank - (rank - 1.0) * paged
 
 
 def paged_stash_headroom_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:

@@ -211,6 +211,9 @@ class ActivationBytes(Breakdown):
     cp_workspace: Any = 0.0
     """Transformer Engine's context parallelism (p2p ring, a2a, all_gather): one attention layer's transient
     collective buffers at their peak (cost.activations.cp_comm_workspace_bytes; docs/formulas.md#mem.cp_comm)."""
+    stash_transient: Any = 0.0
+    """Not a part (already in `layers`): the paged stash's one MoE layer at the static budget's rows
+    (cost.activations.paged_stash_transient_bytes), one layer per rank however many stages it holds."""
 
 
 
@@ -240,7 +243,8 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     overlap = where(paired, ep_overlap_layer_bytes(m, plan, n_dense, n_moe, dense_b, moe_b), 0.0)
     # Paged stash: one MoE layer's marked tensors at the static budget's rows beside the pool (Derived:
     # docs/formulas.md#mem.paged_stash)
-    overlap = overlap + where(n_moe > 0, paged_stash_transient_bytes(m, plan), 0.0)
+    stash = where(n_moe > 0, paged_stash_transient_bytes(m, plan), 0.0)
+    overlap = overlap + stash
     # Activation offload: the first N layers' activations wait in host memory (Derived: docs/formulas.md#mem.offload)
     offloaded = held * offloaded_share(plan, n_dense + n_moe)
     # Fine-grained offload of the experts' fc1 output: every MoE layer's in flight but the last (nothing to move
@@ -268,18 +272,22 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     # Derived: docs/formulas.md#mem.cp_comm
     cp_workspace = cp_comm_workspace_bytes(m, plan)
     return ActivationBytes(layers=held - offloaded - freed + overlap, recompute_working=working, embedding=embedding,
-                           output=output, offloaded=offloaded + host, cp_workspace=cp_workspace)
+                           output=output, offloaded=offloaded + host, cp_workspace=cp_workspace,
+                           stash_transient=stash)
 
 
 def paired_activations(a: ActivationBytes, b: ActivationBytes) -> ActivationBytes:
     """Activations of a rank that holds two stages (DualPipe: i and pp-1-i), each with its own micro-batches in
     flight (inflight_microbatches): their layers, embedding and output parts add; one layer is recomputed at a
-    time, so the larger recompute working set counts once. Derived: docs/formulas.md#mem.inflight"""
-    return ActivationBytes(layers=a.layers + b.layers, recompute_working=maximum(a.recompute_working,
-                                                                              b.recompute_working),
+    time, so the larger recompute working set counts once, as does the paged stash's one-layer transient.
+    Derived: docs/formulas.md#mem.inflight"""
+    once = minimum(a.stash_transient, b.stash_transient)
+    return ActivationBytes(layers=a.layers + b.layers - once, recompute_working=maximum(a.recompute_working,
+                                                                                     b.recompute_working),
                            embedding=a.embedding + b.embedding, output=a.output + b.output,
                            offloaded=a.offloaded + b.offloaded,
-                           cp_workspace=maximum(a.cp_workspace, b.cp_workspace))
+                           cp_workspace=maximum(a.cp_workspace, b.cp_workspace),
+                           stash_transient=maximum(a.stash_transient, b.stash_transient))
 
 
 @dataclass(frozen=True)

@@ -596,7 +596,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          f"grad_accumulation {p.grad_accumulation}"
                          f"{', an attention bias' if m.attention_bias or m.qkv_bias else ''}: Megatron-LM asserts "
                          "gradient_accumulation_fusion and no attention bias for graphed delayed weight gradients "
-                         "(arguments.py); use --grad-accumulation fused, --cuda-graphs none or --no-delay-wgrad"),
+                         "(arguments.py); use --grad-accumulation fused, the plan file's cuda_graphs none (training has "
+                         "no CUDA-graph flag) or --no-delay-wgrad"),
     # deepspeedai/DeepSpeed edaa72212 (and 56c522386): BF16_Optimizer has no reduce_gradients, so the engine
     # all-reduces its fp32 groups in buffered_allreduce_fallback after the backward (engine.py allreduce_gradients
     # at the accumulation boundary; pipe/engine.py _exec_reduce_grads -> _bf16_reduce_grads), beside no compute
@@ -800,8 +801,9 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"moe_paged_stash ({p.moe_paged_stash}) with cuda_graphs {p.cuda_graphs} and "
                          f"moe_capacity_factor {p.moe_capacity_factor}: Megatron-Core's paged stash needs the static "
                          "per-rank budget (--moe-expert-rank-capacity-factor) of a dropless MoE layer in a "
-                         "full-iteration CUDA graph (TransformerConfig); use --cuda-graphs full-iteration without "
-                         "--moe-capacity-factor, or drop --moe-paged-stash"),
+                         "full-iteration CUDA graph (TransformerConfig); set the plan file's cuda_graphs to "
+                         "full-iteration (training has no CUDA-graph flag: save a plan with --save, edit its keys, "
+                         "run estimate --plan FILE) without --moe-capacity-factor, or drop --moe-paged-stash"),
     # Megatron-Core TransformerConfig (1e23526adc): the rank capacity "requires moe_flex_dispatcher_backend to be
     # 'hybridep' or 'ncclep'" with the op fuser; llmplan prices the static budget (no host sync) only inside the
     # full-iteration graph (cost.moe.host_syncs_per_layer), where rule cuda_graphs_flex_backend asks for hybridep
@@ -811,11 +813,14 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"moe_rank_capacity_factor ({p.moe_rank_capacity_factor}) with cuda_graphs "
                          f"{p.cuda_graphs} and moe_capacity_factor {p.moe_capacity_factor}: llmplan prices "
                          "Megatron-Core's static per-rank budget only for a dropless MoE layer in a full-iteration "
-                         "CUDA graph (HybridEP, TransformerConfig); use --cuda-graphs full-iteration without "
-                         "--moe-capacity-factor, or drop --moe-rank-capacity-factor"),
+                         "CUDA graph (HybridEP, TransformerConfig); set the plan file's cuda_graphs to "
+                         "full-iteration (training has no CUDA-graph flag: save a plan with --save, edit its keys, "
+                         "run estimate --plan FILE) without --moe-capacity-factor, or drop "
+                         "--moe-rank-capacity-factor"),
     Rule("paged_stash_offload",
          lambda m, p, c: (p.moe_paged_stash is None) | ((p.offload_layers == 0) & (not p.offload_moe_act)
-                                                        & ("expert_fc1" not in p.offload_modules)),
+                                                        & ("expert_fc1" not in p.offload_modules)
+                                                        & ("moe_act" not in p.offload_modules)),
          lambda m, p, c: f"moe_paged_stash ({p.moe_paged_stash}) with offload_layers {p.offload_layers}, "
                          f"offload_moe_act {p.offload_moe_act}, offload_modules ({', '.join(p.offload_modules)}): "
                          "Megatron-Core refuses the paged stash with layer offload and with an offload of the "

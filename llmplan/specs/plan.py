@@ -148,12 +148,14 @@ class ParallelPlan(PlanQuantities, Spec):
     Bridge's Nemotron-3 Ultra presets): every MoE layer's but the last one's, copied on side streams over the
     host link (SystemSpec.host_bytes_per_s), each due one MoE layer later. False: none
     (docs/formulas.md#mem.offload_moe_act)."""
-    moe_rank_capacity_factor: Optional[float] = Field(default=None, gt=0, le=64)
+    moe_rank_capacity_factor: Optional[float] = Field(default=None, ge=1.0, le=64)
     """The static per-rank budget of a dropless MoE layer in a full-iteration graph (Megatron-Core
     --moe-expert-rank-capacity-factor): HybridEP's dispatch output and the experts' tensors after it have
     tokens x topk x this factor rows (rounded up to the quantisation alignment), the used rows computed on the
-    GPU. None: 1.5, the value Megatron-Bridge's presets set and llmplan's export writes. Priced only through
-    moe_paged_stash's one-layer transient (docs/formulas.md#mem.paged_stash). Needs cuda_graphs full-iteration
+    GPU. At least 1: below the average rows HybridEP drops tokens (Megatron-Core does not bound it), and
+    llmplan prices a dropless layer. None: 1.5, the value Megatron-Bridge's presets set and llmplan's export
+    writes. Priced in memory: the routed rows the experts save at this factor, or with moe_paged_stash the
+    stash's one-layer transient at it (docs/formulas.md#mem.paged_stash). Needs cuda_graphs full-iteration
     with a dropless MoE layer (check_plan rule rank_capacity_budget)."""
     moe_paged_stash: Optional[float] = Field(default=None, ge=1.0, le=4.0)
     """Paged stash of the routed experts' saved tensors (Megatron-Core --moe-paged-stash with
