@@ -125,6 +125,18 @@ MOE_SWITCHES = ("expert_gemm", "moe_dispatcher", "moe_routing", "moe_dispatch_sm
 """The training switches that act on expert layers only (rule moe_switches_dense)."""
 
 
+def _static_budget(p: Any) -> Any:
+    """Whether the plan's MoE layers carry Megatron-Core's static per-rank budget: dropless, in a full-iteration
+    graph."""
+    return (p.cuda_graphs == "full-iteration") & (p.moe_capacity_factor is None)
+
+
+_FULL_ITERATION_ADVICE = ("set the plan file's cuda_graphs to full-iteration (training has no CUDA-graph flag: save a "
+                          "plan with --save, edit its keys, run estimate --plan FILE) without --moe-capacity-factor, "
+                          "or drop")
+"""The fix both static-budget rules give (paged_stash_budget, rank_capacity_budget), followed by the plan's flag."""
+
+
 def _moe_offloads(p: Any) -> tuple[str, ...]:
     """The plan's offload_modules whose groups sit in an MoE layer's MLP (plan_choices.MOE_OFFLOAD_MODULES)."""
     return tuple(x for x in p.offload_modules if x in MOE_OFFLOAD_MODULES)
@@ -596,8 +608,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          f"grad_accumulation {p.grad_accumulation}"
                          f"{', an attention bias' if m.attention_bias or m.qkv_bias else ''}: Megatron-LM asserts "
                          "gradient_accumulation_fusion and no attention bias for graphed delayed weight gradients "
-                         "(arguments.py); use --grad-accumulation fused, the plan file's cuda_graphs none (training has "
-                         "no CUDA-graph flag) or --no-delay-wgrad"),
+                         "(arguments.py); use --grad-accumulation fused, the plan file's cuda_graphs none "
+                         "(training has no CUDA-graph flag) or --no-delay-wgrad"),
     # deepspeedai/DeepSpeed edaa72212 (and 56c522386): BF16_Optimizer has no reduce_gradients, so the engine
     # all-reduces its fp32 groups in buffered_allreduce_fallback after the backward (engine.py allreduce_gradients
     # at the accumulation boundary; pipe/engine.py _exec_reduce_grads -> _bf16_reduce_grads), beside no compute
@@ -796,26 +808,20 @@ SWITCH_RULES: tuple[Rule, ...] = (
     # as a dropless MoE layer in a full-iteration graph (export.megatron writes it there); the stash "cannot be
     # enabled with cpu_offloading" and offload_modules "must not include expert_fc1, moe_act, or fused_group_mlp"
     Rule("paged_stash_budget",
-         lambda m, p, c: (p.moe_paged_stash is None) | ((p.cuda_graphs == "full-iteration")
-                                                        & (p.moe_capacity_factor is None)),
+         lambda m, p, c: (p.moe_paged_stash is None) | _static_budget(p),
          lambda m, p, c: f"moe_paged_stash ({p.moe_paged_stash}) with cuda_graphs {p.cuda_graphs} and "
                          f"moe_capacity_factor {p.moe_capacity_factor}: Megatron-Core's paged stash needs the static "
                          "per-rank budget (--moe-expert-rank-capacity-factor) of a dropless MoE layer in a "
-                         "full-iteration CUDA graph (TransformerConfig); set the plan file's cuda_graphs to "
-                         "full-iteration (training has no CUDA-graph flag: save a plan with --save, edit its keys, "
-                         "run estimate --plan FILE) without --moe-capacity-factor, or drop --moe-paged-stash"),
+                         f"full-iteration CUDA graph (TransformerConfig); {_FULL_ITERATION_ADVICE} --moe-paged-stash"),
     # Megatron-Core TransformerConfig (1e23526adc): the rank capacity "requires moe_flex_dispatcher_backend to be
     # 'hybridep' or 'ncclep'" with the op fuser; llmplan prices the static budget (no host sync) only inside the
     # full-iteration graph (cost.moe.host_syncs_per_layer), where rule cuda_graphs_flex_backend asks for hybridep
     Rule("rank_capacity_budget",
-         lambda m, p, c: (p.moe_rank_capacity_factor is None) | ((p.cuda_graphs == "full-iteration")
-                                                                 & (p.moe_capacity_factor is None)),
+         lambda m, p, c: (p.moe_rank_capacity_factor is None) | _static_budget(p),
          lambda m, p, c: f"moe_rank_capacity_factor ({p.moe_rank_capacity_factor}) with cuda_graphs "
                          f"{p.cuda_graphs} and moe_capacity_factor {p.moe_capacity_factor}: llmplan prices "
                          "Megatron-Core's static per-rank budget only for a dropless MoE layer in a full-iteration "
-                         "CUDA graph (HybridEP, TransformerConfig); set the plan file's cuda_graphs to "
-                         "full-iteration (training has no CUDA-graph flag: save a plan with --save, edit its keys, "
-                         "run estimate --plan FILE) without --moe-capacity-factor, or drop "
+                         f"CUDA graph (HybridEP, TransformerConfig); {_FULL_ITERATION_ADVICE} "
                          "--moe-rank-capacity-factor"),
     Rule("paged_stash_offload",
          lambda m, p, c: (p.moe_paged_stash is None) | ((p.offload_layers == 0) & (not p.offload_moe_act)
