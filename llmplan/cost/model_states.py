@@ -415,8 +415,8 @@ def low_precision_weight_cache(m: ModelSpec, plan: ParallelPlan, stage: Any, fp8
     low-precision weights (low_precision_weights) x LOW_PRECISION_WEIGHT_CACHE (less the transpose where the
     GPU's FP8 GEMMs take any layout), less the model copy itself where it is kept in the recipe's format
     (fp8_params: 1 byte, or NVFP4's 4 bits and scales), and the MXFP8 output layer's weight (head_cast_params)
-    x the whole cache, its model copy bf16 under every fp8_params; none under ZeRO-3 / FSDP, which gathers and frees each
-    layer, unless a pipeline keeps the stage gathered (mem.other); none for torchao's Float8Linear
+    x the whole cache, its model copy bf16 under every fp8_params; none under ZeRO-3 / FSDP, which gathers and frees
+    each layer, unless a pipeline keeps the stage gathered (mem.other); none for torchao's Float8Linear
     (quantize.torchao_float8), which casts the weight in every forward and again in backward and keeps no copy
     (pytorch/ao@36027d82d1 torchao/float8/float8_linear.py: weight_hp_t = self.weight.t(), a view, saved; with
     FSDP2's fp8 all-gather the gathered fp8 weight is FSDP's unsharded parameter, fsdp_utils.py
