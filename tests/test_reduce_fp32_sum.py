@@ -189,18 +189,20 @@ def test_prescaling_priced_with_the_sum() -> None:
 
 def test_json_shows_the_prescaling_that_runs(cli, tmp_path) -> None:
     # Megatron-LM d98e8a64dd reduce_scatter_with_fp32_accumulation.py asserts op == ReduceOp.SUM, so where the
-    # fp32 sum acts the buckets are pre-scaled by 1/dp whatever grad_prescale asked: the JSON plan shows that in
-    # the added key grad_prescaled, while grad_prescale keeps the plan's own value (keys are added, never given a
-    # new meaning: the plan file's `plan` holds the asked value under the same name).
+    # fp32 sum acts the buckets are pre-scaled by 1/dp whatever grad_prescale asked: the estimate shows that in
+    # the added top-level key grad_prescaled, while the plan's grad_prescale keeps its own value (keys are added,
+    # never given a new meaning), and the plan holds only ParallelPlan's fields, so it rebuilds one.
     r = cli(*EST, "--grad-dtype", "bf16", "--json")
     assert r.code == 0, r.err
-    plan = json.loads(r.out)["plan"]
-    assert plan["grad_reduce_fp32_sum"] is True and plan["grad_prescaled"] is True
+    doc = json.loads(r.out)
+    plan = doc["plan"]
+    assert plan["grad_reduce_fp32_sum"] is True and doc["grad_prescaled"] is True
     assert plan["grad_prescale"] is False  # as asked (the default)
+    assert ParallelPlan(**plan).grad_prescale is False
     r = cli(*EST, "--grad-dtype", "bf16", "--no-grad-reduce-fp32-sum", "--json")
     assert r.code == 0, r.err
-    plan = json.loads(r.out)["plan"]
-    assert plan["grad_prescale"] is False and plan["grad_prescaled"] is False  # averaged inside the collective
+    doc = json.loads(r.out)
+    assert doc["plan"]["grad_prescale"] is False and doc["grad_prescaled"] is False  # averaged in the collective
 
 
 @pytest.mark.parametrize("target", ["megatron", "megatron-bridge"])

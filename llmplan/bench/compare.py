@@ -58,8 +58,10 @@ def bench_model(cfg: BenchConfig) -> tuple[ModelSpec, ParallelPlan]:
                   num_hidden_layers=1, num_attention_heads=sh["a"], num_key_value_heads=sh["kv"], head_dim=sh["d"],
                   vocab_size=cfg.model.vocab_size, max_position_embeddings=max(sh["s"], 1), gated_mlp=sh["gated"],
                   attention_dropout=0.1, hidden_dropout=0.1)  # the reference layer uses dropout 0.1
+    # the reference layer's softmax is torch.softmax over the masked scores (bench.layer), PyTorch's own kernel in the
+    # scores' dtype: the eager path, never Megatron's fused kernel or its fp32 fallback
     return m, ParallelPlan(tp=cfg.nproc, micro_batch=sh["b"], global_batch=sh["b"], seq_len=sh["s"],
-                           flash_attention=False, dtype="bf16")
+                           flash_attention=False, softmax_kernel="eager", dtype="bf16")
 
 
 def expected_saved_bytes(cfg: BenchConfig, recompute: str, sp: bool, mask_bytes: int) -> float:

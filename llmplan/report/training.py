@@ -32,14 +32,11 @@ PLAN_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "mi
 
 
 def plan_json(plan: ParallelPlan) -> dict[str, Any]:
-    """The plan's fields: etp resolved (etp_resolved), grad_prescale as the plan asks it, and grad_prescaled
-    (added) True wherever the buckets are pre-scaled as the plan runs, the fp32-sum reduce-scatter forcing it
-    too (cost.model_states.grad_prescaled, the rule the pricing and the exports read). grad_prescale keeps the
-    plan's own value, as the plan file's `plan` does (JSON keys are added, never given a new meaning)."""
+    """The plan's fields, and only those (a tool rebuilds ParallelPlan(**plan) from them): etp resolved
+    (etp_resolved), grad_prescale as the plan asks it (what runs is the estimate's top-level grad_prescaled)."""
     d = plan.model_dump()
     return {**{k: d[k] for k in PLAN_KEYS}, "etp": plan.etp_resolved,
-            **{k: d[k] for k in d if k not in PLAN_KEYS and k != "etp"},
-            "grad_prescaled": bool(grad_prescaled(plan))}
+            **{k: d[k] for k in d if k not in PLAN_KEYS and k != "etp"}}
 
 
 def host_json(mem: TrainingMemory, cluster: ClusterSpec) -> dict[str, Any]:
@@ -187,6 +184,10 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
         "nodes": c.num_nodes,
         "gpus": c.num_gpus,
         "plan": plan_json(e.plan),
+        # True wherever the buckets are pre-scaled as the plan runs, the fp32-sum reduce-scatter forcing it too
+        # (cost.model_states.grad_prescaled, the rule the pricing and the exports read); the plan's grad_prescale
+        # keeps the value asked (keys are added, never given a new meaning)
+        "grad_prescaled": bool(grad_prescaled(e.plan)),
         "stage_layers": list(e.stage_layers),
         "params": {"total": e.params.total, "active": e.params.active, "per_gpu": float(e.memory.params_on_rank)},
         "memory": memory_json(e.memory, e.plan, c),
