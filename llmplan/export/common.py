@@ -15,6 +15,7 @@ from llmplan.errors import LlmplanError
 from llmplan.planfile import PlanFile
 from llmplan.specs.check import check_plan, te_comm_types
 from llmplan.specs.layout import format_layout
+from llmplan.specs.plan import ParallelPlan
 from llmplan.units import GIB
 
 
@@ -702,3 +703,11 @@ def fused_expert_bias_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             "GPT-OSS bridge sets it false",
             pf.plan.bias_dropout_fusion and expert_bias(m),
             "set bias_dropout_fusion false in the plan, or re-plan with --no-bias-dropout-fusion")
+
+
+def paged_stash_refusal(p: ParallelPlan, note: str = "") -> tuple[str, bool, str]:
+    """Megatron-Core's paged stash of the experts' saved tensors, refused by a launcher without it whatever else
+    the plan sets (export.EVERY_PLAN); note: the launcher's own reason, after the pool factor."""
+    return (f"the paged stash of the experts' saved tensors (Megatron-Core's moe_paged_stash, pool factor "
+            f"{p.moe_paged_stash}{note})", p.moe_paged_stash is not None,
+            "re-plan without --moe-paged-stash, or export to megatron")

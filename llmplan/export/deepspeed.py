@@ -6,7 +6,7 @@ import json
 
 from llmplan.arith import where
 from llmplan.export.common import (WIDTH, accumulation_notes, bias_add_notes, bias_add_refusal, check_accumulation,
-                                   comment_strings, header_lines,
+                                   comment_strings, header_lines, paged_stash_refusal,
                                    is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
                                    kept_grad_shards_refusal, fp32_embedding_grads_refusal, fp32_sum_refusal,
                                    delay_wgrad_refusal, refuse, refuse_first, router_fusion_refusal,
@@ -86,14 +86,6 @@ def dp_replicate_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     return (f"hybrid sharding over {p.dp_replicate} replicas (Megatron's num_distributed_optimizer_instances; this "
             "export writes ZeRO over the whole data-parallel group)", p.dp_replicate > 1,
             "re-plan with --dp-replicate 1, or export to megatron")
-
-
-def paged_stash_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
-    """Megatron-Core's paged stash of the experts' saved tensors, refused whatever else the plan sets
-    (export.EVERY_PLAN)."""
-    return (f"the paged stash of the experts' saved tensors (Megatron-Core's moe_paged_stash, pool factor "
-            f"{p.moe_paged_stash})", p.moe_paged_stash is not None,
-            "re-plan without --moe-paged-stash, or export to megatron")
 
 
 def offload_moe_act_refusal(p: ParallelPlan) -> tuple[str, bool, str]:

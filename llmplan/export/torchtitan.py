@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from llmplan.arith import where
 from llmplan.export.common import (accumulation_notes, bias_add_notes, bias_add_refusal, check_accumulation,
-                                   hidden_dropout_refusal,
+                                   hidden_dropout_refusal, paged_stash_refusal,
                                    expert_bias, header_lines, hf_repo,
                                    launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse,
                                    refuse_first,
@@ -49,6 +51,9 @@ FLAVORS = {
     "qwen3-235b-a22b": ("qwen3", "235B-A22B"), "gpt-oss-120b": ("gpt_oss", "120b"),
 }
 """Built-in model -> (model name, flavour) of torchtitan v0.2.2's TOML [model] section."""
+
+stash_refusal = partial(paged_stash_refusal, note="; this export writes no saved-tensor hooks")
+"""export.common.paged_stash_refusal with torchtitan's reason."""
 
 
 def accumulation(pf: PlanFile) -> tuple[str, str]:
@@ -157,14 +162,6 @@ def dp_outer_optimizer_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     return ("the optimizer sharded across the hybrid-sharding replicas (Megatron-FSDP's outer optim sharding; "
             "FSDP2's HSDP replicates the shard group's optimizer states)", bool(p.dp_outer_optimizer),
             "re-plan without --dp-outer-optimizer")
-
-
-def paged_stash_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
-    """Megatron-Core's paged stash of the experts' saved tensors, refused whatever else the plan sets
-    (export.EVERY_PLAN)."""
-    return (f"the paged stash of the experts' saved tensors (Megatron-Core's moe_paged_stash, pool factor "
-            f"{p.moe_paged_stash}; this export writes no saved-tensor hooks)", p.moe_paged_stash is not None,
-            "re-plan without --moe-paged-stash, or export to megatron")
 
 
 def offload_moe_act_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
@@ -283,7 +280,7 @@ def _check_recompute_moe(pf: PlanFile, target: str) -> None:
                      "DeepEP in a model's config function, which this export does not write, and routes with the "
                      "model's own router)", "re-plan with --moe-dispatcher alltoall --moe-routing random, or "
                      "export to megatron")
-    refuse_first(target, (dp_outer_optimizer_refusal(p), offload_moe_act_refusal(p), paged_stash_refusal(p),
+    refuse_first(target, (dp_outer_optimizer_refusal(p), offload_moe_act_refusal(p), stash_refusal(p),
                           offload_modules_refusal(p), offload_layers_refusal(p), recompute_layers_refusal(p)))
 
 
