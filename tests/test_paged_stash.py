@@ -206,3 +206,11 @@ def test_a_rank_with_two_stages_holds_one_transient():
     both = paired_activations(a, a)
     assert float(both.layers) == pytest.approx(2 * float(a.layers) - float(a.stash_transient))
     assert float(both.stash_transient) == pytest.approx(float(a.stash_transient))
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "4.5"])
+def test_a_pool_factor_out_of_range_is_one_line(cli, value):
+    # --moe-paged-stash takes Megatron's buffer-size factor, 1 to 4 (the presets use 1.2)
+    r = cli(*_stash_cli_args(), "--moe-paged-stash", value)
+    assert r.code == 2 and "Traceback" not in r.err and "moe-paged-stash" in r.err, r.err
+    assert len(r.err.strip().splitlines()) <= 3, r.err
