@@ -130,7 +130,8 @@ takes effect. docs/validation.md#trtllm-qwen3-attention-dp prices both readings.
 ASSUMPTIONS = {
     "narayanan2021": "fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), full recompute, no fused attention "
                      "(2021); Table 1 as the authors' scripts ran it (examples/sc21/run_table_1.sh at 6985e58938: "
-                     "micro-batch 16 .. 1, virtual stages 3 / 2 / 2 / 3 on the 76.1B .. 529.6B rows and none on the "
+                     "micro-batch 16 .. 1, virtual stages 3 / 2 / 2 / 3 on the 76.1B .. 529.6B rows, 2 on the 1T "
+                     "row (section 5.1's interleaved schedule, which the script leaves out there) and none on the "
                      "rest, PyTorch DDP overlapped on the PP 1 rows and local DDP after the backward on the rest: "
                      "NARAYANAN_T1), Table 2's PTD-P rows (no script) micro-batch 1 and not interleaved; "
                      "pipeline scatter/gather, every TP collective synchronous (PP_SCATTER_GATHER, SYNC_TP), every pipeline exchange waited for and the device synchronised (PP_BLOCKING_SENDS), each micro-batch's gradient "
@@ -723,9 +724,14 @@ NVIDIA/Megatron-LM examples/sc21/run_table_1.sh at 6985e58938 (2021-08-18; added
 README there, from 4098d8847d, says "To replicate these results use Megatron-LM commit: 6985e58938"). Per model
 (TP, PP, layers, hidden, heads, nodes and global batch as the table), the script's MBS: 16, 16, 16, 8, 4, 2, 2, 1,
 1, 1 from 1.7B to 1T; --num-layers-per-virtual-pipeline-stage 5, 5, 3, 1 on the 76.1B, 145.6B, 310.1B and 529.6B
-rows (v = 15/5 = 3, 10/5 = 2, 6/3 = 2, 3/1 = 3 virtual stages a rank) and none on the rest, so the 39.1B (PP 2)
-and 1T (PP 64) rows run 1F1B although section 5.1 says Table 1 used "the interleaved pipeline schedule with the
-scatter/gather optimization enabled"; --DDP-impl torch on the four PP 1 rows (PyTorch DDP: the gradient all-reduce
+rows (v = 15/5 = 3, 10/5 = 2, 6/3 = 2, 3/1 = 3 virtual stages a rank) and none on the rest. Where the script and
+the paper disagree the paper is read: section 5.1, the paragraph above Table 1, says the runs used "the
+interleaved pipeline schedule with the scatter/gather optimization enabled", which the 1T row (PP 64, 2 layers a
+stage, 512 micro-batches a pipeline, a multiple of 64) allows and the script leaves out; it runs interleaved at
+the one size its stages allow, 1 layer a virtual stage (v = 2). The paper describes the measured runs (arXiv
+v1, 2021-04-09, beside the release 50a4b5fa02); the script is a recipe written four months later (de7dc40f88,
+2021-08-10), read where the paper says nothing. The 39.1B row (PP 2) runs 1F1B: the interleaved schedule needs PP > 2
+(megatron/arguments.py at 50a4b5fa02 and 6985e58938). --DDP-impl torch on the four PP 1 rows (PyTorch DDP: the gradient all-reduce
 overlapped with the last micro-batch's backward, the others under no_sync: megatron/schedules.py
 forward_backward_no_pipelining at 6985e58938) and local on the rest (megatron/model/distributed.py: without
 --use-contiguous-buffers-in-ddp one flattened all-reduce per dtype, called by train_step once the schedule has
@@ -733,7 +739,7 @@ returned: overlap_grad_reduce off). Every row --activations-checkpoint-method un
 --activations-checkpoint-num-layers 1 (every layer's input checkpointed: full recompute), and CONFIG.sh's --fp16
 --loss-scale 8192, sequence 2048; the scatter/gather and the masked-softmax, bias-GeLU and bias-dropout fusions at
 their defaults (on). Every interleaved row's micro-batches are a multiple of PP, as the schedule needs (28, 48, 144,
-280 over 4, 8, 16, 35). Table 2 has no script: its PTD-P rows stay micro-batch 1, 1F1B (section 5.2 names no
+280, 512 over 4, 8, 16, 35, 64). Table 2 has no script: its PTD-P rows stay micro-batch 1, 1F1B (section 5.2 names no
 schedule). docs/validation.md#sc21-rows, #narayanan-interleaved"""
 
 RECIPE_SETTINGS = {
@@ -811,7 +817,7 @@ RECIPE_SETTINGS = {
        for size, (mb, vpp, ddp) in {"1.7b": (16, 1, "torch"), "3.6b": (16, 1, "torch"), "7.5b": (16, 1, "torch"),
                                     "18.4b": (8, 1, "torch"), "39.1b": (4, 1, "local"), "76.1b": (2, 3, "local"),
                                     "145.6b": (2, 2, "local"), "310.1b": (1, 2, "local"),
-                                    "529.6b": (1, 3, "local"), "1008b": (1, 1, "local")}.items()},
+                                    "529.6b": (1, 3, "local"), "1008b": (1, 2, "local")}.items()},
 }
 """Settings of the recipe a row ran that its table or report leaves out, by id, with the source."""
 
