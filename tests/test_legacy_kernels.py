@@ -28,12 +28,12 @@ def test_bloom_prequel_layer_against_the_hand_count():
     residual gradients' add (3 x 2); dense_4h_to_h 2, bias_gelu_back and its bias sum 2, dense_h_to_4h 2 and its
     all-reduce 1, the two norms 3 x 2, dense 2, bmm 2, dropout 1, softmax 1, baddbmm 2, the split's concatenation 1,
     query_key_value 2 + its bias sum 1 + its all-reduce 1: 32; the 12 parameters' adds: 44. The Megatron-Core
-    count (19, 27) misses 17 backward launches."""
+    count at tp > 1 without sp (17, 25: test_kernel_count's hand count) misses 19 backward launches."""
     m = _gpt(learned=False, dropout=0.1)
     plan = ParallelPlan(tp=8, pp=12, dp=4, grad_accumulation="add", norm_kernel="two-pass", flash_attention=False)
     assert K.legacy_layer_kernels(m, plan) == K.Kernels(18, 44)
     mcore = K.layer_kernels(m, plan, "full_attention", "dense")
-    assert K.legacy_layer_kernels(m, plan).bwd - mcore.bwd == 17
+    assert K.legacy_layer_kernels(m, plan).bwd - mcore.bwd == 19
 
 
 def test_bloom_final_run_layer_without_dropout_and_with_the_bf16_optimizer():

@@ -340,10 +340,18 @@ layer, attn moe_router moe_preprocess for a MoE layer)."""
 
 
 def _tp(plan: ParallelPlan) -> Kernels:
-    """The two tensor-parallel collectives around a block (all-gather and reduce-scatter, or two all-reduces),
-    forward and backward, when tp > 1."""
-    n = where(plan.tp > 1, 2, 0)
-    return Kernels(n, n)
+    """The tensor-parallel collectives of one block (a column-parallel linear into a row-parallel one) at
+    tp > 1. Without sequence parallelism one all-reduce each way: the row-parallel output's forward, the
+    column-parallel input gradient's backward (1, 1). With it the column-parallel input's all-gather and the
+    row-parallel output's reduce-scatter forward (2); backward the column-parallel input's all-gather again for
+    the weight gradient (backward_input_needs_gather), the reduce-scatter of its input gradient and the
+    row-parallel output gradient's all-gather (grad_output_preprocess) (3). The norms and dropouts then run on
+    s / tp rows: the same launches. Userbuffer overlap (tp_comm_overlap) counted as this path, not itemised.
+    Source: NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py, layernorm_linear.py and
+    base.py at d0067d0, as Megatron-Core's TE wrappers call them (sequence_parallel=config.sequence_parallel,
+    parallel_mode column / row: megatron/core/extensions/transformer_engine.py at 606c01046)."""
+    on = plan.tp > 1
+    return Kernels(where(on, where(plan.sp, 2, 1), 0), where(on, where(plan.sp, 3, 1), 0))
 
 
 def attention_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
@@ -591,9 +599,10 @@ def legacy_tp_kernels(plan: ParallelPlan) -> Kernels:
     block each way (the row-parallel output's in forward, the column-parallel input gradient's in backward); with
     it an all-gather and a reduce-scatter per block forward, and backward the column-parallel linear's all-gather
     of its input again (for the weight gradient) and reduce-scatter of its input gradient, and the row-parallel's
-    all-gather of the output gradient (3). Source: NVIDIA/Megatron-LM megatron/core/tensor_parallel/layers.py
+    all-gather of the output gradient (3): the attention's and the MLP's, each as Megatron-Core's block (_tp).
+    Source: NVIDIA/Megatron-LM megatron/core/tensor_parallel/layers.py
     (LinearWithGradAccumulationAndAsyncCommunication) and mappings.py at 285068c810."""
-    return Kernels(where(plan.tp > 1, where(plan.sp, 4, 2), 0), where(plan.tp > 1, where(plan.sp, 6, 2), 0))
+    return _tp(plan).times(2)
 
 
 def legacy_layer_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
