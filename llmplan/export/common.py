@@ -711,3 +711,10 @@ def paged_stash_refusal(p: ParallelPlan, note: str = "") -> tuple[str, bool, str
     return (f"the paged stash of the experts' saved tensors (Megatron-Core's moe_paged_stash, pool factor "
             f"{p.moe_paged_stash}{note})", p.moe_paged_stash is not None,
             "re-plan without --moe-paged-stash, or export to megatron")
+
+
+def offload_moe_act_refusal(p: ParallelPlan, note: str = "") -> tuple[str, bool, str]:
+    """Offload of the experts' fc1 output, refused by a launcher without it whatever else the plan sets
+    (export.EVERY_PLAN); note: the launcher's own reason, after Megatron-Core's option."""
+    return (f"fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules moe_act{note})",
+            bool(p.offload_moe_act), "re-plan without --offload-moe-act, or export to megatron")
