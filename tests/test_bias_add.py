@@ -277,3 +277,20 @@ def test_exports_write_the_unfused_bias_gelu(cli, tmp_path):
         assert code == 0 and ("--no-bias-gelu-fusion" in files) == want, err
         code, files, err = export(cli, path, "megatron-bridge", path.parent / "b")
         assert code == 0 and ("model.bias_activation_fusion=false" in files.lower()) == want, err
+
+
+def test_deepspeed_refuses_the_unfused_bias_gelu_it_does_not_run(cli, tmp_path):
+    """Hugging Face's GPT-2-style MLP adds c_fc's bias in the GEMM (Conv1D: torch.addmm with the bias), so a plan
+    priced with the fc1 bias in its own pass (bias_gelu_fusion off) is refused; with the fusion it exports, and a
+    SwiGLU model (no GeLU bias priced) is not refused for the key."""
+    from test_export_switches import export, saved
+    code, files, err = export(cli, biased_dense_plan(cli, tmp_path / "off", bias_gelu_fusion=False), "deepspeed",
+                              tmp_path / "ds-off")
+    assert code == 2 and files == "" and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "bias_gelu_fusion off" in err and "gpt-1.7b: attention_bias true, mlp_bias true" in err, err
+    assert "set bias_gelu_fusion true in the plan, or export to megatron" in err, err
+    code, _, err = export(cli, biased_dense_plan(cli, tmp_path / "on"), "deepspeed", tmp_path / "ds-on")
+    assert "bias_gelu_fusion" not in err, err
+    code, _, err = export(cli, saved(cli, tmp_path / "llama", bias_gelu_fusion=False), "deepspeed",
+                          tmp_path / "ds-llama")
+    assert "bias_gelu_fusion" not in err, err

@@ -667,6 +667,18 @@ def bias_add_refusal(pf: PlanFile, linears: str) -> tuple[str, bool, str]:
             "set bias_dropout_fusion true in the plan, or export to megatron")
 
 
+def bias_gelu_refusal(pf: PlanFile, linears: str) -> tuple[str, bool, str]:
+    """(what, whether, fix) for a launcher whose `linears` add their bias in the GEMM (torchtitan, DeepSpeed's
+    Hugging Face models): the plan priced a GeLU MLP's fc1 bias added in its own pass before the GeLU
+    (bias_gelu_fusion off on a dense non-gated MLP with biases: cost.elementwise.bias_gelu_bytes), which
+    does not run there."""
+    m = pf.model
+    return (f"the fc1 bias added apart from the GeLU (bias_gelu_fusion off; {bias_fields(m)}): {linears} add "
+            "their bias in the GEMM", not pf.plan.bias_gelu_fusion and bool(m.mlp_bias and not m.gated_mlp
+                                                                              and m.num_mlp_layers > 0),
+            "set bias_gelu_fusion true in the plan, or export to megatron")
+
+
 def hidden_dropout_refusal(pf: PlanFile, target: str) -> tuple[str, bool, str]:
     """(what, whether, fix) for a launcher whose model code has no hidden dropout (torchtitan's llama3, llama4,
     qwen3, deepseek_v3, gpt_oss modules: no dropout after the attention or MLP block, pytorch/torchtitan@73a0e69

@@ -15,7 +15,8 @@ from __future__ import annotations
 from functools import partial
 
 from llmplan.arith import where
-from llmplan.export.common import (accumulation_notes, bias_add_notes, bias_add_refusal, check_accumulation,
+from llmplan.export.common import (accumulation_notes, bias_add_notes, bias_add_refusal, bias_gelu_refusal,
+                                   check_accumulation,
                                    hidden_dropout_refusal, offload_moe_act_refusal, paged_stash_refusal,
                                    expert_bias, header_lines, hf_repo,
                                    launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse,
@@ -253,6 +254,7 @@ def _check_precision(pf: PlanFile, target: str) -> None:
                      "fused kernels: torch.compile of the model, which this export turns on for them, fuses it",
                      "set rope_fusion true in the plan, or export to megatron")
     refuse_first(target, [hidden_dropout_refusal(pf, "torchtitan"), bias_add_refusal(pf, "torchtitan's linears"),
+                          bias_gelu_refusal(pf, "torchtitan's linears"),
                           grad_reduce_refusal(p)])
 
 
