@@ -186,7 +186,7 @@ ASSUMPTIONS = {
                     "predates the 80GB A100 of 2020-11-16): fp16 with fp16 gradient reduction (TWO_BYTE_GRADS), the "
                     "local batch as one micro-batch (2020's --batch-size, no accumulation), full recompute, no fused "
                     "attention, its softmax as eager ops (EAGER_SOFTMAX), its bias-dropout-add unfused "
-                    "(OPT_IN_FUSIONS; the bias-GeLU's unfused bias add not priced), no gradient accumulation pass "
+                    "and its bias-GeLU's bias added in its own pass (OPT_IN_FUSIONS), no gradient accumulation pass "
                     "(grads set to None, one micro-batch: GRAD_ACCUMULATION), every TP collective synchronous "
                     "(SYNC_TP), "
                     "the LayerNorm backward in two kernels (TWO_PASS_NORM); predicts hardware TFLOP/s",
@@ -484,14 +484,14 @@ and megatron/model/fused_softmax.py at d73def35a3). From 2021 the fused causal k
 (--no-masked-softmax-fusion opts out: 50a4b5fa02), and the Megatron-DeepSpeed forks keep it (the other
 unfused-attention families: the default, fused)."""
 OPT_IN_FUSIONS = ("megatron2020",)
-"""Families whose bias-dropout-add ran unfused (ParallelPlan.bias_dropout_fusion False,
-docs/formulas.md#compute.bias_add): Megatron-LM of 2020, whose --bias-dropout-fusion and --bias-gelu-fusion were
+"""Families whose bias-dropout-add and bias-GeLU ran unfused (ParallelPlan.bias_dropout_fusion and
+bias_gelu_fusion False, docs/formulas.md#compute.bias_add, #compute.bias_gelu): Megatron-LM of 2020, whose --bias-dropout-fusion and --bias-gelu-fusion were
 opt-in store_true flags (added by 51a2e6b0ff, "Various speed optimizations", 2020-09-11) that neither the README
 nor examples/*.sh set, at the table's merge 19301985dd and at d73def35a3 (megatron/arguments.py); without them
 ParallelTransformerLayer takes get_bias_dropout_add (dropout(x + bias), then residual + out: eager ops) and
 ParallelMLP activation_func(x + bias) (megatron/model/transformer.py). On by default only from 9acc895632
-(2021-01-06, "Change some arguments to default to on"), the same reading as EAGER_SOFTMAX. The unfused bias-GeLU
-has no plan switch (its bias add's pass is not priced: docs/validation.md#m2020-flags)."""
+(2021-01-06, "Change some arguments to default to on"), the same reading as EAGER_SOFTMAX. The unfused bias-GeLU's
+bias add is priced as its own pass (docs/validation.md#m2020-flags, #tidy-69)."""
 SYNC_TP = ("megatron2020", "narayanan2021", "bloom", "mtnlg")
 """Families whose TP collectives are all synchronous (ParallelPlan.tp_backward_overlap off): Megatron-LM before
 the asynchronous backward all-reduce of 2021-09-02 (NVIDIA/Megatron-LM 3f65246911: the 2020 tables and
@@ -2296,6 +2296,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # Megatron-LM 2020's bias-dropout-add ran as eager ops (OPT_IN_FUSIONS: --bias-dropout-fusion opt-in)
         bias_dropout_fusion=not ((mbridge or fam == "bridgecard") and "gpt-oss" in rec["id"])
         and fam not in OPT_IN_FUSIONS,
+        # and its bias-GeLU too: F.gelu(x + bias), the bias in its own pass (OPT_IN_FUSIONS: --bias-gelu-fusion
+        # opt-in; docs/formulas.md#compute.bias_gelu)
+        bias_gelu_fusion=fam not in OPT_IN_FUSIONS,
     ))
 
 

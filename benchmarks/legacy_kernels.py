@@ -1,7 +1,7 @@
 """The legacy Megatron layer's kernels (docs/validation.md#legacy-kernels): per family whose rows ran
 megatron/model/transformer.py's ParallelTransformerLayer (Megatron-LM 2020-2023, the Megatron-DeepSpeed forks),
 the launches per layer and micro-batch llmplan prices (cost.kernels.layer_launch_average: Megatron-Core's layer
-on Transformer Engine) beside the legacy layer's hand count (cost.kernels.legacy_layer_kernels). Analysis only:
+on Transformer Engine) beside the legacy layer's hand count (legacy_layer.legacy_layer_kernels). Analysis only:
 nothing in llmplan reads this file.
 
 --price runs benchmarks/accuracy.py (its arguments after `--`) with the legacy count priced for every plan
@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import accuracy as A  # noqa: E402
 import llmplan.cost.step as S  # noqa: E402
-from llmplan.cost.kernels import Kernels, layer_launch_average, legacy_layer_kernels  # noqa: E402
+from legacy_layer import legacy_layer_kernels  # noqa: E402
+from llmplan.cost.kernels import Kernels, layer_launch_average  # noqa: E402
 
 LEGACY = ("megatron2020", "narayanan2021", "korthikanti2022", "megascale", "bloom", "mtnlg")
 """The families whose rows ran the legacy layer (accuracy.py prices them without fused attention)."""

@@ -227,3 +227,70 @@ def test_a_dropout_only_unfused_plan_per_launcher(cli, tmp_path):
     ds = dropout_plan("ds", "--grad-dtype", "bf16", fused=False)
     code, _, err = export(cli, ds, "deepspeed", tmp_path / "ds-out")
     assert code == 0 and "dropout" not in err and "bias_dropout_fusion" not in err, err
+
+
+def gelu_bias_per_element() -> float:
+    # Megatron-LM 19301985dd megatron/model/transformer.py ParallelMLP.forward without --bias-gelu-fusion (an opt-in
+    # store_true flag in megatron/arguments.py then): activation_func(intermediate_parallel + bias_parallel). The add
+    # reads the 16-bit fc1 output and writes the sum (2 + 2), then F.gelu reads the sum as bias_gelu would have read
+    # the fc1 output. Backward: gelu's backward reads the gradient and its saved input and writes one gradient, as
+    # bias_gelu_back does (megatron/model/fused_bias_gelu.py), the add hands it to x, and the bias gradient's sum
+    # over the tokens runs in both paths (GeLUFunction.backward returns the full-size tmp for the bias). The stage
+    # charges memory-bound bytes three times their forward-equivalent units.
+    elem = 2
+    return (elem + elem + 0) / 3
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(s=st.sampled_from([512, 4096]), b=st.integers(1, 4), tp=st.sampled_from([1, 2, 4]), sp=st.booleans())
+def test_unfused_bias_gelu_is_one_more_pass_over_the_fc1_output(s, b, tp, sp):
+    """Only a dense, non-gated MLP with biases pays it, on its f / t columns of every token (SP or not: the GeLU runs
+    on the TP shard of the whole sequence); a gated MLP, an MLP without biases and an MoE layer pay nothing."""
+    gelu = ModelSpec(**DENSE, gated_mlp=False, mlp_bias=True, attention_bias=True)
+    fused = ParallelPlan(seq_len=s, micro_batch=b, tp=tp, sp=sp and tp > 1, dp=1)
+    unfused = fused.model_copy(update={"bias_gelu_fusion": False})
+    extra = elementwise_bytes(gelu, unfused, False) - elementwise_bytes(gelu, fused, False)
+    assert extra == pytest.approx(gelu_bias_per_element() * s * b * DENSE["intermediate_size"] / tp)
+    for other in (ModelSpec(**DENSE, mlp_bias=True), ModelSpec(**DENSE, gated_mlp=False)):
+        assert elementwise_bytes(other, unfused, False) == elementwise_bytes(other, fused, False)
+    moe = ModelSpec(**MOE, gated_mlp=False, mlp_bias=True)
+    assert elementwise_bytes(moe, unfused, True) == elementwise_bytes(moe, fused, True)
+
+
+def test_exports_write_the_unfused_bias_gelu(cli, tmp_path):
+    """Megatron-LM d98e8a6: --no-bias-gelu-fusion stores bias_gelu_fusion False, which argument_utils.py makes
+    TransformerConfig.bias_activation_fusion for a model without --swiglu; Megatron-Bridge sets that field. A plan
+    file key (no command-line flag); GPT-3 175B (Megatron-Bridge has its recipe) is a biased GeLU model."""
+    import json
+
+    from test_export_switches import export
+    for fusion, want in ((True, False), (False, True)):
+        path = tmp_path / str(fusion) / "plan.json"
+        path.parent.mkdir()
+        made = cli("estimate", "--model", "gpt3-175b", "--hardware", "dgx-h100", "--nodes", "16", "--tp", "8",
+                   "--pp", "8", "--save", path)
+        assert made.code == 0, made.err
+        doc = json.loads(path.read_text())
+        doc["plan"]["bias_gelu_fusion"] = fusion
+        path.write_text(json.dumps(doc))
+        code, files, err = export(cli, path, "megatron", path.parent / "m")
+        assert code == 0 and ("--no-bias-gelu-fusion" in files) == want, err
+        code, files, err = export(cli, path, "megatron-bridge", path.parent / "b")
+        assert code == 0 and ("model.bias_activation_fusion=false" in files.lower()) == want, err
+
+
+def test_deepspeed_refuses_the_unfused_bias_gelu_it_does_not_run(cli, tmp_path):
+    """Hugging Face's GPT-2-style MLP adds c_fc's bias in the GEMM (Conv1D: torch.addmm with the bias), so a plan
+    priced with the fc1 bias in its own pass (bias_gelu_fusion off) is refused; with the fusion it exports, and a
+    SwiGLU model (no GeLU bias priced) is not refused for the key."""
+    from test_export_switches import export, saved
+    code, files, err = export(cli, biased_dense_plan(cli, tmp_path / "off", bias_gelu_fusion=False), "deepspeed",
+                              tmp_path / "ds-off")
+    assert code == 2 and files == "" and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "bias_gelu_fusion off" in err and "gpt-1.7b: attention_bias true, mlp_bias true" in err, err
+    assert "set bias_gelu_fusion true in the plan, or export to megatron" in err, err
+    code, _, err = export(cli, biased_dense_plan(cli, tmp_path / "on"), "deepspeed", tmp_path / "ds-on")
+    assert "bias_gelu_fusion" not in err, err
+    code, _, err = export(cli, saved(cli, tmp_path / "llama", bias_gelu_fusion=False), "deepspeed",
+                          tmp_path / "ds-llama")
+    assert "bias_gelu_fusion" not in err, err

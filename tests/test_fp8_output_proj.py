@@ -147,11 +147,16 @@ def test_tp_comm_overlap_is_refused_where_the_head_s_te_linear_asserts_a_buffer_
 def test_search_never_ranks_a_plan_the_rule_refuses(cli):
     """The search prunes by check_plan's rules: with both switches every plan that could use the TP overlap
     (tp > 1 with sp) is cut, so --tp-comm-overlap is left unused and refused (rather than a tp > 1 plan ranked
-    that Megatron-Core cannot build)."""
+    that Megatron-Core cannot build). The refusal names the rule that cut them and its fix, not the axis advice
+    (--tp 2 with --sp) that would only hit the rule again."""
     r = cli("search", "-m", "gpt-oss-120b", "--hardware", "gb200-nvl72", "--nodes", "2", "--precision", "mxfp8",
             "--fp8-output-proj", "--tp-comm-overlap", "--json")
-    assert r.code == 2 and "Traceback" not in r.err, r.err
-    assert "can use it: tp_comm_overlap" in r.err, r.err
+    assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    assert "plans searched can use it: the " in r.err and "plans that could use it break check rules" in r.err
+    assert "rule fp8_output_proj_tp_overlap cuts" in r.err, r.err
+    assert "tp_comm_buffer_name is not None" in r.err, r.err
+    assert "drop --tp-comm-overlap, or drop --fp8-output-proj" in r.err, r.err
+    assert "use --tp 2 or more with --sp" not in r.err, r.err
 
 
 @pytest.mark.parametrize("rid, on", [

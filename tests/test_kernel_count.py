@@ -96,6 +96,22 @@ def test_context_parallel_ring_replaces_the_attention_kernel():
     assert ring.fwd - one.fwd == 4 * 8 - 1
 
 
+def test_tp_collectives_of_a_dense_layer_follow_sequence_parallelism():
+    """Llama-3.1-8B's layer (no qk norm, no biases, bf16) counted by hand along Megatron-Core's TE layer
+    (606c01046) and TE's linears (NVIDIA/TransformerEngine d0067d0 pytorch/module/linear.py, layernorm_linear.py,
+    base.py). tp 1: linear_qkv with its norm (2, 5), the query's copy (1, 1), RoPE (2, 2), cuDNN attention (3, 3),
+    linear_proj (1, 2), two residual adds (2, 2), the MLP (4, 8): (15, 23). tp 2 without sp: linear_proj's and
+    linear_fc2's forward all-reduce, linear_qkv's and linear_fc1's input-gradient all-reduce: (17, 25). tp 2 with
+    sp: forward the all-gather before linear_qkv and linear_fc1 and the reduce-scatter after linear_proj and
+    linear_fc2 (4); backward per block the column-parallel input's all-gather again for its weight gradient, the
+    reduce-scatter of its input gradient and the row-parallel output gradient's all-gather (6): (19, 29)."""
+    m = M["llama-3.1-8b"]
+    one = K.layer_kernels(m, ParallelPlan(tp=1, dp=2), "full_attention", "dense")
+    ar = K.layer_kernels(m, ParallelPlan(tp=2, dp=1, sp=False), "full_attention", "dense")
+    sp = K.layer_kernels(m, ParallelPlan(tp=2, dp=1, sp=True), "full_attention", "dense")
+    assert (one, ar, sp) == (K.Kernels(15, 23), K.Kernels(17, 25), K.Kernels(19, 29))
+
+
 def test_host_seconds_prices_the_structural_launches_of_fused_plans():
     m = M["qwen3.5-35b-a3b"]
     plan = ParallelPlan(**PROFILED)

@@ -1,10 +1,11 @@
 """Kernels per layer and micro-batch of the legacy Megatron layer (megatron/model/transformer.py's
 ParallelTransformerLayer, no Transformer Engine: Megatron-LM 2020-2023, the Megatron-DeepSpeed forks of BLOOM and
 MT-NLG), against a count made by hand, launch by launch, from the source at named commits
-(docs/validation.md#legacy-kernels): cost.kernels.legacy_layer_kernels."""
+(docs/validation.md#legacy-kernels): benchmarks/legacy_layer.py's legacy_layer_kernels."""
 
 from __future__ import annotations
 
+import legacy_layer as L  # benchmarks/ (tests/conftest.py puts it on the path)
 from llmplan.cost import kernels as K
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -28,12 +29,12 @@ def test_bloom_prequel_layer_against_the_hand_count():
     residual gradients' add (3 x 2); dense_4h_to_h 2, bias_gelu_back and its bias sum 2, dense_h_to_4h 2 and its
     all-reduce 1, the two norms 3 x 2, dense 2, bmm 2, dropout 1, softmax 1, baddbmm 2, the split's concatenation 1,
     query_key_value 2 + its bias sum 1 + its all-reduce 1: 32; the 12 parameters' adds: 44. The Megatron-Core
-    count (19, 27) misses 17 backward launches."""
+    count at tp > 1 without sp (17, 25: test_kernel_count's hand count) misses 19 backward launches."""
     m = _gpt(learned=False, dropout=0.1)
     plan = ParallelPlan(tp=8, pp=12, dp=4, grad_accumulation="add", norm_kernel="two-pass", flash_attention=False)
-    assert K.legacy_layer_kernels(m, plan) == K.Kernels(18, 44)
+    assert L.legacy_layer_kernels(m, plan) == K.Kernels(18, 44)
     mcore = K.layer_kernels(m, plan, "full_attention", "dense")
-    assert K.legacy_layer_kernels(m, plan).bwd - mcore.bwd == 17
+    assert L.legacy_layer_kernels(m, plan).bwd - mcore.bwd == 19
 
 
 def test_bloom_final_run_layer_without_dropout_and_with_the_bf16_optimizer():
@@ -44,7 +45,7 @@ def test_bloom_final_run_layer_without_dropout_and_with_the_bf16_optimizer():
     m = _gpt(learned=False, dropout=0.0)
     plan = ParallelPlan(tp=4, pp=12, dp=8, grad_accumulation="cast-add", norm_kernel="two-pass",
                         flash_attention=False)
-    assert K.legacy_layer_kernels(m, plan) == K.Kernels(17, 53)
+    assert L.legacy_layer_kernels(m, plan) == K.Kernels(17, 53)
 
 
 def test_megatron_lm_2022_sequence_parallel_layer():
@@ -56,8 +57,8 @@ def test_megatron_lm_2022_sequence_parallel_layer():
     main_grad.add_ of the 4 biases and 4 norm parameters: 42."""
     m = _gpt(learned=True, dropout=0.1)
     plan = ParallelPlan(tp=8, pp=8, dp=2, sp=True, flash_attention=False)
-    assert K.legacy_layer_kernels(m, plan) == K.Kernels(19, 42)
-    no_sp = K.legacy_layer_kernels(m, plan.model_copy(update={"sp": False}))
+    assert L.legacy_layer_kernels(m, plan) == K.Kernels(19, 42)
+    no_sp = L.legacy_layer_kernels(m, plan.model_copy(update={"sp": False}))
     assert (no_sp.fwd, no_sp.bwd) == (17, 38)
 
 
@@ -65,8 +66,19 @@ def test_unfused_bias_dropout_add_and_one_rank():
     """Megatron-LM at d73def35a3 (2020-09): --bias-dropout-fusion opt-in, so x + bias, dropout and the residual
     add run as three kernels per block (2 more forward per block, 4 a layer); one rank, no collectives."""
     m = _gpt(learned=True, dropout=0.1)
-    fused = K.legacy_layer_kernels(m, ParallelPlan(flash_attention=False, norm_kernel="two-pass"))
-    unfused = K.legacy_layer_kernels(m, ParallelPlan(flash_attention=False, norm_kernel="two-pass",
+    fused = L.legacy_layer_kernels(m, ParallelPlan(flash_attention=False, norm_kernel="two-pass"))
+    unfused = L.legacy_layer_kernels(m, ParallelPlan(flash_attention=False, norm_kernel="two-pass",
                                                      bias_dropout_fusion=False))
     assert (fused.fwd, fused.bwd) == (15, 38)
     assert (unfused.fwd - fused.fwd, unfused.bwd - fused.bwd) == (4, 0)
+
+
+def test_unfused_bias_gelu_adds_its_bias_add_kernel():
+    """Megatron-LM at 19301985dd (2020-09-11): --bias-gelu-fusion opt-in, so ParallelMLP runs
+    activation_func(intermediate_parallel + bias_parallel): the add, then F.gelu (one more forward kernel); backward
+    gelu's backward and the bias gradient's sum, as bias_gelu_back and its sum (no more)."""
+    m = _gpt(learned=True, dropout=0.1)
+    fused = L.legacy_layer_kernels(m, ParallelPlan(flash_attention=False, norm_kernel="two-pass"))
+    unfused = L.legacy_layer_kernels(m, ParallelPlan(flash_attention=False, norm_kernel="two-pass",
+                                                     bias_gelu_fusion=False))
+    assert (unfused.fwd - fused.fwd, unfused.bwd - fused.bwd) == (1, 0)

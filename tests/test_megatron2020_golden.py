@@ -72,6 +72,7 @@ def test_the_2020_release_ran_its_fusions_as_opt_in_flags(published_runs, acc):
         gpus = rec["parallel"].get("tp", 1) * rec["parallel"].get("dp", 1)
         plan, m = acc.plan_for(rec, "megatron2020", gpus), acc.model_for(rec, "megatron2020")
         assert plan.bias_dropout_fusion is False, rid
+        assert plan.bias_gelu_fusion is False, rid  # F.gelu(x + bias): --bias-gelu-fusion opt-in too
         assert plan.softmax_kernel == "eager", rid
         assert grad_accumulation_bytes(plan) == 0, rid
         assert plan.micro_batch == plan.global_batch // plan.dp, rid  # one micro-batch a step

@@ -34,8 +34,8 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     layer's routing and permutes (moe_routing_train_bytes, forward, backward and `moe` rerun) and what else its
     `moe` recompute runs again (moe_recompute_bytes)
     and, without fused attention, the causal softmax and dropout over the scores (score_bytes), and output biases
-    added apart from the residual add (bias_add_bytes).
-    Derived: docs/formulas.md#compute.memory_bound"""
+    added apart from the residual add (bias_add_bytes), and a GeLU MLP's fc1 bias added apart from the GeLU
+    (bias_gelu_bytes). Derived: docs/formulas.md#compute.memory_bound"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
     T = s * b
     sp = where(plan.sp, t, 1)
@@ -53,7 +53,7 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool, fp8_tn_only: 
     # the dense MLP's or the shared experts' activation (a hybrid: its share of dense MLPs); the routed experts'
     # in expert_node_bytes
     f = m.shared_ffn if moe else m.intermediate_size * dense_mlp_share(m)
-    act = eager_activation_bytes(m, plan) * T * f / t
+    act = (eager_activation_bytes(m, plan) + bias_gelu_bytes(m, plan, moe)) * T * f / t
     # attention sinks applied after a kernel that lacks them (AutoModel's FlexAttention): the output rescaled
     sinks = sink_rescale_bytes(m, plan) * T * m.num_attention_heads * m.d_head / t * attention_share(m)
     merges = cp_merge_bytes(m, plan) * attention_share(m)  # the ring's merges of its calls' partial results
@@ -107,6 +107,30 @@ def bias_add_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
     dropouts = norms_per_layer(m) if m.hidden_dropout > 0 else 0.0  # one bias-dropout-add per sub-block
     unfused = sum(UNFUSED_BIAS_ADD_BYTES) * passes + sum(UNFUSED_DROPOUT_BYTES) * dropouts
     return where(plan.bias_dropout_fusion, 0.0, unfused / 3)
+
+
+UNFUSED_BIAS_GELU_BYTES = (4.0, 0.0)
+"""(forward, backward) HBM bytes per element of a non-gated MLP's f-wide 16-bit fc1 output of its bias added in
+its own pass before the GeLU (ParallelPlan.bias_gelu_fusion False), beyond the fused bias-GeLU: forward
+x + bias reads x and writes the sum (2 + 2), which F.gelu then reads as bias_gelu would have read x; backward
+nothing more: gelu's backward reads the gradient and its saved input (the sum) and writes the input gradient as
+bias_gelu_back does, the add passes that gradient through, and the bias gradient's sum over the tokens is paid
+either way (GeLUFunction.backward returns the full-size gradient for the bias too). The saved tensor is one f-wide
+copy either way. Source: NVIDIA/Megatron-LM megatron/model/transformer.py ParallelMLP.forward
+(activation_func(intermediate_parallel + bias_parallel) without --bias-gelu-fusion, an opt-in store_true flag
+in megatron/arguments.py) and megatron/model/fused_bias_gelu.py at 19301985dd; megatron/core/transformer/mlp.py
+MLP.forward (intermediate_parallel + bias_parallel without bias_activation_fusion) at d98e8a6.
+Derived: docs/formulas.md#compute.bias_gelu"""
+
+
+def bias_gelu_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
+    """HBM bytes per token and MLP column of a dense non-gated MLP's fc1 bias added apart from the GeLU
+    (ParallelPlan.bias_gelu_fusion False), in the forward-equivalent units of elementwise_bytes (the stage charges
+    three times them): UNFUSED_BIAS_GELU_BYTES over 3; 0 with the fusion, for a gated MLP, an MLP without biases
+    or an MoE layer. Derived: docs/formulas.md#compute.bias_gelu"""
+    if moe or m.gated_mlp or not m.mlp_bias:
+        return 0.0
+    return where(plan.bias_gelu_fusion, 0.0, sum(UNFUSED_BIAS_GELU_BYTES) / 3)
 
 
 CP_MERGE_BYTES = {"out_fill": 2.0, "out_merge": 6.0, "dq_first": 4.0, "dq_add": 6.0, "dkv_setup": 4.0,

@@ -11,8 +11,8 @@ torch.grouped_mm experts, gates) gets one more add into main_grad from Megatron-
 feeds two branches gets one add in backward. Views, reshapes, host copies and memsets are not kernels.
 Reported by benchmarks/kernel_count.py (docs/validation.md#kernel-count); cost.overhead.host_seconds prices a fused
 plan's host launches from layer_launch_average. Works on one ParallelPlan and, elementwise, on plan arrays.
-legacy_layer_kernels counts the legacy Megatron layer (megatron/model/transformer.py, no Transformer Engine) the
-same way; reported by benchmarks/legacy_kernels.py, not priced (docs/validation.md#legacy-kernels).
+The legacy Megatron layer (megatron/model/transformer.py, no Transformer Engine) is counted the same way in
+benchmarks/legacy_layer.py: reported, not priced (docs/validation.md#legacy-kernels, #tidy-69).
 Derived: docs/formulas.md#step.kernel_count
 """
 
@@ -339,11 +339,19 @@ GRAPH_SCOPES = ("attn", "mlp", "moe_router", "moe_preprocess")
 layer, attn moe_router moe_preprocess for a MoE layer)."""
 
 
-def _tp(plan: ParallelPlan) -> Kernels:
-    """The two tensor-parallel collectives around a block (all-gather and reduce-scatter, or two all-reduces),
-    forward and backward, when tp > 1."""
-    n = where(plan.tp > 1, 2, 0)
-    return Kernels(n, n)
+def tp_collectives(plan: ParallelPlan) -> Kernels:
+    """The tensor-parallel collectives of one block (a column-parallel linear into a row-parallel one) at
+    tp > 1. Without sequence parallelism one all-reduce each way: the row-parallel output's forward, the
+    column-parallel input gradient's backward (1, 1). With it the column-parallel input's all-gather and the
+    row-parallel output's reduce-scatter forward (2); backward the column-parallel input's all-gather again for
+    the weight gradient (backward_input_needs_gather), the reduce-scatter of its input gradient and the
+    row-parallel output gradient's all-gather (grad_output_preprocess) (3). The norms and dropouts then run on
+    s / tp rows: the same launches. Userbuffer overlap (tp_comm_overlap) counted as this path, not itemised.
+    Source: NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py, layernorm_linear.py and
+    base.py at d0067d0, as Megatron-Core's TE wrappers call them (sequence_parallel=config.sequence_parallel,
+    parallel_mode column / row: megatron/core/extensions/transformer_engine.py at 606c01046)."""
+    on = plan.tp > 1
+    return Kernels(where(on, where(plan.sp, 2, 1), 0), where(on, where(plan.sp, 3, 1), 0))
 
 
 def attention_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
@@ -351,7 +359,7 @@ def attention_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
     kernel becomes CP_STEP_KERNELS per ring step under context parallelism (forward and backward alike). MLA,
     DSA, sliding and chunked attention are counted as this module (not itemised apart).
     Derived: docs/formulas.md#step.kernel_count"""
-    k = QKV_PROJECTION + QKV_SPLIT + ROTARY + CORE_ATTENTION + PROJECTION + _tp(plan)
+    k = QKV_PROJECTION + QKV_SPLIT + ROTARY + CORE_ATTENTION + PROJECTION + tp_collectives(plan)
     k = k + projections_quant_kernels(m, plan, torchao_weights=4)  # torchtitan's wq, wk, wv, wo
     if m.qk_norm:
         k = k + QK_NORM
@@ -365,7 +373,7 @@ def gdn_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
     """Kernels of one Gated DeltaNet mixer on the fused pre-rule, FlashQLA and fused gated-norm path.
     Derived: docs/formulas.md#step.kernel_count"""
     return (GDN_IN_PROJECTION + GDN_PRE_RULE + GDN_CHUNK_RULE + GDN_GATED_NORM + GDN_OUT_TRANSPOSE + PROJECTION
-            + _tp(plan) + projections_quant_kernels(m, plan))
+            + tp_collectives(plan) + projections_quant_kernels(m, plan))
 
 
 def mixer_kernels(m: ModelSpec, plan: ParallelPlan, kind: str) -> Kernels:
@@ -420,7 +428,7 @@ def moe_kernels(m: ModelSpec, plan: ParallelPlan, static_capacity: bool = False,
     if force_balance:
         k = k + FORCE_BALANCE
     if m.shared_ffn:
-        k = k + SHARED_EXPERT + _tp(plan) + linear_quant_kernels(m, plan, weights=_mlp_weights(m) - 1) \
+        k = k + SHARED_EXPERT + tp_collectives(plan) + linear_quant_kernels(m, plan, weights=_mlp_weights(m) - 1) \
             + linear_quant_kernels(m, plan)
         if m.shared_expert_intermediate_size is not None:
             k = k + SHARED_EXPERT_GATE
@@ -433,7 +441,7 @@ def layer_kernels(m: ModelSpec, plan: ParallelPlan, kind: str, mlp: str, **moe: 
     if mlp == "moe":
         return k + moe_kernels(m, plan, **moe)
     if mlp == "dense":
-        return k + DENSE_MLP + _tp(plan) + projections_quant_kernels(m, plan, _mlp_weights(m))
+        return k + DENSE_MLP + tp_collectives(plan) + projections_quant_kernels(m, plan, _mlp_weights(m))
     return k
 
 
@@ -488,7 +496,7 @@ def graphed_kernels(m: ModelSpec, plan: ParallelPlan, kind: str, mlp: str, scope
     if "attn" in scopes and kind != "none":
         k = k + mixer_kernels(m, plan, kind) + RESIDUAL_ADD
     if "mlp" in scopes and mlp == "dense":
-        k = k + DENSE_MLP + _tp(plan) + projections_quant_kernels(m, plan, _mlp_weights(m)) + RESIDUAL_ADD
+        k = k + DENSE_MLP + tp_collectives(plan) + projections_quant_kernels(m, plan, _mlp_weights(m)) + RESIDUAL_ADD
     if "moe_router" in scopes and mlp == "moe":
         k = k + PRE_MLP_NORM + router_kernels(m, plan) + (FORCE_BALANCE if moe.get("force_balance") else ZERO)
     return k
@@ -528,87 +536,3 @@ def layer_launch_average(m: ModelSpec, plan: ParallelPlan) -> Kernels:
     on = plan.cuda_graphs == "layers"
     n = m.num_hidden_layers
     return Kernels(where(on, graphed.fwd, eager.fwd) / n, where(on, graphed.bwd, eager.bwd) / n)
-
-
-# --- The legacy Megatron layer: megatron/model/transformer.py's ParallelTransformerLayer (no Transformer Engine),
-# which Megatron-LM ran from 2020 until Megatron-Core (2023) and the Megatron-DeepSpeed forks ran for BLOOM and
-# MT-NLG. Source: NVIDIA/Megatron-LM megatron/model/transformer.py, megatron/mpu/layers.py at d73def35a3 (2020-09)
-# and 50a4b5fa02 (2021-04), megatron/core/tensor_parallel/layers.py at 285068c810 (2023-01:
-# LinearWithGradAccumulationAndAsyncCommunication); bigscience-workshop/Megatron-DeepSpeed
-# megatron/model/transformer.py, megatron/mpu/layers.py, megatron/model/fused_bias_gelu.py at 541b967f (2022-02).
-# Counted by the rules of the Megatron-Core count above, with PyTorch's autograd for what is not a fused kernel:
-# an expanded tensor's gradient is summed back to its shape (one reduction), a 16-bit parameter gradient outside
-# the GEMM joins the accumulated one as grad_accumulation says.
-LEGACY_NORM = Kernels(1, 2)
-"""A LayerNorm module (Apex / Megatron MixedFusedLayerNorm): one kernel; backward the persistent
-one-pass kernel and its gamma / beta finalisation (norm_kernel fused-one-pass)."""
-LEGACY_NORM_TWO_PASS = Kernels(0, 1)
-"""What the two-pass backward (norm_kernel two-pass: Apex's non-persistent FusedLayerNorm, cuComputePartGradGammaBeta,
-cuComputeGradGammaBeta, then cuComputeGradInput) adds to LEGACY_NORM."""
-LEGACY_QKV = Kernels(2, 4)
-"""ColumnParallelLinear query_key_value with its bias (F.linear / matmul, then the bias: 2); backward the data- and
-weight-gradient GEMMs, the bias gradient's sum over the tokens and the concatenation of the three split views'
-gradients into mixed_x_layer's (split_tensor_along_last_dim's backward) (4)."""
-LEGACY_CORE_ATTENTION = Kernels(4, 5)
-"""The unfused core attention: baddbmm for the scores, FusedScaleMaskSoftmax (its fused kernel; a fallback's extra
-ops are cost.elementwise.softmax_launches), bmm with the values and the context's permute(...).contiguous() (4);
-backward bmm's two GEMMs, the softmax's backward and baddbmm's two GEMMs (5)."""
-LEGACY_ALIBI = Kernels(1, 0)
-"""ALiBi (Megatron-DeepSpeed's position_embedding_type alibi): baddbmm adds the bias tensor with beta != 0, so
-the bias is copied into the result before the GEMM."""
-LEGACY_DROPOUT = Kernels(1, 1)
-"""torch.nn.Dropout on the attention probabilities when p > 0 (native_dropout: output and mask in one kernel),
-and its backward."""
-LEGACY_LINEAR = Kernels(1, 2)
-"""A linear whose bias is left to the next fused op (skip_bias_add: the attention's dense, dense_h_to_4h,
-dense_4h_to_h): the GEMM; backward two GEMMs."""
-LEGACY_BIAS_DROPOUT_ADD = Kernels(1, 2)
-"""bias_dropout_add_fused_train (TorchScript, one fused kernel) on x, the expanded bias and the residual;
-backward the sum of the expanded bias's gradient over the tokens and the add where the residual stream's two
-gradients meet (as RESIDUAL_ADD). A hidden dropout (p > 0) adds its mask's backward; unfused
-(bias_dropout_fusion off: Megatron-LM 2020's opt-in flag) the bias add and the residual add run apart, and the
-dropout as its own kernel."""
-LEGACY_BIAS_GELU = Kernels(1, 2)
-"""bias_gelu_impl (GeLUFunction: bias_gelu forward, bias_gelu_back backward) and, in backward, the sum of the
-bias's full-size gradient (GeLUFunction returns tmp for it) to the bias's shape."""
-
-
-def legacy_accumulation_adds(m: ModelSpec, plan: ParallelPlan) -> Any:
-    """Backward kernels per layer and micro-batch that join a legacy layer's parameter gradients (4 weights, 4
-    biases, the norms' weights and biases) to the accumulated ones (ParallelPlan.grad_accumulation): fused, the
-    weights' in the GEMM (Megatron-LM's gradient_accumulation_fusion, wgrad_gemm_accum_fp32) and one add for each
-    other parameter (DDP's main_grad.add_ hook); add (and copy), one add for every parameter; cast-add, a cast and
-    an add for every parameter (DeepSpeed's BF16_Optimizer update_hp_grads after each pipeline backward:
-    hp_grad.add_(lp.grad.to(fp32)); deepspeedai/DeepSpeed deepspeed/runtime/bf16_optimizer.py and pipe/engine.py
-    at 56c522386)."""
-    weights, other = 4, 4 + 2 * (2 if m.norm_type == "layernorm" else 1)
-    per = {"fused": other, "add": weights + other, "copy": weights + other, "cast-add": 2 * (weights + other)}
-    return per[plan.grad_accumulation]
-
-
-def legacy_tp_kernels(plan: ParallelPlan) -> Kernels:
-    """The legacy layer's tensor-parallel collectives at tp > 1: without sequence parallelism one all-reduce per
-    block each way (the row-parallel output's in forward, the column-parallel input gradient's in backward); with
-    it an all-gather and a reduce-scatter per block forward, and backward the column-parallel linear's all-gather
-    of its input again (for the weight gradient) and reduce-scatter of its input gradient, and the row-parallel's
-    all-gather of the output gradient (3). Source: NVIDIA/Megatron-LM megatron/core/tensor_parallel/layers.py
-    (LinearWithGradAccumulationAndAsyncCommunication) and mappings.py at 285068c810."""
-    return Kernels(where(plan.tp > 1, where(plan.sp, 4, 2), 0), where(plan.tp > 1, where(plan.sp, 6, 2), 0))
-
-
-def legacy_layer_kernels(m: ModelSpec, plan: ParallelPlan) -> Kernels:
-    """Kernels of one dense GELU layer of the legacy Megatron ParallelTransformerLayer, one micro-batch (every
-    linear biased, as that layer always builds them): two norms, the QKV linear, the unfused core attention (its
-    dropout when the model has one; ALiBi's bias copy for a model without learned positions, which among the
-    legacy stacks' runs is BLOOM), the dense projection, two bias-dropout-adds, the bias-GeLU MLP, the TP
-    collectives and the gradients' accumulation (legacy_accumulation_adds). Not priced: the plan does not say
-    which layer code runs (docs/validation.md#legacy-kernels). Derived: docs/formulas.md#step.kernel_count"""
-    d_att, d_hid = int(m.attention_dropout > 0), int(m.hidden_dropout > 0)
-    norms = LEGACY_NORM.times(2) + Kernels(0, 2 * where(plan.norm_kernel == "two-pass", LEGACY_NORM_TWO_PASS.bwd, 0))
-    core = LEGACY_CORE_ATTENTION + LEGACY_DROPOUT.times(d_att)
-    if not m.learned_position_embeddings:
-        core = core + LEGACY_ALIBI
-    unfused = where(plan.bias_dropout_fusion, 0, 1 + d_hid)  # bias add, dropout, residual add apart
-    bda = (LEGACY_BIAS_DROPOUT_ADD + Kernels(unfused, d_hid)).times(2)
-    k = norms + LEGACY_QKV + core + LEGACY_LINEAR.times(3) + bda + LEGACY_BIAS_GELU + legacy_tp_kernels(plan)
-    return Kernels(k.fwd, k.bwd + legacy_accumulation_adds(m, plan))

@@ -146,7 +146,7 @@ TORCHTITAN_COMMON: dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]] = 
     "param_remainders": torchtitan.param_remainders_refusal, "swiglu_fp8_input": swiglu_fp8_refusal,
     "jit_activation": jit_activation_refusal, "fp8_attention": torchtitan.fp8_attention_refusal,
     "grad_dtype": torchtitan.grad_reduce_refusal,
-    "dp_outer_optimizer": torchtitan.dp_outer_optimizer_refusal, "offload_moe_act": torchtitan.offload_moe_act_refusal,
+    "dp_outer_optimizer": torchtitan.dp_outer_optimizer_refusal, "offload_moe_act": torchtitan.moe_act_refusal,
     "moe_paged_stash": torchtitan.stash_refusal, "offload_modules": torchtitan.offload_modules_refusal,
     "offload_layers": torchtitan.offload_layers_refusal, "recompute_layers": torchtitan.recompute_layers_refusal}
 """The EVERY_PLAN rules of torchtitan's check_common (both releases), in its order."""

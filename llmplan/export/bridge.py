@@ -547,6 +547,8 @@ def model_overrides(pf: PlanFile) -> list[tuple[str, object]]:
         out.append(("model.apply_rope_fusion", False))
     if not p.bias_dropout_fusion:  # TransformerConfig.bias_dropout_fusion: the output biases' own pass
         out.append(("model.bias_dropout_fusion", False))
+    if not p.bias_gelu_fusion and not m.gated_mlp:  # TransformerConfig.bias_activation_fusion: a GeLU MLP's fc1
+        out.append(("model.bias_activation_fusion", False))  # bias in its own pass (a gated MLP's is jit_activation)
     return out + dsa_overrides(pf)
 
 

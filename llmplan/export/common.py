@@ -667,6 +667,18 @@ def bias_add_refusal(pf: PlanFile, linears: str) -> tuple[str, bool, str]:
             "set bias_dropout_fusion true in the plan, or export to megatron")
 
 
+def bias_gelu_refusal(pf: PlanFile, linears: str) -> tuple[str, bool, str]:
+    """(what, whether, fix) for a launcher whose `linears` add their bias in the GEMM (torchtitan, DeepSpeed's
+    Hugging Face models): the plan priced a GeLU MLP's fc1 bias added in its own pass before the GeLU
+    (bias_gelu_fusion off on a dense non-gated MLP with biases: cost.elementwise.bias_gelu_bytes), which
+    does not run there."""
+    m = pf.model
+    return (f"the fc1 bias added apart from the GeLU (bias_gelu_fusion off; {bias_fields(m)}): {linears} add "
+            "their bias in the GEMM", not pf.plan.bias_gelu_fusion and bool(m.mlp_bias and not m.gated_mlp
+                                                                              and m.num_mlp_layers > 0),
+            "set bias_gelu_fusion true in the plan, or export to megatron")
+
+
 def hidden_dropout_refusal(pf: PlanFile, target: str) -> tuple[str, bool, str]:
     """(what, whether, fix) for a launcher whose model code has no hidden dropout (torchtitan's llama3, llama4,
     qwen3, deepseek_v3, gpt_oss modules: no dropout after the attention or MLP block, pytorch/torchtitan@73a0e69
@@ -711,3 +723,10 @@ def paged_stash_refusal(p: ParallelPlan, note: str = "") -> tuple[str, bool, str
     return (f"the paged stash of the experts' saved tensors (Megatron-Core's moe_paged_stash, pool factor "
             f"{p.moe_paged_stash}{note})", p.moe_paged_stash is not None,
             "re-plan without --moe-paged-stash, or export to megatron")
+
+
+def offload_moe_act_refusal(p: ParallelPlan, note: str = "") -> tuple[str, bool, str]:
+    """Offload of the experts' fc1 output, refused by a launcher without it whatever else the plan sets
+    (export.EVERY_PLAN); note: the launcher's own reason, after Megatron-Core's option."""
+    return (f"fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules moe_act{note})",
+            bool(p.offload_moe_act), "re-plan without --offload-moe-act, or export to megatron")

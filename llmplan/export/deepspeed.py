@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 from llmplan.arith import where
-from llmplan.export.common import (WIDTH, accumulation_notes, bias_add_notes, bias_add_refusal, check_accumulation,
-                                   comment_strings, header_lines, paged_stash_refusal,
+from llmplan.export.common import (WIDTH, accumulation_notes, bias_add_notes, bias_add_refusal, bias_gelu_refusal,
+                                   check_accumulation,
+                                   comment_strings, header_lines, offload_moe_act_refusal, paged_stash_refusal,
                                    is_uneven, launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals,
                                    kept_grad_shards_refusal, fp32_embedding_grads_refusal, fp32_sum_refusal,
                                    delay_wgrad_refusal, refuse, refuse_first, router_fusion_refusal,
@@ -86,12 +87,6 @@ def dp_replicate_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     return (f"hybrid sharding over {p.dp_replicate} replicas (Megatron's num_distributed_optimizer_instances; this "
             "export writes ZeRO over the whole data-parallel group)", p.dp_replicate > 1,
             "re-plan with --dp-replicate 1, or export to megatron")
-
-
-def offload_moe_act_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
-    """Offload of the experts' fc1 output, refused whatever else the plan sets (export.EVERY_PLAN)."""
-    return ("fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules moe_act)",
-            bool(p.offload_moe_act), "re-plan without --offload-moe-act, or export to megatron")
 
 
 def offload_modules_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
@@ -222,7 +217,8 @@ def check(pf: PlanFile) -> None:
     if p.pp > 1 and p.zero >= 2:
         raise refuse(TARGET, f"pipeline parallelism (pp {p.pp}) with ZeRO stage {p.zero} (DeepSpeed's pipeline engine "
                      "refuses ZeRO-2 and ZeRO-3)", "re-plan with --zero 1 or --pp 1, or export to megatron")
-    refuse_first(TARGET, _feature_rules(p) + _layout_rules(pf) + [bias_add_refusal(pf, "the Hugging Face linears")])
+    refuse_first(TARGET, _feature_rules(p) + _layout_rules(pf) + [bias_add_refusal(pf, "the Hugging Face linears"),
+                                                                 bias_gelu_refusal(pf, "the Hugging Face linears")])
     check_grads(pf)
 
 

@@ -368,6 +368,9 @@ def kernel_pairs(pf: PlanFile) -> list[tuple[str, object]]:
             # the output biases added in their own pass (_bias_dropout_add_func unfused:
             # docs/formulas.md#compute.bias_add)
             ("--no-bias-dropout-fusion", not p.bias_dropout_fusion),
+            # a GeLU MLP's fc1 bias added in its own pass (bias_activation_fusion off:
+            # docs/formulas.md#compute.bias_gelu; a SwiGLU model reads --no-bias-swiglu-fusion instead)
+            ("--no-bias-gelu-fusion", not p.bias_gelu_fusion),
             # batch_p2p_comm: the interleaved exchanges waited for and synchronised (step.pp_blocking)
             ("--no-overlap-p2p-communication", p.pp_blocking_sends and p.pp > 1 and p.vpp > 1),
             # the fused loss llmplan priced (Megatron-LM's default is the unfused vocab-parallel cross

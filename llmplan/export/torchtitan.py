@@ -15,8 +15,9 @@ from __future__ import annotations
 from functools import partial
 
 from llmplan.arith import where
-from llmplan.export.common import (accumulation_notes, bias_add_notes, bias_add_refusal, check_accumulation,
-                                   hidden_dropout_refusal, paged_stash_refusal,
+from llmplan.export.common import (accumulation_notes, bias_add_notes, bias_add_refusal, bias_gelu_refusal,
+                                   check_accumulation,
+                                   hidden_dropout_refusal, offload_moe_act_refusal, paged_stash_refusal,
                                    expert_bias, header_lines, hf_repo,
                                    launch_env_lines, launcher_schedule, need_mode, op_fuser_refusals, refuse,
                                    refuse_first,
@@ -54,6 +55,9 @@ FLAVORS = {
 
 stash_refusal = partial(paged_stash_refusal, note="; this export writes no saved-tensor hooks")
 """export.common.paged_stash_refusal with torchtitan's reason."""
+
+moe_act_refusal = partial(offload_moe_act_refusal, note="; this export writes no offload hooks")
+"""export.common.offload_moe_act_refusal with torchtitan's reason."""
 
 
 def accumulation(pf: PlanFile) -> tuple[str, str]:
@@ -164,13 +168,6 @@ def dp_outer_optimizer_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
             "re-plan without --dp-outer-optimizer")
 
 
-def offload_moe_act_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
-    """Offload of the experts' fc1 output, refused whatever else the plan sets (export.EVERY_PLAN)."""
-    return ("fine-grained offload of the experts' fc1 output (Megatron-Core's offload_modules moe_act; this export "
-            "writes no offload hooks)", bool(p.offload_moe_act),
-            "re-plan without --offload-moe-act, or export to megatron")
-
-
 def offload_modules_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
     """Megatron's fine-grained offload of listed modules, refused whatever else the plan sets (export.EVERY_PLAN)."""
     return (f"fine-grained activation offload of {', '.join(p.offload_modules)} (Megatron-Core's offload_modules; "
@@ -257,6 +254,7 @@ def _check_precision(pf: PlanFile, target: str) -> None:
                      "fused kernels: torch.compile of the model, which this export turns on for them, fuses it",
                      "set rope_fusion true in the plan, or export to megatron")
     refuse_first(target, [hidden_dropout_refusal(pf, "torchtitan"), bias_add_refusal(pf, "torchtitan's linears"),
+                          bias_gelu_refusal(pf, "torchtitan's linears"),
                           grad_reduce_refusal(p)])
 
 
@@ -280,7 +278,7 @@ def _check_recompute_moe(pf: PlanFile, target: str) -> None:
                      "DeepEP in a model's config function, which this export does not write, and routes with the "
                      "model's own router)", "re-plan with --moe-dispatcher alltoall --moe-routing random, or "
                      "export to megatron")
-    refuse_first(target, (dp_outer_optimizer_refusal(p), offload_moe_act_refusal(p), stash_refusal(p),
+    refuse_first(target, (dp_outer_optimizer_refusal(p), moe_act_refusal(p), stash_refusal(p),
                           offload_modules_refusal(p), offload_layers_refusal(p), recompute_layers_refusal(p)))
 
 

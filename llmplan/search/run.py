@@ -24,7 +24,7 @@ from llmplan.search.ties import TIE_POOL
 from llmplan.search.variants import (Variants, best_layouts, layout_codes, representative,
                                      variants_of)
 from llmplan.specs.check import MTP_RULE, RULES, check_plan, te_comm_types
-from llmplan.specs.check_switches import (SWITCH_RULES, SWITCH_USES, asks_for, fp8_params_allowed,
+from llmplan.specs.check_switches import (SWITCH_RULES, SWITCH_USES, SwitchUse, asks_for, fp8_params_allowed,
                                           named_switch_violations, settle)
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
@@ -574,14 +574,35 @@ def _pruned(m: ModelSpec, plans: PlanArrays, cluster: ClusterSpec,
             i = int(np.argmax(cut))
             pruned.append(Pruned(rule.name, n, rule.message(m, plans.plan(i), cluster)))
             keep &= ok
-    plans = plans.take(np.flatnonzero(keep))
-    if not len(plans):
+    left = plans.take(np.flatnonzero(keep))
+    if not len(left):
         worst = pruned[::-1][:3]  # the rules that cut the last remaining plans come last
         raise LlmplanError("no plan passes the rules: " + "; ".join(f"{p.rule} cut {p.count:,} (e.g. {p.example})"
                                                                    for p in worst)
                            + ". Change the pinned options, --global-batch, --seq-len or --nodes")
-    refuse_unused_switches(m, plans, named)
-    return plans, pruned
+    refuse_unused_switches(m, left, named, lambda u: _cut_users(m, plans, cluster, u))
+    return left, pruned
+
+
+def _cut_users(m: ModelSpec, plans: PlanArrays, cluster: ClusterSpec, u: SwitchUse) -> str:
+    """Why none of the plans the rules leave uses switch `u` where some of `plans` (before the rules) did: the
+    rule that alone cuts the most of those (they pass every other rule), else the one that cuts the most, with
+    its message on one of them (what, the values, the rule, the fix); "" where no plan used it (a pinned axis).
+    Run only on the way to a refusal: the rules are run again on the plans that use the switch."""
+    users = np.flatnonzero(np.broadcast_to(np.asarray(u.uses(plans), dtype=bool), (len(plans),)))
+    if not len(users):
+        return ""
+    sub = plans.take(users)
+    oks = [(rule, np.broadcast_to(ok, (len(sub),))) for rule, ok in rule_cuts(m, sub, cluster)]
+    passed = np.sum([ok for _, ok in oks], axis=0) if oks else np.zeros(len(sub))
+    alone = [(int(np.count_nonzero(~ok & (passed == len(oks) - 1))), int(np.count_nonzero(~ok)), k)
+             for k, (_, ok) in enumerate(oks)]
+    if not alone:
+        return ""
+    _, n, k = max(alone)
+    rule, ok = oks[k]
+    return (f"the {len(sub):,} plans that could use it break check rules; rule {rule.name} cuts {n:,} of them: "
+            f"{rule.message(m, sub.plan(int(np.argmin(ok))), cluster)}")
 
 
 def _screened(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allowance: MemoryAllowance | None,
@@ -854,13 +875,15 @@ def any_passes(m: ModelSpec, plans: PlanArrays, cluster: ClusterSpec) -> bool:
     return bool(keep.any())
 
 
-def refuse_unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] | None = None) -> None:
+def refuse_unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[str] | None = None,
+                           cut_by: Callable[[SwitchUse], str] | None = None) -> None:
     """Refuse a switch of SWITCH_USES the user `named` (the default value included; None, a library call: the
     switches the workload sets away from their defaults) that none of the plans left by the rules can use
     (zero3_unit tensor with --zero 1 pinned, ep_comm_overlap with --ep 1), and a named MoE switch on a dense
     model: it would silently do nothing. Where some plans use it, the others keep it and price as without it
     (they show with its default: check_switches.settle). A switch the search turns on itself (tp_comm_overlap
-    where sp is on) is not named, and never refused."""
+    where sp is on) is not named, and never refused. `cut_by`: for a switch refused, why the rules cut every
+    plan that used it (_cut_users; "" where none did), said in place of the axis advice."""
     dense = [v for v in named_switch_violations(m, plans.plan(0, settled=False), named or ())
              if v.rule == "moe_switches_dense"]
     if dense:
@@ -870,8 +893,9 @@ def refuse_unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[st
             continue
         asked = u.given(plans.w) if named is None else any(asks_for(plans.w, f, named) for f in u.fields)
         if asked and not np.any(u.uses(plans)):
-            raise LlmplanError(f"none of the {len(plans):,} plans searched can use it: "
-                               f"{u.message(plans.plan(0, settled=False))} (or unpin the axis it needs)")
+            why = cut_by(u) if cut_by is not None else ""
+            raise LlmplanError(f"none of the {len(plans):,} plans searched can use it: " + (why or
+                               f"{u.message(plans.plan(0, settled=False))} (or unpin the axis it needs)"))
 
 
 def shown(res: SearchResult, top: int) -> SearchResult:

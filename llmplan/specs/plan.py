@@ -50,7 +50,7 @@ TUPLE_ITEMS = {f: "numbers, one per TP-overlap role (all-gathers, forward reduce
 validation_message)."""
 
 PLAN_FILE_ONLY = ("tp_overlap_sms", "tp_overlap_margin_sms", "torchao_saves_hp_input", "jit_activation",
-                  "overlap_param_gather_with_optimizer_step")
+                  "overlap_param_gather_with_optimizer_step", "bias_gelu_fusion")
 """ParallelPlan fields with no command-line flag: set only by editing a plan file (or by a family's recipe)."""
 
 
@@ -446,6 +446,12 @@ class ParallelPlan(PlanQuantities, Spec):
     those biases or hidden dropout. estimate and search settle it False for a model with expert biases (GPT-OSS:
     Megatron-Core's TEGroupedMLP refuses the fusion with biases; specs.defaults.default_bias_dropout_fusion) unless
     --bias-dropout-fusion is given."""
+    bias_gelu_fusion: bool = True
+    """A non-gated biased MLP's fc1 bias added inside the fused bias-GeLU kernel (Megatron's bias_gelu_impl: one
+    pass over the fc1 output). False: the bias added in its own pass, then F.gelu (Megatron-Core's MLP without
+    bias_activation_fusion, Megatron-LM's --no-bias-gelu-fusion; Megatron-LM 2020's default, where
+    --bias-gelu-fusion was opt-in), priced as that pass (docs/formulas.md#compute.bias_gelu). Priced only for a
+    dense MLP with mlp_bias and no gate; set in a plan file."""
     rope_complex: bool = False
     """The rotary is PyTorch complex arithmetic (torchtitan's Llama at 9dec370, apply_rotary_emb: the fp32 copy
     viewed as complex, times freqs_cis, viewed back and cast), which torch.compile's Inductor does not generate
