@@ -289,8 +289,8 @@ def _layout_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
 
 
 def _feature_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
-    """(what, whether the plan has it, fix) for the attention kernel, TP overlap, optimizer precision, DeepSeek-V4
-    attention, CUDA graphs and context length that Megatron-Bridge's overrides cannot set as priced."""
+    """(what, whether the plan has it, fix) for the attention kernel, TP overlap, optimizer precision, CUDA graphs
+    and context length that Megatron-Bridge's overrides cannot set as priced."""
     p, m = pf.plan, pf.model
     return [
         attention_kernel_refusal(p),
@@ -306,9 +306,8 @@ def _feature_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
          "runs it only in the distributed optimizer)", precision_aware(p) and p.zero == 0, "re-plan with --zero 1"),
         bf16_modules_refusal(p),
         mxfp8_modules_refusal(p),
-        (f"TP {p.tp} with DeepSeek-V4's attention (Megatron-Core's DSv4HybridAttention asserts a TP size of 1)",
-         m.compressed_layers > 0 and p.tp > 1, "re-plan with --tp 1 (split the experts with --ep)"),
-        # core_attn recompute, which DSv4HybridAttention also asserts against: check_plan (recompute_core_attn_dsv4)
+        # TP > 1 and core_attn recompute, which DSv4HybridAttention asserts against: check_plan (tp_dsv4,
+        # recompute_core_attn_dsv4)
         cast_add_refusal(pf),
         cuda_graphs_refusal(p),
         (f"a sequence of {p.seq_len} tokens past {m.name}'s max_position_embeddings ({m.max_position_embeddings}): "
