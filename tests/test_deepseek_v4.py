@@ -281,5 +281,22 @@ def test_bridge_export_runs_the_fused_csa_path_it_prices(cli, tmp_path):
              "model.dsa_indexer_use_sparse_loss=true"]
     args = _bridge_overrides(cli, tmp_path, "gb200-nvl72")
     assert all(a in args for a in fused), [a for a in args if "dsa" in a]
-    # priced on the dense kernel (no published sparse rate on H100): the recipe's unfused path stays
-    assert not [a for a in _bridge_overrides(cli, tmp_path, "dgx-h100") if "dsa" in a]
+    # priced on the dense kernel (no published sparse rate on H100): the recipe's unfused path and its coefficient
+    # 0 stay, now written (docs/formulas.md#compute.indexer_training)
+    assert [a for a in _bridge_overrides(cli, tmp_path, "dgx-h100") if "dsa" in a] == [
+        "model.dsa_indexer_loss_coeff=0", "model.dsa_indexer_use_sparse_loss=false"]
+
+
+@pytest.mark.parametrize(("loss", "written"), [
+    ("off", ["model.apply_dsa_kernel_fusion=true", "model.dsa_indexer_loss_coeff=0",
+             "model.dsa_indexer_use_sparse_loss=true"]),
+    ("dense", ["model.apply_dsa_kernel_fusion=true", "model.dsa_indexer_loss_coeff=0.01",
+               "model.dsa_indexer_use_sparse_loss=false"]),
+    ("sparse", ["model.apply_dsa_kernel_fusion=true", "model.dsa_indexer_loss_coeff=0.01",
+                "model.dsa_indexer_use_sparse_loss=true"])])
+def test_bridge_export_writes_the_indexer_training_it_prices(cli, tmp_path, loss, written):
+    # Megatron-Core's dsa_indexer_loss_coeff / dsa_indexer_use_sparse_loss (csa_kernels.py at 1e23526adc): the
+    # fused path computes its KL target at any coefficient, over the k keys with the sparse flag, every
+    # compressed key without; the indexer backward only above 0
+    args = _bridge_overrides(cli, tmp_path, "gb200-nvl72", "--indexer-loss", loss)
+    assert [a for a in args if "dsa" in a] == written
