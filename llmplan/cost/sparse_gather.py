@@ -104,9 +104,10 @@ Derived: docs/formulas.md#compute.indexer_training"""
 
 def reference_rate(gpu: GpuSpec) -> float:
     """FLOP/s of the reference indexer loss's fp32 matmuls (q.float(), query.float() before einsum / bmm): the
-    sustained TF32 peak where the GPU lists one (NGC PyTorch containers let cuBLAS take fp32 matmuls to TF32:
-    TORCH_ALLOW_TF32_CUBLAS_OVERRIDE; an assumption), else its fp32 peak.
-    Derived: docs/formulas.md#compute.indexer_training"""
+    sustained TF32 peak where the GPU lists one, else its fp32 peak: Megatron-LM does not set allow_tf32, but the
+    NGC PyTorch containers the recipes run in set ENV TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, so cuBLAS takes fp32
+    matmuls to TF32. Source: MONAI docs, "Precision and Accelerating" (docs.monai.io/en/stable/
+    precision_accelerating.html). Derived: docs/formulas.md#compute.indexer_training"""
     return gpu.sustained_flops("tf32" if gpu.tflops.get("tf32") else "fp32")
 
 
