@@ -196,11 +196,10 @@ def test_exports_run_the_bridge_recipe_and_refuse_what_dsv4_attention_cannot():
     script = "\n".join(files.values())
     assert "--recipe deepseek_v4_flash_pretrain_config" in script
     assert "model.pipeline_model_parallel_layout=\"Et*22|t*21mL\"" in script and "model.mtp_num_layers=1" in script
-    with pytest.raises(CannotExpress, match="DSv4HybridAttention asserts a TP size of 1"):
-        render_all(_plan_file(tp=2, sp=True, dp=4, ep=8, etp=1), "megatron-bridge")  # sp: moe_tp_sp passes
-    # core_attn recompute is check_plan's rule (recompute_core_attn_dsv4), not the export's
+    # TP > 1 and core_attn recompute are check_plan's rules (tp_dsv4, recompute_core_attn_dsv4), not the export's
     from llmplan.specs.check import check_plan
     assert "recompute_core_attn_dsv4" in {v.rule for v in check_plan(FLASH, _plan(recompute="selective"))}
+    render_all(_plan_file(tp=2, sp=True, dp=4, ep=8, etp=1), "megatron-bridge")  # no second copy of tp_dsv4
 
 
 def test_mhc_recompute_drops_the_streams_and_reruns_their_projections():
@@ -239,6 +238,26 @@ def test_core_attn_recompute_of_dsv4_attention_is_a_plan_error(cli, modules):
                 if v.rule == "recompute_core_attn_dsv4"]
 
 
+def test_tp_above_one_with_dsv4_attention_is_a_plan_error(cli):
+    # NVIDIA/Megatron-LM deepseek_v4_hybrid_attention.py at 1e23526adc: DSv4HybridAttention.__init__ asserts
+    # `get_pg_size(self.pg_collection.tp) == 1` ("DSv4 Hybrid Attention only supports TP size 1")
+    from llmplan.specs.check import check_plan
+    plan = _plan(tp=2, sp=True, dp=4, ep=8, etp=1)
+    assert [v.rule for v in check_plan(FLASH, plan)] == ["tp_dsv4"]
+    assert [v.rule for v in check_plan(builtin_models()["deepseek-v4-pro"], plan)][:1] == ["tp_dsv4"]
+    r = cli("estimate", "--model", "deepseek-v4-flash", "--nodes", "2", "--tp", "2", "--sp", "--pp", "1", "--ep",
+            "8", "--etp", "1", "--global-batch", "64", "--seq-len", "4096", "--recompute", "selective",
+            "--recompute-modules", "mla_up_proj", "--hardware", "gb200-nvl72")
+    assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
+    assert "tp 2" in r.err and "DSv4HybridAttention asserts a TP size of 1" in r.err and "--tp 1" in r.err
+    # a search pinned to tp 2 is cut by the rule, by name
+    r = cli("search", "--model", "deepseek-v4-flash", "--hardware", "gb200-nvl72", "--nodes", "2",
+            "--global-batch", "64", "--seq-len", "4096", "--tp", "2")
+    assert r.code == 2 and "tp_dsv4 cut" in r.err
+    # other models keep TP (DeepSeek-V3's MLA)
+    assert not [v for v in check_plan(builtin_models()["deepseek-v3"], plan) if v.rule == "tp_dsv4"]
+
+
 def _bridge_overrides(cli, tmp_path, hardware: str, *extra: str) -> list[str]:
     import re
     import shlex
@@ -262,5 +281,22 @@ def test_bridge_export_runs_the_fused_csa_path_it_prices(cli, tmp_path):
              "model.dsa_indexer_use_sparse_loss=true"]
     args = _bridge_overrides(cli, tmp_path, "gb200-nvl72")
     assert all(a in args for a in fused), [a for a in args if "dsa" in a]
-    # priced on the dense kernel (no published sparse rate on H100): the recipe's unfused path stays
-    assert not [a for a in _bridge_overrides(cli, tmp_path, "dgx-h100") if "dsa" in a]
+    # priced on the dense kernel (no published sparse rate on H100): the recipe's unfused path and its coefficient
+    # 0 stay, now written (docs/formulas.md#compute.indexer_training)
+    assert [a for a in _bridge_overrides(cli, tmp_path, "dgx-h100") if "dsa" in a] == [
+        "model.dsa_indexer_loss_coeff=0", "model.dsa_indexer_use_sparse_loss=false"]
+
+
+@pytest.mark.parametrize(("loss", "written"), [
+    ("off", ["model.apply_dsa_kernel_fusion=true", "model.dsa_indexer_loss_coeff=0",
+             "model.dsa_indexer_use_sparse_loss=true"]),
+    ("dense", ["model.apply_dsa_kernel_fusion=true", "model.dsa_indexer_loss_coeff=0.01",
+               "model.dsa_indexer_use_sparse_loss=false"]),
+    ("sparse", ["model.apply_dsa_kernel_fusion=true", "model.dsa_indexer_loss_coeff=0.01",
+                "model.dsa_indexer_use_sparse_loss=true"])])
+def test_bridge_export_writes_the_indexer_training_it_prices(cli, tmp_path, loss, written):
+    # Megatron-Core's dsa_indexer_loss_coeff / dsa_indexer_use_sparse_loss (csa_kernels.py at 1e23526adc): the
+    # fused path computes its KL target at any coefficient, over the k keys with the sparse flag, every
+    # compressed key without; the indexer backward only above 0
+    args = _bridge_overrides(cli, tmp_path, "gb200-nvl72", "--indexer-loss", loss)
+    assert [a for a in args if "dsa" in a] == written

@@ -70,12 +70,18 @@ def test_csa_call_reproduces_the_published_kernel_times(gpu: str) -> None:
     assert bwd * 1e3 == pytest.approx(bwd_ms, rel=0.01)
 
 
-def test_gpu_without_a_published_rate_keeps_the_dense_price() -> None:
+def test_gpu_without_a_published_rate_keeps_the_dense_price_for_the_core() -> None:
+    # the core at the dense rate; the indexer's scores and loss as Megatron-Core's reference path runs them
+    # (tests/test_indexer_training.py, docs/formulas.md#compute.indexer_training)
     g = GPUS["h100-sxm"]
     assert g.sparse_gather_efficiency is None
     p = plan(dtype="bf16", recipe="tensorwise")
     flops = layer_flops(FLASH, p, True).attention
-    assert attention_seconds(FLASH, p, g, flops, 1e15) == pytest.approx(flops / 1e15)
+    core = attention_score_flops(FLASH, p, attention_keys(FLASH, p.seq_len))
+    assert attention_seconds(FLASH, p, g, flops, 1e15) > core / 1e15
+    no_indexer = FLASH.model_copy(update={"layer_types": ("sliding_attention",) * FLASH.num_hidden_layers})
+    f = layer_flops(no_indexer, p, True).attention
+    assert attention_seconds(no_indexer, p, g, f, 1e15) == pytest.approx(f / 1e15)
 
 
 def test_sparse_price_on_gb200_exceeds_the_dense_price() -> None:

@@ -198,7 +198,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "grad_accumulation", "grad_reduce_dtype", "grad_reduce_fp32_sum", "launch_blocking",
                      "offload_layers",
                      "offload_moe_act", "moe_paged_stash", "moe_rank_capacity_factor", "zero3_unit",
-                     "mtp_layers",
+                     "mtp_layers", "indexer_loss",
                      "dp_replicate", "dp_outer_optimizer",
                      "rope_complex", "zero3_copy_out", "pp_blocking_sends",
                      "norm_kernel", "pp_unbatched_sends", "softmax_kernel", "fp8_scaling")
@@ -242,6 +242,7 @@ OPTION_FLAGS = {"num_nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "fix
                 "dtype": "--dtype", "pp_schedule": "--pp-schedule", "grad_dtype": "--grad-dtype",
                 "grad_reduce": "--grad-reduce", "grad_accumulation": "--grad-accumulation",
                 "grad_reduce_dtype": "--grad-reduce-dtype", "zero3_unit": "--zero3-unit",
+                "indexer_loss": "--indexer-loss",
                 **SERVE_PLAN_FLAGS}
 """The flag that sets each spec field the options build, where one flag alone sets it: a bad value is one
 line naming the flag and the value to give (registry.validation_message), not the field."""

@@ -72,6 +72,10 @@ MTP_LAYERS = typer.Option(None, "--mtp-layers", min=0, max=16,
                           help="Multi-token-prediction modules to train (Megatron --mtp-num-layers): 0 trains "
                                "without the model's MTP module; at most its num_nextn_predict_layers (default: "
                                "all of them).")
+INDEXER_LOSS = typer.Option(None, "--indexer-loss",
+                            help="DeepSeek Sparse Attention's indexer training (Megatron dsa_indexer_loss_coeff, "
+                                 "dsa_indexer_use_sparse_loss): off (coefficient 0) | dense | sparse (KL over the "
+                                 "selected keys); default: the model's recipe.")
 MOE_PAGED_STASH = typer.Option(None, "--moe-paged-stash", min=1.0, max=4.0,
                                help="MoE, full-iteration graphs: page the fused grouped MLP's saved tensors into a "
                                     "device pool of this factor x the average rows (Megatron --moe-paged-stash, "
@@ -386,6 +390,7 @@ SWITCHES = Flags("Training switches", {
     "cp_comm_overlap": CP_COMM_OVERLAP,
     "recompute_layers": RECOMPUTE_LAYERS,
     "recompute_modules": RECOMPUTE_MODULES, "offload_layers": OFFLOAD_LAYERS, "mtp_layers": MTP_LAYERS,
+    "indexer_loss": INDEXER_LOSS,
     "offload_moe_act": OFFLOAD_MOE_ACT, "moe_paged_stash": MOE_PAGED_STASH,
     "moe_rank_capacity_factor": MOE_RANK_CAPACITY_FACTOR, "offload_modules": OFFLOAD_MODULES,
     "dp_replicate": DP_REPLICATE,

@@ -98,7 +98,7 @@ from llmplan.cost.quantize import (  # noqa: F401  (re-exported: their home was 
     nvfp4_quantize_bytes,
     quantize_bytes,
 )
-from llmplan.cost.sparse_gather import gather_layer_seconds, indexer_loss_layer_seconds
+from llmplan.cost.sparse_gather import gather_layer_seconds, indexer_loss_layer_seconds, reference_indexer_seconds
 from llmplan.cost.stages import recomputed_share
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -337,16 +337,21 @@ def attention_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, attention_
     forward-equivalents, since stage_compute charges the attention three times, with the CSA indexer-loss kernels
     (cost.sparse_gather.indexer_loss_layer_seconds) likewise; the rest of the FLOPs (the CSA indexers' scores) at
     peak_attn in the forward alone: the indexer's inputs are detached and its gradient comes from its sparse
-    backward, so no backward of the dense scores runs.
-    Derived: docs/formulas.md#compute.sparse_gather, docs/formulas.md#compute.indexer_loss"""
-    dense = attention_flops / peak_attn
+    backward, so no backward of the dense scores runs. Without those kernels (DeepSeek-V3.2; DeepSeek-V4 on a
+    GPU without a published rate or unfused) the indexer's scores and loss are Megatron-Core's reference path
+    (cost.sparse_gather.reference_indexer_seconds) beside the core at peak_attn.
+    Derived: docs/formulas.md#compute.sparse_gather, docs/formulas.md#compute.indexer_loss,
+    docs/formulas.md#compute.indexer_training"""
+    if not m.is_sparse_attention and not m.compressed_layers:
+        return attention_flops / peak_attn
+    core = attention_score_flops(m, plan, attention_keys(m, plan.seq_len))  # the counted (query, key) pairs
+    scores = attention_flops - core  # the indexers' scores (forward FLOPs)
+    unfused = core / peak_attn + reference_indexer_seconds(m, plan, gpu, scores)
     if not m.compressed_layers or gpu.sparse_gather_efficiency is None:
-        return dense
+        return unfused
     fwd, bwd = gather_layer_seconds(m, plan, gpu)
     target, indexer_bwd = indexer_loss_layer_seconds(m, plan, gpu)
-    core = attention_score_flops(m, plan, attention_keys(m, plan.seq_len))  # the counted (query, key) pairs
-    scores = (attention_flops - core) / peak_attn  # the indexers' dense scores, forward only
-    return where(plan.flash_attention, (fwd + bwd + target + indexer_bwd + scores) / 3, dense)
+    return where(plan.flash_attention, (fwd + bwd + target + indexer_bwd + scores / peak_attn) / 3, unfused)
 
 
 def grad_accumulation_bytes(plan: ParallelPlan) -> float:

@@ -69,6 +69,78 @@ def fused_csa_priced(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> bool:
     return bool(m.compressed_layers) and plan.flash_attention and gpu.sparse_gather_efficiency is not None
 
 
+def indexer_loss(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> str:
+    """How the plan trains the lightning indexer ("off", "dense" or "sparse"; "off" for a model without one):
+    ParallelPlan.indexer_loss, else ModelSpec.indexer_loss (the model's public Megatron config), else, for
+    DeepSeek-V4, "sparse" on a GPU with a published sparse gather rate (Megatron-Bridge's perf recipes with the
+    fused CSA path, fused_csa_priced: perf_recipes/deepseek/gb200/deepseek_v4.py at 067f987df,
+    dsa_indexer_loss_coeff 0.01, dsa_indexer_use_sparse_loss True) and "off" elsewhere (its library recipes:
+    recipes/deepseek/h100/deepseek_v4.py, coefficient 0.0), else "off" (Megatron-Core's dsa_indexer_loss_coeff
+    None). The Megatron-Bridge export writes it (export.bridge.dsa_overrides).
+    Derived: docs/formulas.md#compute.indexer_training"""
+    if not m.is_sparse_attention:
+        return "off"
+    if plan.indexer_loss is not None:
+        return str(plan.indexer_loss)
+    if m.indexer_loss is not None:
+        return m.indexer_loss
+    return "sparse" if m.compressed_layers and gpu.sparse_gather_efficiency is not None else "off"
+
+
+REFERENCE_SCORE_PASSES = (1, 4)
+"""Passes over the indexer's scores, in units of its forward (2·H_I·d_I + 2·H_I a scored pair), that Megatron-Core's
+reference indexer loss runs (FusedDSAIndexerLoss, no fused DSA kernel): forward one (fused_qk_topk_naive's
+_compute_index_scores, shared by the top-k and the loss); backward four (bwd_fused_indexer_loss_naive recomputes
+the weighted scores, the unweighted einsum again, then dQ and dK), every scored key whatever the loss's mask.
+Source: NVIDIA/Megatron-LM megatron/core/transformer/experimental_attention_variant/dsa.py at 1e23526adc.
+Derived: docs/formulas.md#compute.indexer_training"""
+
+REFERENCE_TARGET_PASSES = (1, 1)
+"""Passes of the KL target (the main attention's QK^T of the rank's heads over every scored key, query and key
+detached) in Megatron-Core's reference indexer loss: compute_dsa_indexer_loss in the forward, recomputed by
+bwd_fused_indexer_loss_naive in the backward. Source: NVIDIA/Megatron-LM dsa.py at 1e23526adc.
+Derived: docs/formulas.md#compute.indexer_training"""
+
+
+def reference_rate(gpu: GpuSpec) -> float:
+    """FLOP/s of the reference indexer loss's fp32 matmuls (q.float(), query.float() before einsum / bmm): the
+    sustained TF32 peak where the GPU lists one, else its fp32 peak: Megatron-LM does not set allow_tf32, but the
+    NGC PyTorch containers the recipes run in set ENV TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, so cuBLAS takes fp32
+    matmuls to TF32. Source: MONAI docs, "Precision and Accelerating" (docs.monai.io/en/stable/
+    precision_accelerating.html). Derived: docs/formulas.md#compute.indexer_training"""
+    return gpu.sustained_flops("tf32" if gpu.tflops.get("tf32") else "fp32")
+
+
+def indexer_target_flops(m: ModelSpec, plan: ParallelPlan, scores: Any) -> Any:
+    """Forward FLOPs of the indexer loss's KL target over the keys the indexer scores, one layer, one micro-batch,
+    one rank, from the scores' FLOPs (scores / (2·H_I·d_I + 2·H_I) scored pairs): the main attention's QK^T of the
+    rank's a/t heads at d_qk over each scored pair (MLA: the query-key head dimension; DeepSeek-V4: d).
+    Derived: docs/formulas.md#compute.indexer_training"""
+    from llmplan.cost.flops import attention_head_dims
+    from llmplan.cost.sparse import indexer_flops_per_pair
+    pairs = scores / max(indexer_flops_per_pair(m), 1.0)
+    return pairs * 2.0 * m.num_attention_heads / plan.tp * attention_head_dims(m)[0]
+
+
+def reference_indexer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, scores: Any) -> Any:
+    """Forward-equivalent seconds (stage_compute charges them three times) of the mean layer's indexer scores and
+    loss where no fused DSA kernel runs (DeepSeek-V3.2; DeepSeek-V4 off its fused CSA path), one micro-batch, one
+    rank, given the scores' forward FLOPs: Megatron-Core's reference path in fp32 (reference_rate). With the
+    loss off (DeepSeek-V3.2 at dsa_indexer_loss_coeff 0: the indexer under torch.no_grad) the scores' forward
+    alone; else FusedDSAIndexerLoss's REFERENCE_SCORE_PASSES over the scores and REFERENCE_TARGET_PASSES over
+    the KL target (indexer_target_flops), every scored key for the dense and the sparse loss alike (the sparse
+    mask is applied to full score matrices). DeepSeek-V4's CSA layers run it at any coefficient: csa.py's
+    _forward_unfused_csa calls FusedDSAIndexerLoss in every training step and attaches its loss
+    (DSAIndexerLossAutoScaler), so its backward runs, scaled by 0. Source: NVIDIA/Megatron-LM
+    experimental_attention_variant/dsa.py (use_indexer_loss, FusedDSAIndexerLoss, fwd_ / bwd_fused_indexer_loss_naive)
+    and csa.py (_forward_unfused_csa) at 1e23526adc. Derived: docs/formulas.md#compute.indexer_training"""
+    rate = reference_rate(gpu)
+    if not m.compressed_layers and indexer_loss(m, plan, gpu) == "off":
+        return scores / rate / 3
+    work = sum(REFERENCE_SCORE_PASSES) * scores + sum(REFERENCE_TARGET_PASSES) * indexer_target_flops(m, plan, scores)
+    return work / rate / 3
+
+
 def padded_slots(K: Any) -> Any:
     """K slots rounded up to GATHER_TOPK_ALIGN. Derived: docs/formulas.md#compute.sparse_gather"""
     return np.ceil(np.asarray(K, dtype=float) / GATHER_TOPK_ALIGN) * GATHER_TOPK_ALIGN
@@ -128,7 +200,11 @@ def indexer_loss_layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -
     2·(s/cp)·b·H_I·d_I·k, the indexer replicated on every TP rank); its autograd backward then only scales the
     gradients precomputed. Priced at the published gather rates (GpuSpec.sparse_gather_efficiency, forward for the
     recompute, backward for the indexer backward) at k slots (padded_slots, gather_rate_ratio): no rate of either
-    kernel is published. 0 without a published rate or a CSA indexer.
+    kernel is published. As the plan trains the indexer (indexer_loss): sparse as above; dense over every
+    compressed key (s/m, padded: the dense target _compute_dense_attn_score and dense_indexer_backward_wrapper);
+    off (dsa_indexer_loss_coeff 0, which the Megatron-Bridge export writes with the sparse flag) the target over
+    the k keys, which the kernel computes at any coefficient, and no indexer backward (its gradients are zeros).
+    0 without a published rate or a CSA indexer.
     Source: NVIDIA/Megatron-LM megatron/core/transformer/experimental_attention_variant/csa.py
     (_forward_fused_indexer_training) and csa_kernels.py (FusedCSAIndexerSparseAttnFunc: _compute_attn_target,
     indexer_backward_wrapper "eagerly computed in the forward pass") at 1e23526adc.
@@ -138,10 +214,11 @@ def indexer_loss_layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -
     if eff is None or not n or not m.index_topk:
         return 0.0, 0.0
     T = plan.seq_len / plan.cp * plan.micro_batch
-    k = padded_slots(m.index_topk)
+    loss = indexer_loss(m, plan, gpu)
+    k = padded_slots(plan.seq_len / m.compress_rate_csa if loss == "dense" else m.index_topk)
     rate = gpu.sustained_flops("bf16") * gather_rate_ratio(k)
     target = 2.0 * T * m.num_attention_heads / plan.tp * k * m.d_head / (rate * eff[0])
     H, dI = m.index_n_heads or 0, m.index_head_dim or 0
-    backward = INDEXER_BACKWARD_GEMMS * 2.0 * T * H * dI * k / (rate * eff[1])
+    backward = INDEXER_BACKWARD_GEMMS * 2.0 * T * H * dI * k / (rate * eff[1]) * (loss != "off")
     L = m.num_hidden_layers
     return n * target / L, n * backward / L

@@ -14,7 +14,7 @@ from typing import Any
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.model_states import grad_prescaled
 from llmplan.cost.muon import MUON_NS_STEPS
-from llmplan.cost.sparse_gather import fused_csa_priced
+from llmplan.cost.sparse_gather import fused_csa_priced, indexer_loss
 from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal,
                                    kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
@@ -289,8 +289,8 @@ def _layout_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
 
 
 def _feature_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
-    """(what, whether the plan has it, fix) for the attention kernel, TP overlap, optimizer precision, DeepSeek-V4
-    attention, CUDA graphs and context length that Megatron-Bridge's overrides cannot set as priced."""
+    """(what, whether the plan has it, fix) for the attention kernel, TP overlap, optimizer precision, CUDA graphs
+    and context length that Megatron-Bridge's overrides cannot set as priced."""
     p, m = pf.plan, pf.model
     return [
         attention_kernel_refusal(p),
@@ -306,9 +306,8 @@ def _feature_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
          "runs it only in the distributed optimizer)", precision_aware(p) and p.zero == 0, "re-plan with --zero 1"),
         bf16_modules_refusal(p),
         mxfp8_modules_refusal(p),
-        (f"TP {p.tp} with DeepSeek-V4's attention (Megatron-Core's DSv4HybridAttention asserts a TP size of 1)",
-         m.compressed_layers > 0 and p.tp > 1, "re-plan with --tp 1 (split the experts with --ep)"),
-        # core_attn recompute, which DSv4HybridAttention also asserts against: check_plan (recompute_core_attn_dsv4)
+        # TP > 1 and core_attn recompute, which DSv4HybridAttention asserts against: check_plan (tp_dsv4,
+        # recompute_core_attn_dsv4)
         cast_add_refusal(pf),
         cuda_graphs_refusal(p),
         (f"a sequence of {p.seq_len} tokens past {m.name}'s max_position_embeddings ({m.max_position_embeddings}): "
@@ -493,13 +492,19 @@ def dsa_overrides(pf: PlanFile) -> list[tuple[str, object]]:
     is a TransformerConfig field of Megatron-Core's dev branch (1e23526adc; Optional[bool], mapped to
     dsa_kernel_backend "cudnn"), which the DSv4 recipes need and assign; the recorded cd4afff config lacks it.
     dsa_kernel_backend alone would not do: the recipes' apply_dsa_kernel_fusion False maps to "none" and
-    TransformerConfig.__post_init__ raises on the conflict. Nothing where the plan is priced on the dense kernel
-    (the recipe's unfused path stays)."""
+    TransformerConfig.__post_init__ raises on the conflict. Where the plan is priced on the dense kernel the
+    recipe's unfused path stays. The indexer's training is written as the plan prices it
+    (cost.sparse_gather.indexer_loss, docs/formulas.md#compute.indexer_training): dsa_indexer_loss_coeff 0.0 when
+    off, else DSA_INDEXER_LOSS_COEFF; dsa_indexer_use_sparse_loss True for sparse and, at coefficient 0, on the
+    fused path (its KL target then spans the k selected keys, as priced), False for dense."""
     p, m = pf.plan, pf.model
-    if not fused_csa_priced(m, p, pf.cluster.system.gpu):
+    if not m.compressed_layers or not m.is_sparse_attention:
         return []
-    return [("model.apply_dsa_kernel_fusion", True), ("model.dsa_indexer_loss_coeff", DSA_INDEXER_LOSS_COEFF),
-            ("model.dsa_indexer_use_sparse_loss", True)]
+    gpu = pf.cluster.system.gpu
+    loss, fused = indexer_loss(m, p, gpu), fused_csa_priced(m, p, gpu)
+    out: list[tuple[str, object]] = [("model.apply_dsa_kernel_fusion", True)] if fused else []
+    return out + [("model.dsa_indexer_loss_coeff", 0.0 if loss == "off" else DSA_INDEXER_LOSS_COEFF),
+                  ("model.dsa_indexer_use_sparse_loss", loss == "sparse" or (loss == "off" and fused))]
 
 
 DSA_INDEXER_LOSS_COEFF = 0.01

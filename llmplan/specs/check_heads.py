@@ -1,6 +1,7 @@
 """check_plan's tensor- and context-parallel head rules: tp divides the attention and KV heads, the FFN widths
-and a hybrid's recurrent heads and groups; cp divides each TP rank's recurrent heads (valid_tp lists the tp
-degrees that keep them). RULES in specs/check.py runs them, in this order, first."""
+and a hybrid's recurrent heads and groups; DeepSeek-V4's attention runs at tp 1; cp divides each TP rank's
+recurrent heads (valid_tp lists the tp degrees that keep them; serving may split DeepSeek-V4 over TP, so the
+tp 1 rule is not one of them). RULES in specs/check.py runs them, in this order, first."""
 
 from __future__ import annotations
 
@@ -70,8 +71,15 @@ HEAD_RULES: tuple[Rule, ...] = (
     Rule("tp_heads", lambda m, p, c: m.num_attention_heads % p.tp == 0,
          lambda m, p, c: f"tp ({p.tp}) must divide num_attention_heads ({m.num_attention_heads}) of {m.name}; "
                          f"valid tp: {bounded_list(valid_tp(m))}"),
+    # NVIDIA/Megatron-LM experimental_attention_variant/deepseek_v4_hybrid_attention.py at 1e23526adc
+    # (DSv4HybridAttention.__init__: assert get_pg_size(self.pg_collection.tp) == 1)
+    Rule("tp_dsv4", lambda m, p, c: (not m.compressed_layers) | (p.tp == 1),
+         lambda m, p, c: f"tp {p.tp} with {m.name}'s compressed attention: Megatron-Core's DSv4HybridAttention "
+                         "asserts a TP size of 1 (deepseek_v4_hybrid_attention.py); use --tp 1 and split the "
+                         "experts with --ep, as Megatron-Bridge's deepseek_v4 recipes do"),
     Rule("tp_kv_heads",
-         lambda m, p, c: (m.num_attention_heads % p.tp != 0) | (m.kv_heads % p.tp == 0),
+         # DeepSeek-V4's one shared key/value head: tp_dsv4 holds it to tp 1, for the library's own reason
+         lambda m, p, c: (m.num_attention_heads % p.tp != 0) | (m.kv_heads % p.tp == 0) | bool(m.compressed_layers),
          lambda m, p, c: f"tp ({p.tp}) must divide num_key_value_heads ({m.kv_heads}) of {m.name} (Megatron's "
                          "num_query_groups rule: training does not replicate KV heads); valid tp: "
                          f"{bounded_list(valid_tp(m))}"),

@@ -593,6 +593,9 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "have (mla_up_proj: MLA attention or a query rank; moe, moe_act: expert layers; "
                          "shared_experts: shared experts; mhc: hyper-connections; Megatron TransformerConfig "
                          "rules); drop them from --recompute-modules"),
+    Rule("indexer_loss_model", lambda m, p, c: (p.indexer_loss is None) | m.is_sparse_attention,
+         lambda m, p, c: f"indexer_loss {p.indexer_loss} with {m.name}, which has no DeepSeek Sparse Attention "
+                         "indexer (index_topk) to train; drop --indexer-loss"),
     # NVIDIA/Megatron-LM experimental_attention_variant/deepseek_v4_hybrid_attention.py at 1e23526adc
     # (DSv4HybridAttention.__init__: assert not self.checkpoint_core_attention)
     Rule("recompute_core_attn_dsv4", lambda m, p, c: (not m.compressed_layers) | ~as_bool(p.recomputes("core_attn")),

@@ -130,6 +130,10 @@ class ModelSpec(Spec):
     """DeepSeek Sparse Attention: heads of the lightning indexer."""
     index_head_dim: int | None = Field(default=None, gt=0)
     """DeepSeek Sparse Attention: head dimension of the lightning indexer (its key cache per token)."""
+    indexer_loss: Literal["off", "dense", "sparse"] | None = None
+    """llmplan key: how the model's public Megatron training config trains the lightning indexer (the default of
+    ParallelPlan.indexer_loss): off (dsa_indexer_loss_coeff 0), dense or sparse (dsa_indexer_use_sparse_loss);
+    None: no config says, the launcher's default decides (cost.sparse_gather.indexer_loss)."""
 
     compress_rate_csa: int = Field(default=4, gt=1, le=65_536)
     """DeepSeek-V4 compressed sparse attention (HF deepseek_v4 name): tokens pooled into one compressed key of a

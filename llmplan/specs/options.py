@@ -128,6 +128,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.mtp_layers (None: the model's own num_nextn_predict_layers)."""
     offload_moe_act: bool
     """ParallelPlan.offload_moe_act."""
+    indexer_loss: str | None
+    """ParallelPlan.indexer_loss (None: the model's recipe)."""
     moe_paged_stash: float | None
     """ParallelPlan.moe_paged_stash; None: off."""
     moe_rank_capacity_factor: float | None

@@ -133,6 +133,16 @@ class ParallelPlan(PlanQuantities, Spec):
     @fb8a4d6bffdc, Qwen3NextModelProvider80B_A3B; its DeepSeek-V3 recipe sets 1, which the export then overrides
     with null); at most the model's count (check_plan rule mtp_layers). Every price (parameters, FLOPs, memory, the
     last stage's layers) and the export follow it (specs.plan.trained_model)."""
+    indexer_loss: Optional[Literal["off", "dense", "sparse"]] = None
+    """How DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2's layers, DeepSeek-V4's CSA layers) is
+    trained, as Megatron-Core's dsa_indexer_loss_coeff and dsa_indexer_use_sparse_loss set it: off (coefficient
+    0: the indexer runs forward only, under no_grad, so its projections compute no gradient and its scores no
+    backward), dense (a KL loss against the attention's scores over every key the indexer scores: their backward
+    and the target over all of them) or sparse (the KL over the index_topk keys it picks). Its inputs are
+    detached in every case (no input gradient). None: the recipe's (cost.sparse_gather.indexer_loss:
+    ModelSpec.indexer_loss; DeepSeek-V4 sparse where its fused CSA path is priced, as Megatron-Bridge's perf
+    recipes set it, else off, as its library recipes do; Megatron-Core's coefficient 0 otherwise).
+    Only for a model with an indexer (check_plan rule indexer_loss_model; docs/formulas.md#compute.indexer_training)."""
     offload_layers: int = Field(default=0, ge=0, le=1 << 16)
     """Transformer layers whose saved activations go to host memory in forward and come back in backward
     (Megatron-Core --cpu-offloading-num-layers N, TransformerConfig.cpu_offloading; Megatron-Bridge's
