@@ -196,7 +196,8 @@ def check_plan_file(path: Path, min_headroom_gib: float | None, tolerance: float
     bad = plan_violations(pf)
     if bad:
         return [Finding(name, sc.where, False, f"{path.name} breaks its rules{sc.because}: "
-                        + "; ".join(v.message for v in bad) + ". " + mend_note(pf), sc.line, sc.field)]
+                        + "; ".join(v.message for v in bad) + ". "
+                        + mend_note(pf, " ".join(v.message for v in bad)), sc.line, sc.field)]
     if pf.mode == "infer":
         return [_check_serving(name, pf, doc, sc, min_headroom_gib, tolerance)]
     priced = _reprice(pf)

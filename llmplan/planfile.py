@@ -446,24 +446,26 @@ def load_plan(path: Path, current: bool = False) -> PlanFile:
             listed = f" {violations[0].message}. "
         else:
             listed = "".join(f"\n  - {v.message}" for v in violations) + "\n"
-        raise LlmplanError(f"{path}: the plan no longer passes its rules:{listed}{mend_note(pf)}")
+        raise LlmplanError(f"{path}: the plan no longer passes its rules:{listed}{mend_note(pf, listed)}")
     return pf
 
 
-def mend_note(pf: PlanFile) -> str:
+def mend_note(pf: PlanFile, said: str = "") -> str:
     """How to mend a saved plan that a rule refuses, for the end of the refusal: the rules' messages name
     command-line flags, and the file holds plan keys. A switch the plan has no axis for (an older llmplan's
     search held it for every plan it saved) is named with its default, which prices the same (check_switches.
-    settle); one with no flag (PLAN_FILE_ONLY) is named as the file's field to edit."""
+    settle); one with no flag (PLAN_FILE_ONLY) is named as the file's field to edit. `said`: the refusal's
+    messages, whose --train-cuda-graphs is named as the key it sets (plan.cuda_graphs)."""
     reset = unused_switches(pf.plan) if pf.mode == "train" else {}
     flagged = {k: v for k, v in reset.items() if k not in PLAN_FILE_ONLY}
     file_only = {k: v for k, v in reset.items() if k in PLAN_FILE_ONLY}
     key = next(iter(flagged), "zero3_unit" if pf.mode == "train" else "tp")
+    graphs = "; --train-cuda-graphs is plan.cuda_graphs" if "--train-cuda-graphs" in said else ""
 
     def edits(keys: dict[str, Any]) -> str:
         return ", ".join(f"{k}: {json.dumps(v)}" for k, v in keys.items())
     return (f"To mend {pf.path or 'the plan file'}: a flag is the plan key of its name (--{key.replace('_', '-')}"
-            f" is plan.{key}) and dropping it sets its default"
+            f" is plan.{key}{graphs}) and dropping it sets its default"
             + (f" ({edits(flagged)} here, which prices the plan the same)" if flagged else "")
             + (f"; {', '.join(file_only)} {'has' if len(file_only) == 1 else 'have'} no flag: edit the plan "
                f"file's field{'s' if len(file_only) > 1 else ''} ({edits(file_only)} here, which prices the plan "

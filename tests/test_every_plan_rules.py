@@ -5,8 +5,8 @@ activation and experts' fc1 offload, recompute of the first layers, and 0.3.0's 
 Muon, context and sequence parallelism, gradient NaN check, fp8 / fp4 training, Adam states below fp32,
 remainders, SwiGLU input in fp8, activation and experts' fc1 offload, hybrid sharding, FP8 attention and TP with PP;
 Megatron-LM's and Megatron-Bridge's bf16 layers under fp8 delayed scaling and a bf16 / no master; Megatron-LM's FP8
-attention; Megatron-Bridge's attention kernel other than native flash, fp8 moments, CUDA graphs and precision
-without a preset (or weights / gradient reduction other than its preset's).
+attention; Megatron-Bridge's attention kernel other than native flash, fp8 moments and precision without a
+preset (or weights / gradient reduction other than its preset's).
 
 Each rule is the function the target's check calls, so the reason `search --target` gives for the plans it
 passes over is the check's own sentence (first test); and a targeted search keeps what the walk that asks about
@@ -75,7 +75,6 @@ RULES = {  # (target, EVERY_PLAN key): the plan change that meets the rule, and 
     ("megatron-bridge", "attention_kernel"): ({"attention_kernel": "flash2"}, "the flash2 attention kernel"),
     ("megatron-bridge", "master_dtype"): ({"optimizer_master_dtype": "none"}, "optimizer master weights none"),
     ("megatron-bridge", "fp8_moments"): ({"optimizer_moment_dtype": "fp8"}, "fp8 Adam moments"),
-    ("megatron-bridge", "cuda_graphs"): ({"cuda_graphs": "layers"}, "CUDA graphs (layers: Megatron-Bridge"),
 }
 
 
@@ -138,7 +137,6 @@ SEARCHES = {  # (target, the workload switches of a search of Llama-3.1-8B on 1 
     "torchtitan-muon": ("torchtitan", {"optimizer": "muon"}),
     "deepspeed-nan-check": ("deepspeed", {"grad_nan_check": True}),
     "megatron-master": ("megatron", {"optimizer_master_dtype": "bf16"}),
-    "megatron-bridge-graphs": ("megatron-bridge", {"cuda_graphs": "layers"}),
 }
 
 

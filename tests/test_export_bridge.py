@@ -4,7 +4,9 @@ as Megatron-Bridge applies them (Hydra's override parser on an OmegaConf struct 
 reproduce the plan, and refusals.
 
 The field list is tests/data/launchers/megatron-bridge.json, recorded by tools/bridge_fields.py from the
-megatron-bridge 0.6.2 wheel (PyPI) and the Megatron-LM commit its r0.6.0 branch pins (cd4afff); the command
+megatron-bridge 0.6.2 wheel (PyPI) and the Megatron-LM commit its r0.6.0 branch pins (cd4afff); its rng and
+rerun_state_machine sections (the CUDA-graph overrides') were read by the same tool from that branch's sources at
+6124fbe, which give the wheel's fields for the eleven sections recorded from the wheel; the command
 line is scripts/training/run_recipe.py of that branch (6124fbe). Regenerate the goldens after an intended
 change with `LLMPLAN_UPDATE_GOLDEN=1 python -m pytest tests/test_export_bridge.py` and review the diff.
 """
@@ -236,7 +238,10 @@ def test_precision_presets(dtype, recipe, fp8_params, bf16_layers, preset):
     ("dense_train", {"tp_comm_overlap": True}, "TP communication overlap"),
     ("dense_train", {"attention_kernel": "flash2"}, "flash2 attention kernel"),
     ("dense_train", {"pp_schedule": "zero-bubble"}, "zero-bubble pipeline schedule"),
-    ("dense_train", {"cuda_graphs": "layers"}, "CUDA graphs"),  # was dropped without a word
+    # a full-iteration graph over dropless MoE layers without the fused grouped MLP: Megatron-Core cd4afffa6
+    # (Megatron-Bridge 0.6's pin) asserts use_transformer_engine_op_fuser beside the hybridep static budget
+    ("deepseek_train", {"cuda_graphs": "full-iteration", "moe_dispatcher": "deepep", "moe_flex_backend": "hybridep",
+                        "expert_gemm": "per-expert"}, "requires use_transformer_engine_op_fuser"),
     ("dense_train", {"seq_len": 262144}, "past llama-3.1-70b's max_position_embeddings"),  # YaRN was dropped
 ])
 def test_refusals(case, changes, needle):
@@ -338,3 +343,86 @@ def test_kimi_k2_muon_over_reduce_scatter_is_refused(cli, tmp_path):
     line = r.refusal()
     assert "Muon over reduce-scattered gradients" in line and "re-plan with --grad-reduce all-reduce" in line
     assert text == ""
+
+
+# The plan's CUDA graphs as Megatron-Bridge's performance scripts write them (NVIDIA-NeMo/Megatron-Bridge r0.6.0,
+# 6124fbe: scripts/performance/utils/overrides.py _set_cuda_graph_overrides; src/megatron/bridge/utils/cuda_graph.py
+# set_cuda_graph_modules / set_full_iteration_cuda_graph; training/config.py asserts check_for_nan_in_loss off under
+# the full-iteration graph), over the TransformerConfig of the Megatron-LM commit that branch pins (cd4afffa6:
+# cuda_graph_impl's Literal holds "transformer_engine" and "full_iteration"; cuda_graph_modules the module names).
+GRAPH_FIELDS = {"layers": {"model.cuda_graph_impl", "model.cuda_graph_modules", "model.cuda_graph_scope",
+                           "model.use_te_rng_tracker"},
+                "full-iteration": {"model.cuda_graph_impl", "model.cuda_graph_modules", "model.cuda_graph_scope",
+                                   "model.use_te_rng_tracker", "rerun_state_machine.check_for_nan_in_loss",
+                                   "model.moe_expert_rank_capacity_factor"}}
+HYBRIDEP = {"moe_dispatcher": "deepep", "moe_flex_backend": "hybridep"}
+
+
+def test_the_recorded_field_list_holds_the_cuda_graph_fields():
+    model = RECORD["sections"]["model"]["fields"]
+    assert model["cuda_graph_impl"] == "Literal['none', 'local', 'transformer_engine', 'full_iteration']"
+    assert "List[str]" in model["cuda_graph_modules"] and "Optional" in model["cuda_graph_scope"]
+    assert RECORD["sections"]["rerun_state_machine"]["fields"]["check_for_nan_in_loss"] == "bool"
+    assert RECORD["sections"]["rng"]["fields"]["te_rng_tracker"] == "bool"
+    for fields in GRAPH_FIELDS.values():
+        for key in fields:
+            section, field = key.split(".")
+            assert field in RECORD["sections"][section]["fields"], key
+
+
+@pytest.mark.parametrize("case,changes,modules", [
+    ("dense_train", {}, ["attn", "mlp"]),  # a dense layer's MLP graphed beside the attention
+    ("deepseek_train", {}, ["attn", "moe_router", "moe_preprocess"]),  # the router and preprocess, not the experts
+    # recompute module moe around a graphed router: TransformerConfig refuses it, the router stays eager
+    ("deepseek_train", {"recompute": "selective", "recompute_modules": ("moe",)}, ["attn"]),
+])
+def test_a_layers_plan_writes_transformer_engine_graphs_of_the_priced_modules(case, changes, modules):
+    args = overrides(script(case, cuda_graphs="layers", **changes))
+    assert_recorded_fields_of_their_type(args)
+    assert GRAPH_FIELDS["layers"] <= {a.split("=", 1)[0] for a in args}
+    assert "rerun_state_machine.check_for_nan_in_loss=false" not in args  # only the full-iteration graph needs it
+    model = hydra_applied(args, True)["model"]
+    assert model["cuda_graph_impl"] == "transformer_engine" and list(model["cuda_graph_modules"]) == modules
+    # the library recipes set the deprecated scope ("full"), which TransformerConfig refuses beside the modules
+    assert model["cuda_graph_scope"] is None and model["use_te_rng_tracker"] is True
+
+
+def test_a_full_iteration_plan_writes_bridges_full_iteration_graph():
+    args = overrides(script("deepseek_train", cuda_graphs="full-iteration", moe_paged_stash=1.2, **HYBRIDEP))
+    assert_recorded_fields_of_their_type(args)
+    assert GRAPH_FIELDS["full-iteration"] <= {a.split("=", 1)[0] for a in args}
+    cfg = hydra_applied(args, True)
+    model = cfg["model"]
+    assert model["cuda_graph_impl"] == "full_iteration" and list(model["cuda_graph_modules"]) == []
+    assert model["cuda_graph_scope"] is None and model["use_te_rng_tracker"] is True
+    # ConfigContainer.validate asserts the loss NaN check off; the gradient one is the plan's (off: check_plan)
+    assert cfg["rerun_state_machine"]["check_for_nan_in_loss"] is False and cfg["ddp"]["check_for_nan_in_grad"] is False
+    # the dropless layers' static budget over hybridep and the fused grouped MLP, 1.5 as Bridge's DeepSeek presets
+    assert (model["moe_token_dispatcher_type"], model["moe_flex_dispatcher_backend"]) == ("flex", "hybridep")
+    assert model["use_transformer_engine_op_fuser"] is True and model["moe_expert_rank_capacity_factor"] == 1.5
+    assert model["moe_paged_stash"] is True and model["moe_paged_stash_buffer_size_factor_cuda"] == 1.2
+    dense = overrides(script("dense_train", cuda_graphs="full-iteration"))
+    assert "model.cuda_graph_impl=full_iteration" in dense and not any("capacity" in a for a in dense)
+
+
+def test_a_plan_without_graphs_turns_a_recipes_own_off():
+    # qwen3_30b_a3b_pretrain_config graphs moe_router and moe_preprocess (recipes/qwen/h100/qwen3_moe.py at
+    # 6124fbe); a plan priced without graphs must not inherit them
+    for case in CASES:
+        assert "model.cuda_graph_impl=none" in overrides(script(case))
+
+
+def test_megatron_fsdp_runs_graph_safe_under_graphs():
+    # Megatron-LM's training.py sets both itself (cd4afffa6); Bridge calls no such code, its GB300 DeepSeek-V3
+    # FSDP preset writes them (perf_recipes/deepseek/gb300/deepseek_v3.py at 6124fbe)
+    pf = load_plan(PLANS / "dense_train.json")
+    for graphs, gather in (("layers", None), ("full-iteration", "false")):
+        p = pf.plan.model_copy(update={"cuda_graphs": graphs, "zero": 2, "megatron_fsdp": True, "pp": 1})
+        args = build_overrides(dataclasses.replace(pf, plan=p))
+        assert "ddp.megatron_fsdp_cuda_graph_mode=true" in args
+        assert (f"ddp.fsdp_all_gather_in_start_param_sync={gather}" in args) == (gather is not None)
+
+
+def build_overrides(pf) -> list[str]:
+    from llmplan.export.bridge import hydra_value, overrides as bridge_overrides
+    return [f"{k}={hydra_value(v)}" for k, v in bridge_overrides(pf)]

@@ -181,9 +181,9 @@ def test_check_plan_refuses_deepeps_normal_kernels_in_a_full_iteration_graph():
     assert len(got) == 1, got
     assert got[0].startswith("cuda_graphs full-iteration with moe_dispatcher deepep and moe_flex_backend deepep "
                              "(qwen3-30b-a3b)")
-    # cuda_graphs reaches a training plan only through a plan file, whose key the fix names first
+    # the fix names the plan key first, then estimate / search's training flag (--train-cuda-graphs)
     assert got[0].endswith("set the plan key moe_flex_backend: hybridep (--moe-flex-backend hybridep where the "
-                           "command takes it), or cuda_graphs layers / none")
+                           "command takes it), or --train-cuda-graphs layers / none")
     for ok in (pair.model_copy(update={"moe_flex_backend": "hybridep"}),
                pair.model_copy(update={"cuda_graphs": "layers"}), pair.model_copy(update={"cuda_graphs": "none"})):
         assert "cuda_graphs_flex_backend" not in {v.rule for v in check_plan(m, ok, cluster)}, ok.cuda_graphs

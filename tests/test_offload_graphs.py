@@ -18,7 +18,7 @@ CAP = "--fine-grained-offloading-max-inflight-offloads"
 
 
 def _saved(cli, tmp_path, *args: str, **plan_changes: object):
-    """A plan file from `llmplan estimate --save`, its plan fields then edited (cuda_graphs has no CLI flag)."""
+    """A plan file from `llmplan estimate --save`, its plan fields then edited."""
     path = tmp_path / f"plan{len(list(tmp_path.glob('plan*.json')))}.json"
     made = cli("estimate", "--hardware", "dgx-h100", "--save", path, *args)
     assert made.code == 0, made.err

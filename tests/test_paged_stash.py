@@ -90,7 +90,7 @@ def test_check_plan_asks_for_the_static_budget_of_a_full_iteration_graph():
     msgs = _messages(_plan(moe_paged_stash=1.2, cuda_graphs="none"))
     assert len(msgs) == 1
     assert "moe_paged_stash (1.2) with cuda_graphs none" in msgs[0]
-    assert "static per-rank budget" in msgs[0] and "plan file's cuda_graphs to full-iteration" in msgs[0]
+    assert "static per-rank budget" in msgs[0] and "--train-cuda-graphs full-iteration" in msgs[0]
 
 
 def test_check_plan_refuses_the_stash_beside_an_offload_of_the_experts_tensors():
@@ -114,11 +114,13 @@ def _stash_cli_args() -> tuple[str, ...]:
 
 
 def test_the_cli_refusal_names_a_route_that_works(cli, tmp_path):
-    # training has no CUDA-graph flag (--cuda-graphs is the serving boolean): the advice names the plan file's key,
-    # and following it (a plan file with cuda_graphs full-iteration) prices the stash
+    # the advice names training's CUDA-graph flag (--train-cuda-graphs; --cuda-graphs is the serving boolean) and
+    # the plan file's key; following either (the flag, or a plan file with cuda_graphs full-iteration) prices it
     r = cli(*_stash_cli_args(), "--moe-paged-stash", "1.2")
-    assert r.code == 2 and "Traceback" not in r.err and "plan file's cuda_graphs to full-iteration" in r.err, r.err
+    assert r.code == 2 and "Traceback" not in r.err and "--train-cuda-graphs full-iteration" in r.err, r.err
     assert "--cuda-graphs full-iteration" not in r.err and "breaks a rule:" in r.err, r.err
+    flag = cli(*_stash_cli_args(), "--moe-paged-stash", "1.2", "--train-cuda-graphs", "full-iteration")
+    assert flag.code == 0, flag.err
     doc = json.loads((PLANS / "moe_train.json").read_text())
     doc["plan"].update({"cuda_graphs": "full-iteration", "moe_dispatcher": "deepep", "moe_flex_backend": "hybridep",
                         "moe_paged_stash": 1.2})

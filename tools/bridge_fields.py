@@ -38,6 +38,9 @@ SECTIONS = {  # ConfigContainer field -> (module, class) of the dataclass a text
     "dist": ("megatron.bridge.training.config", "DistributedInitConfig"),
     "comm_overlap": ("megatron.bridge.training.comm_overlap", "CommOverlapConfig"),
     "mixed_precision": ("megatron.bridge.training.mixed_precision", "MixedPrecisionConfig"),
+    # the CUDA-graph overrides (export.bridge.cuda_graph_overrides) write these two as well
+    "rng": ("megatron.bridge.training.config", "RNGConfig"),
+    "rerun_state_machine": ("megatron.bridge.training.config", "RerunStateMachineConfig"),
 }
 
 

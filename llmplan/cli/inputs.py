@@ -19,6 +19,7 @@ from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.options import (SERVE_PLAN_FLAGS, CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions,
                                    SwitchOptions)
 from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODULES, MXFP8_MODULES, EXPERT_GEMMS,
+                                CUDA_GRAPHS,
                                 MOE_DISPATCHERS, MOE_FLEX_BACKENDS, MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZERS,
                                 OPTIMIZER_MOMENT_DTYPES, PRECISIONS, RECOMPUTE_MODULES, OFFLOAD_MODULES,
                                 FUSED_LOSS_IMPLS, TP_IMPLS, CP_IMPLS, CP_COMM_TYPES, NORM_KERNELS, SOFTMAX_KERNELS,
@@ -90,8 +91,11 @@ def refuse_other_mode(ctx: Any, mode: str, serving_reads: frozenset[str]) -> Non
                      else h for h in hints]
         raise LlmplanError(f"{flags} {verb} to training, not to --mode infer; drop {'them' if len(wrong) > 1 else 'it'}"
                            + (f" ({'; '.join(hints)})" if hints else ""))
+    graphs = any(p.name in ("cuda_graphs", "cuda_graph_sizes") for p in wrong)
     raise LlmplanError(f"{flags} {verb} to serving (--mode infer), not to training; add --mode infer or drop "
-                       f"{'them' if len(wrong) > 1 else 'it'}")
+                       f"{'them' if len(wrong) > 1 else 'it'}"
+                       + (" (training's CUDA graphs: --train-cuda-graphs none | layers | full-iteration)"
+                          if graphs else ""))
 
 
 def named_options(ctx: Any) -> frozenset[str]:
@@ -161,6 +165,8 @@ def switches(s: SwitchOptions) -> dict:
                                        ("--moe-flex-backend", s.moe_flex_backend, MOE_FLEX_BACKENDS,
                                         "a flex dispatcher backend"),
                                        ("--expert-gemm", s.expert_gemm, EXPERT_GEMMS, "an expert GEMM path"),
+                                       ("--train-cuda-graphs", s.train_cuda_graphs, CUDA_GRAPHS,
+                                        "a training CUDA-graph scope"),
                                        ("--optimizer-master-dtype", s.optimizer_master_dtype,
                                         OPTIMIZER_MASTER_DTYPES, "an optimizer master dtype"),
                                        ("--optimizer-moment-dtype", s.optimizer_moment_dtype,
@@ -170,7 +176,7 @@ def switches(s: SwitchOptions) -> dict:
             raise LlmplanError(not_one_of(flag, excerpt(value), allowed, what))
     fusion = {} if s.bias_dropout_fusion is None else {"bias_dropout_fusion": s.bias_dropout_fusion}
     return {**{k: getattr(s, k) for k in SWITCHES_AS_GIVEN}, **fusion, "dtype": dtype, "recipe": recipe,
-            "grad_dtype": grad_dtype, "fp8_params": fp8_params,
+            "grad_dtype": grad_dtype, "fp8_params": fp8_params, "cuda_graphs": s.train_cuda_graphs,
             "cp_comm_type": s.cp_comm_type if s.cp_comm_type is not None else ParallelPlan.model_fields[
                 "cp_comm_type"].default,
             "cp_a2a_size": s.cp_a2a_size if s.cp_a2a_size is not None else ParallelPlan.model_fields[

@@ -224,6 +224,12 @@ FP8_ATTENTION = typer.Option(_plan("fp8_attention"), "--fp8-attention/--no-fp8-a
 FP8_OUTPUT_PROJ = typer.Option(_plan("fp8_output_proj"), "--fp8-output-proj/--no-fp8-output-proj",
                                help="Run the output layer's GEMMs in MXFP8 under --precision mxfp8 "
                                     "(Megatron-Core fp8_output_proj; Megatron-Bridge model.fp8_output_proj).")
+TRAIN_CUDA_GRAPHS = typer.Option(_plan("cuda_graphs"), "--train-cuda-graphs",
+                                 help="Training: CUDA graphs of the step: none | layers (Transformer Engine's "
+                                      "per-layer graphs of the attention and the MoE router, a dense layer's MLP; "
+                                      "Megatron-Core cuda_graph_impl transformer_engine) | full-iteration (one "
+                                      "graph of the forward-backward; cuda_graph_impl full_iteration). Serving's "
+                                      "decode graphs: --cuda-graphs/--no-cuda-graphs with --mode infer.")
 EP_COMM_OVERLAP = typer.Option(_plan("ep_comm_overlap"), "--ep-comm-overlap/--no-ep-comm-overlap",
                        help="Overlap EP all-to-alls with another micro-batch (Megatron/DeepEP-style).")
 DELAY_WGRAD = typer.Option(_plan("delay_wgrad"), "--delay-wgrad/--no-delay-wgrad",
@@ -296,7 +302,8 @@ GPU_MEMORY_UTILIZATION = typer.Option(None, "--gpu-memory-utilization", "--memor
 ENGINE = typer.Option(_job("engine"), "--engine",
                       help="Inference: vllm | trtllm | sglang, whose rules size the KV cache and admit sequences.")
 CUDA_GRAPHS = typer.Option(_job("cuda_graphs"), "--cuda-graphs/--no-cuda-graphs",
-                           help="Inference: decode steps replay CUDA graphs (off: vLLM --enforce-eager).")
+                           help="Inference: decode steps replay CUDA graphs (off: vLLM --enforce-eager; "
+                                "training's graphs: --train-cuda-graphs).")
 CUDA_GRAPH_SIZES = typer.Option(None, "--cuda-graph-sizes",
                                 help="Inference: batch sizes the engine keeps decode CUDA graphs for, padding "
                                      "each decode step to the next one (1,2,4,...; default: trtllm the perf "
@@ -408,6 +415,7 @@ SWITCHES = Flags("Training switches", {
     "bf16_layers_start": BF16_LAYERS_START, "bf16_layers_end": BF16_LAYERS_END, "bf16_modules": BF16_MODULES,
     "mxfp8_modules": MXFP8_MODULES,
     "swiglu_fp8_input": SWIGLU_FP8_INPUT, "fp8_attention": FP8_ATTENTION, "fp8_output_proj": FP8_OUTPUT_PROJ,
+    "train_cuda_graphs": TRAIN_CUDA_GRAPHS,
     "grad_dtype": GRAD_DTYPE,
     "fp8_params": FP8_PARAMS,
     "optimizer": OPTIMIZER,
@@ -554,6 +562,7 @@ SERVING_INSTEAD = {
     "global_batch": "concurrent sequences are --batch (estimate) or --max-batch (search)",
     "micro_batch": "concurrent sequences are --batch (estimate) or --max-batch (search)",
     "seq_len": "request lengths are --input-len and --output-len",
+    "train_cuda_graphs": "serving's decode graphs are --cuda-graphs / --no-cuda-graphs",
 }
 """What to give instead of a training option in --mode infer, where serving has a counterpart."""
 

@@ -157,7 +157,7 @@ EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]
                  "master_dtype": megatron.master_dtype_refusal, "bf16_layers": delayed_bf16_layers_refusal},
     "megatron-bridge": {"attention_kernel": bridge.attention_kernel_refusal,
                         "master_dtype": bridge.master_dtype_refusal,
-                        "fp8_moments": bridge.fp8_moments_refusal, "cuda_graphs": bridge.cuda_graphs_refusal,
+                        "fp8_moments": bridge.fp8_moments_refusal,
                         "precision": bridge.preset_refusal, "bf16_layers": delayed_bf16_layers_refusal,
                         "preset_layers": bridge.preset_layers_refusal, "bf16_modules": bridge.bf16_modules_refusal,
                         "mxfp8_modules": bridge.mxfp8_modules_refusal},
@@ -187,7 +187,7 @@ remainders, the SwiGLU input in fp8, the jit_fuser activation, activation and ex
 FP8 attention, Transformer Engine's unfused softmax and TP with PP (tp_pp: AutoTP under its pipeline engine);
 torchtitan's unfused attention (its attention is SDPA or FlexAttention); Megatron's FP8 attention, an unfused softmax
 other than Transformer Engine's (softmax_<kernel>), bf16 layers under fp8 delayed scaling and a bf16 / no master;
-Megatron-Bridge's attention kernel other than native flash, bf16 / no master, fp8 moments, CUDA graphs, a precision it
+Megatron-Bridge's attention kernel other than native flash, bf16 / no master, fp8 moments, a precision it
 has no preset for, or fp8 layers kept in bf16 other than its preset keeps). Each target's rules in the order its check
 meets them, so that the first rule that refuses a plan is the one its check names (where no other rule of the check
 comes first). search --target passes over the plans these rules refuse (every_plan_mask)."""

@@ -18,12 +18,13 @@ from llmplan.cost.sparse_gather import fused_csa_priced, indexer_loss
 from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal,
                                    kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
-                                   pp_sync_notes, need_mode, op_fuser, refuse, refuse_first, rendezvous_lines,
+                                   pp_sync_notes, need_mode, op_fuser, op_fuser_blocked, refuse, refuse_first,
+                                   rendezvous_lines,
                                    sh_header, squared_relu, tp_refusals, norm_kernel_refusals, softmax_kernel_refusals,
                                    parallel_block_refusal, torch_ring_refusal, fused_expert_bias_refusal)
 from llmplan.export.bridge_precision import written_out
 from llmplan.export.megatron import (FSDP_STRATEGY, MANUAL_GC_INTERVAL, outer_dp_strategy, balance_pairs,
-                                     fsdp_zero2_refusals,
+                                     fsdp_zero2_refusals, graphed_modules, rank_capacity,
                                      precision_aware)
 from llmplan.planfile import PlanFile
 from llmplan.specs.quantities import bf16_layer_counts
@@ -207,10 +208,71 @@ def fp8_moments_refusal(p: Any) -> tuple[str, bool, str]:
             "export to megatron")
 
 
-def cuda_graphs_refusal(p: Any) -> tuple[str, bool, str]:
-    """CUDA graphs, refused whatever else the plan sets (export.EVERY_PLAN)."""
-    return (f"CUDA graphs ({p.cuda_graphs}: Megatron-Bridge sets them with cuda_graph_impl and a scope list per "
-            "recipe, which this export does not write)", p.cuda_graphs != "none", "export to megatron")
+GRAPH_SOURCE = ("NVIDIA-NeMo/Megatron-Bridge r0.6.0 (6124fbe): scripts/performance/utils/overrides.py "
+                "_set_cuda_graph_overrides, src/megatron/bridge/utils/cuda_graph.py, training/config.py")
+"""Where the CUDA-graph overrides are read (cuda_graph_overrides), on the TransformerConfig of the Megatron-LM
+commit that branch pins (cd4afffa6)."""
+
+
+def cuda_graph_overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """The plan's CUDA graphs as Megatron-Bridge's performance scripts write them (GRAPH_SOURCE): cuda_graph_impl,
+    the per-layer modules in cuda_graph_modules with the deprecated cuda_graph_scope null (set_cuda_graph_modules;
+    the library recipes set the scope, which TransformerConfig refuses beside modules), and Transformer Engine's
+    RNG tracker (ConfigContainer syncs rng.te_rng_tracker to it). layers: transformer_engine graphs of the modules
+    the Megatron-LM export graphs (megatron.graphed_modules); full-iteration: one graph (set_full_iteration_cuda_graph:
+    no modules), the loss NaN check off (ConfigContainer.validate asserts it), and, for a dropless MoE layer, the
+    static per-rank budget and paged stash the plan prices (budget_overrides). Megatron-FSDP's graph-safe mode and,
+    under one graph, no gather in start_param_sync: Megatron-LM's training.py sets both at cd4afffa6, Bridge's GB300
+    DeepSeek-V3 preset writes them. none: cuda_graph_impl none over a recipe's own (qwen3_30b_a3b_pretrain_config
+    graphs moe_router and moe_preprocess: recipes/qwen/h100/qwen3_moe.py at 6124fbe)."""
+    p = pf.plan
+    if p.cuda_graphs == "none":
+        return [("model.cuda_graph_impl", "none")]
+    full = p.cuda_graphs == "full-iteration"
+    modules = () if full else graphed_modules(pf)
+    out: list[tuple[str, object]] = [
+        ("model.cuda_graph_impl", "full_iteration" if full else "transformer_engine"),
+        ("model.cuda_graph_modules", "[" + ",".join(modules) + "]"), ("model.cuda_graph_scope", None),
+        ("model.use_te_rng_tracker", True)]
+    if p.zero >= 2:
+        out.append(("ddp.megatron_fsdp_cuda_graph_mode", True))
+    if not full:
+        return out
+    out.append(("rerun_state_machine.check_for_nan_in_loss", False))
+    if p.zero >= 2:
+        out.append(("ddp.fsdp_all_gather_in_start_param_sync", False))
+    if p.fine_grained_offload_modules:  # the in-flight cap TransformerConfig asserts (megatron.offload_pairs)
+        out.append(("model.fine_grained_offloading_max_inflight_offloads", 1))
+    return out + budget_overrides(pf)
+
+
+def budget_overrides(pf: PlanFile) -> list[tuple[str, object]]:
+    """A dropless MoE layer's static per-rank budget under the full-iteration graph (megatron.rank_capacity, 1.5 as
+    Bridge's DeepSeek perf presets set it: perf_recipes/deepseek/common.py at 6124fbe) and the paged stash of its
+    saved tensors where the plan prices it (TransformerConfig moe_paged_stash and its device pool's factor)."""
+    p = pf.plan
+    if not (pf.model.is_moe and p.cuda_graphs == "full-iteration" and p.moe_capacity_factor is None):
+        return []
+    out: list[tuple[str, object]] = [("model.moe_expert_rank_capacity_factor", rank_capacity(p))]
+    if p.moe_paged_stash is not None:
+        out += [("model.moe_paged_stash", True), ("model.moe_paged_stash_buffer_size_factor_cuda", p.moe_paged_stash)]
+    return out
+
+
+def cuda_graphs_refusal(pf: PlanFile) -> tuple[str, bool, str]:
+    """A full-iteration graph over dropless MoE layers whose experts the fused grouped MLP does not run: the
+    static budget needs it at Megatron-Bridge 0.6's pin (TransformerConfig at cd4afffa6: moe_expert_rank_capacity_factor
+    with hybridep requires use_transformer_engine_op_fuser; moe_use_grouped_tensor, the Megatron-LM export's path
+    without it, came later, d98e8a6)."""
+    p = pf.plan
+    why = op_fuser_blocked(pf) or ("one GEMM per local expert: expert_gemm per-expert" if p.fused_kernels
+                                   else "the plan's unfused kernels")
+    return (f"cuda_graphs full-iteration over dropless MoE layers without Transformer Engine's fused grouped MLP "
+            f"({why}): at Megatron-Bridge {VERSION}'s Megatron-Core (cd4afffa6) the static per-rank budget "
+            "(moe_expert_rank_capacity_factor) with hybridep requires use_transformer_engine_op_fuser",
+            bool(budget_overrides(pf)) and not op_fuser(pf),
+            "export to megatron (moe_use_grouped_tensor, d98e8a6), or re-plan with --moe-capacity-factor or "
+            "--cuda-graphs layers")
 
 
 def _quant_recipe_refusal(what: str, modules: Any, flag: str) -> tuple[str, bool, str]:
@@ -309,7 +371,7 @@ def _feature_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
         # TP > 1 and core_attn recompute, which DSv4HybridAttention asserts against: check_plan (tp_dsv4,
         # recompute_core_attn_dsv4)
         cast_add_refusal(pf),
-        cuda_graphs_refusal(p),
+        cuda_graphs_refusal(pf),
         (f"a sequence of {p.seq_len} tokens past {m.name}'s max_position_embeddings ({m.max_position_embeddings}): "
          "the context extension's RoPE scaling, which this export does not write",
          p.seq_len > m.max_position_embeddings,
@@ -554,7 +616,7 @@ def model_overrides(pf: PlanFile) -> list[tuple[str, object]]:
         out.append(("model.bias_dropout_fusion", False))
     if not p.bias_gelu_fusion and not m.gated_mlp:  # TransformerConfig.bias_activation_fusion: a GeLU MLP's fc1
         out.append(("model.bias_activation_fusion", False))  # bias in its own pass (a gated MLP's is jit_activation)
-    return out + dsa_overrides(pf)
+    return out + dsa_overrides(pf) + cuda_graph_overrides(pf)
 
 
 def train_overrides(pf: PlanFile) -> list[tuple[str, object]]:

@@ -570,13 +570,7 @@ def cuda_graph_pairs(pf: PlanFile) -> list[tuple[str, object]]:
     needs the HybridEP backend and Transformer Engine's grouped-tensor GEMMs, whose split sizes stay on the GPU)."""
     p, m = pf.plan, pf.model
     if p.cuda_graphs == "layers":
-        # TransformerConfig (d98e8a6, transformer_config.py:2862-2869) refuses recompute module moe around a graphed
-        # moe_router: the router stays eager then, as Megatron-Bridge's Nemotron-3 Nano H100 BF16 recipe runs it
-        # (graphs attn, mamba with recompute_modules moe, layernorm: perf_recipes/nemotronh/h100/nemotronh.py at
-        # 067f987df)
-        router = m.is_moe and not bool(p.recomputes("moe"))
-        modules = "attn moe_router moe_preprocess" if router else "attn" if m.is_moe else "attn mlp"
-        return [("--cuda-graph-impl", "transformer_engine"), ("--cuda-graph-modules", modules)]
+        return [("--cuda-graph-impl", "transformer_engine"), ("--cuda-graph-modules", " ".join(graphed_modules(pf)))]
     if p.cuda_graphs == "full-iteration":
         budget = m.is_moe and p.moe_capacity_factor is None
         return [("--cuda-graph-impl", "full_iteration"), ("--no-check-for-nan-in-loss-and-grad", True),
@@ -588,6 +582,18 @@ def cuda_graph_pairs(pf: PlanFile) -> list[tuple[str, object]]:
                 ("--moe-paged-stash-buffer-size-factor-cuda",
                  f"{p.moe_paged_stash:g}" if budget and p.moe_paged_stash is not None else None)]
     return []
+
+
+def graphed_modules(pf: PlanFile) -> tuple[str, ...]:
+    """The per-layer graphs of cuda_graphs layers, as TransformerConfig.cuda_graph_modules names them (d98e8a6):
+    the attention, and a MoE layer's router and preprocessing (a dense layer's MLP instead)."""
+    p, m = pf.plan, pf.model
+    # TransformerConfig (d98e8a6, transformer_config.py:2862-2869) refuses recompute module moe around a graphed
+    # moe_router: the router stays eager then, as Megatron-Bridge's Nemotron-3 Nano H100 BF16 recipe runs it
+    # (graphs attn, mamba with recompute_modules moe, layernorm: perf_recipes/nemotronh/h100/nemotronh.py at
+    # 067f987df)
+    router = m.is_moe and not bool(p.recomputes("moe"))
+    return ("attn", "moe_router", "moe_preprocess") if router else ("attn",) if m.is_moe else ("attn", "mlp")
 
 
 def rank_capacity(p: ParallelPlan) -> float:

@@ -131,9 +131,8 @@ def _static_budget(p: Any) -> Any:
     return (p.cuda_graphs == "full-iteration") & (p.moe_capacity_factor is None)
 
 
-_FULL_ITERATION_ADVICE = ("set the plan file's cuda_graphs to full-iteration (training has no CUDA-graph flag: save a "
-                          "plan with --save, edit its keys, run estimate --plan FILE) without --moe-capacity-factor, "
-                          "or drop")
+_FULL_ITERATION_ADVICE = ("use --train-cuda-graphs full-iteration (a plan file's cuda_graphs key) without "
+                          "--moe-capacity-factor, or drop")
 """The fix both static-budget rules give (paged_stash_budget, rank_capacity_budget), followed by the plan's flag."""
 
 
@@ -611,8 +610,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          f"grad_accumulation {p.grad_accumulation}"
                          f"{', an attention bias' if m.attention_bias or m.qkv_bias else ''}: Megatron-LM asserts "
                          "gradient_accumulation_fusion and no attention bias for graphed delayed weight gradients "
-                         "(arguments.py); use --grad-accumulation fused, the plan file's cuda_graphs none "
-                         "(training has no CUDA-graph flag) or --no-delay-wgrad"),
+                         "(arguments.py); use --grad-accumulation fused, --train-cuda-graphs none or "
+                         "--no-delay-wgrad"),
     # deepspeedai/DeepSpeed edaa72212 (and 56c522386): BF16_Optimizer has no reduce_gradients, so the engine
     # all-reduces its fp32 groups in buffered_allreduce_fallback after the backward (engine.py allreduce_gradients
     # at the accumulation boundary; pipe/engine.py _exec_reduce_grads -> _bf16_reduce_grads), beside no compute
@@ -756,7 +755,7 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "alltoall dispatcher copies each layer's token counts to the host and waits for them, "
                          "which a CUDA graph cannot capture (Megatron's static per-rank budget, "
                          "--moe-expert-rank-capacity-factor, needs the flex dispatcher); use --moe-dispatcher "
-                         "deepep, a --moe-capacity-factor, or cuda_graphs layers / none"),
+                         "deepep, a --moe-capacity-factor, or --train-cuda-graphs layers / none"),
     # Megatron-LM d98e8a6: DeepEP's normal dispatch makes the CPU wait for the GPU's received counts, "not compatible
     # with CUDA graph" (moe/fused_a2a.py:107-108, FusedDispatch.forward); the static per-rank budget of a graphed
     # dropless layer "requires moe_flex_dispatcher_backend to be 'hybridep' or 'ncclep'"
@@ -769,12 +768,12 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "which a CUDA graph cannot capture, and Megatron's static per-rank budget "
                          "(--moe-expert-rank-capacity-factor) requires the hybridep backend (TransformerConfig "
                          "rule); set the plan key moe_flex_backend: hybridep (--moe-flex-backend hybridep where "
-                         "the command takes it), or cuda_graphs layers / none"),
+                         "the command takes it), or --train-cuda-graphs layers / none"),
     # Megatron-Core TransformerConfig (d98e8a6): "full recompute is only supported with full iteration CUDA graph"
     Rule("cuda_graphs_recompute", lambda m, p, c: (p.cuda_graphs != "layers") | (p.full == 0),
          lambda m, p, c: "cuda_graphs layers with recompute full: Megatron-Core captures per-layer graphs only "
                          "with selective or no recompute (full recompute needs the full-iteration graph); use "
-                         "cuda_graphs full-iteration or none, or --recompute selective"),
+                         "--train-cuda-graphs full-iteration or none, or --recompute selective"),
     # Megatron-Core TransformerConfig.__post_init__ (d98e8a6): cpu_offloading_num_layers within [0, num_layers),
     # no pipeline parallelism, no activation recompute, no CUDA graphs but the full-iteration one
     Rule("offload_layers", lambda m, p, c: p.offload_layers < m.num_hidden_layers,
@@ -791,8 +790,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "or drop --offload-activations-layers"),
     Rule("offload_cuda_graphs", lambda m, p, c: (p.offload_layers == 0) | (p.cuda_graphs != "layers"),
          lambda m, p, c: f"offload_layers ({p.offload_layers}) with per-layer CUDA graphs: Megatron-Core supports CPU "
-                         "offloading only with the full-iteration graph (TransformerConfig); use cuda_graphs none or "
-                         "full-iteration, or drop --offload-activations-layers"),
+                         "offloading only with the full-iteration graph (TransformerConfig); use --train-cuda-graphs none "
+                         "or full-iteration, or drop --offload-activations-layers"),
     Rule("offload_host_memory", lambda m, p, c: _host_fits(m, p, c), lambda m, p, c: _host_message(m, p, c),
          needs_cluster=True),
     # Megatron-Core TransformerConfig.__post_init__ (2a75ac12c): fine-grained offload "cannot be enabled with
@@ -893,8 +892,8 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "Megatron-Core refuses dropout in a recomputed module inside a CUDA graph (TransformerConfig: "
                          "'dropout is not supported with graphed ... recomputation'); drop "
                          f"{_graphed_dropout_names(m, p)} from --recompute-modules (core_attn is the default: "
-                         "list others), use --recompute none (or full with cuda_graphs full-iteration), or "
-                         "cuda_graphs none"),
+                         "list others), use --recompute none (or full with --train-cuda-graphs full-iteration), or "
+                         "--train-cuda-graphs none"),
     Rule("moe_switches_dense", lambda m, p, c: m.is_moe or not _moe_switches(p),
          lambda m, p, c: _dense_message(m, _moe_switches(p))),
     Rule("moe_dispatch_sms_deepep", lambda m, p, c: (p.moe_dispatch_sms is None) | (p.moe_dispatcher == "deepep")

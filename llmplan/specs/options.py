@@ -168,6 +168,9 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.cuda_max_connections; None: as the launcher leaves it."""
     moe_flex_backend: str
     """ParallelPlan.moe_flex_backend."""
+    train_cuda_graphs: str = "none"
+    """ParallelPlan.cuda_graphs (--train-cuda-graphs none | layers | full-iteration); serving's decode graphs are
+    ServingOptions.cuda_graphs (--cuda-graphs / --no-cuda-graphs)."""
     ep_dispatch_fp8: bool
     """ParallelPlan.ep_dispatch_fp8."""
     moe_router_fusion: bool = False

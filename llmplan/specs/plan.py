@@ -663,8 +663,8 @@ class ParallelPlan(PlanQuantities, Spec):
     and not the allgather dispatcher (check_plan rule moe_router_padding_quant); HybridEP pads in its dispatch and
     never reads it (no effect). Off: Megatron-Core's default (docs/formulas.md#moe.router_padding)."""
     cuda_graphs: CudaGraphs = "none"
-    """Which CUDA graphs replay the training step's kernels (Megatron-Core's cuda_graph_impl): none, every kernel
-    launched by the host one by one; layers, per-layer graphs of the attention and the MoE router and
+    """Which CUDA graphs replay the training step's kernels (Megatron-Core's cuda_graph_impl; estimate / search
+    --train-cuda-graphs): none, every kernel launched by the host one by one; layers, per-layer graphs of the attention and the MoE router and
     preprocessing (--cuda-graph-impl transformer_engine --cuda-graph-modules attn moe_router moe_preprocess):
     each captured part is one launch, but a dropless MoE layer still copies its tokens per expert to the host
     and waits for them every forward; full-iteration, one graph of the whole forward-backward

@@ -32,6 +32,7 @@ OVERRIDES=(
     'model.account_for_loss_in_pipeline_split=false'
     'model.overlap_p2p_comm=true'
     'model.batch_p2p_comm=false'
+    'model.cuda_graph_impl=none'
     'model.recompute_granularity=selective'
     'model.recompute_method=null'
     'model.recompute_num_layers=null'

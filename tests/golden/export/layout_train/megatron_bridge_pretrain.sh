@@ -33,6 +33,7 @@ OVERRIDES=(
     'model.num_layers_in_last_pipeline_stage=null'
     'model.account_for_embedding_in_pipeline_split=false'
     'model.account_for_loss_in_pipeline_split=false'
+    'model.cuda_graph_impl=none'
     'model.recompute_granularity=null'
     'model.recompute_method=null'
     'model.recompute_num_layers=null'

@@ -34,6 +34,7 @@ OVERRIDES=(
     'model.num_layers_in_last_pipeline_stage=7'
     'model.account_for_embedding_in_pipeline_split=false'
     'model.account_for_loss_in_pipeline_split=false'
+    'model.cuda_graph_impl=none'
     'model.recompute_granularity=null'
     'model.recompute_method=null'
     'model.recompute_num_layers=null'

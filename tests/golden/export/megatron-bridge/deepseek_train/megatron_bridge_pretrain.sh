@@ -56,6 +56,7 @@ OVERRIDES=(
     'model.delay_wgrad_compute=false'
     'model.mtp_num_layers=1'
     'model.mtp_use_repeated_layer=false'
+    'model.cuda_graph_impl=none'
     'model.recompute_granularity=full'
     'model.recompute_method=uniform'
     'model.recompute_num_layers=1'
