@@ -1954,6 +1954,15 @@ set_workload_base_configs, which ran the 26.02.01 - 26.06.01 Nemotron-3 rows; _b
 cross_entropy_fusion_impl "te")."""
 
 
+def unfused_loss_impl(rec: dict, fam: str) -> str:
+    """ParallelPlan.unfused_loss_impl of a row (its memory where the loss runs unfused): Megatron's
+    _VocabParallelCrossEntropy, in place on its fp32 copy, on the Megatron-Core r0.8 rows (core_r0.8.0
+    megatron/core/tensor_parallel/cross_entropy.py: calculate_logits_max's .float(), `-=`, exp out=, div_; in
+    place again since 9634c0e4a3); PyTorch's eager cross_entropy elsewhere (torchtitan, AutoModel's
+    MaskedCrossEntropy)."""
+    return "vocab-parallel" if rec["id"].startswith("megatron-core-r0.8-") else "eager"
+
+
 def bridge_loss_impl(rec: dict, fam: str) -> str:
     """ParallelPlan.fused_loss_impl of a row: te on Megatron-Bridge's performance recipes (BRIDGE_FAMILIES) but
     those of BRIDGE_NATIVE_LOSS_MODELS, else Megatron-Core's default native (the verification cards run the
@@ -2066,6 +2075,7 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         fused_loss=fam != "torchtitan" and "fp32 logits" not in str(par.get("loss", ""))
         and not rec["id"].startswith("megatron-core-r0.8-"),
         fused_loss_impl=bridge_loss_impl(rec, fam),
+        unfused_loss_impl=unfused_loss_impl(rec, fam),
         # PyTorch FSDP / FSDP2 mixed precision: the fp32 shard is the master copy (no bf16 shard beside it)
         fp32_param_shards=fam in ("mpt", "torchtitan", "automodel"),
         # Megatron-LM's own training loop with its defaults (core_r0.8.0 .. d98e8a6): every gradient bucket's
