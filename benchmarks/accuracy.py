@@ -418,6 +418,20 @@ and DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py: is_pipe_parti
 since #392, 2020-09; gradients too, is_grad_partitioned, since #1407, 2021-09)."""
 
 
+FP32_LOGIT_LOSS = {"narayanan2021": "vocab-parallel", "megatron2020": "vocab-parallel",
+                   "korthikanti2022": "vocab-parallel", "megascale": "vocab-parallel-copy"}
+"""Megatron-LM families whose loss ran unfused on fp32 logits (fused_loss off; ParallelPlan.unfused_loss_impl by
+the commit): post_language_model_processing calls vocab_parallel_cross_entropy(output.float(), labels) unless
+--fp16-lm-cross-entropy (off by default, set by none of the rows' scripts), and the Function's max, subtraction,
+exp, sum and division, and its backward scaling, are each a kernel over the fp32 logits. narayanan2021
+(megatron/model/gpt_model.py, mpu/cross_entropy.py at 50a4b5fa02 and 6985e58938) and megatron2020 (gpt2_model.py
+at d73def35a3) run the in-place Function (sub_ since 57064fd6f2, 2020-03-10), as does korthikanti2022 (the
+paper's runs before 2022-05; e36cdd7936, 2022-07, still sub_); megascale's 285068c810 (2023-01) subtracts into a
+new fp32 tensor (megatron/core/tensor_parallel/cross_entropy.py from 55817ec9b9, 2022-09-27, until 9634c0e4a3,
+2024-06-13). Not bloom and mtnlg: Megatron-DeepSpeed's pipeline model casts the logits to fp32 in a layer of its
+own (GPTModelPipe's specs) and the pipeline engine holds that output until the backward, a memory reading not done
+here."""
+
 PP_BLOCKING_SENDS = ("narayanan2021", "korthikanti2022", "megascale")
 """Families whose pipeline exchanges all block (ParallelPlan.pp_blocking_sends): Megatron-LM from the interleaved
 schedule's batched sends (78cf869fc2, 2021-02) until overlap_p2p_comm (f9283c5a8a, 2023-05-31; the default from
@@ -1954,6 +1968,15 @@ set_workload_base_configs, which ran the 26.02.01 - 26.06.01 Nemotron-3 rows; _b
 cross_entropy_fusion_impl "te")."""
 
 
+def unfused_loss_impl(rec: dict, fam: str) -> str:
+    """ParallelPlan.unfused_loss_impl of a row (its memory where the loss runs unfused): Megatron's
+    _VocabParallelCrossEntropy, in place on its fp32 copy, on the Megatron-Core r0.8 rows (core_r0.8.0
+    megatron/core/tensor_parallel/cross_entropy.py: calculate_logits_max's .float(), `-=`, exp out=, div_; in
+    place again since 9634c0e4a3); PyTorch's eager cross_entropy elsewhere (torchtitan, AutoModel's
+    MaskedCrossEntropy)."""
+    return FP32_LOGIT_LOSS.get(fam, "vocab-parallel" if rec["id"].startswith("megatron-core-r0.8-") else "eager")
+
+
 def bridge_loss_impl(rec: dict, fam: str) -> str:
     """ParallelPlan.fused_loss_impl of a row: te on Megatron-Bridge's performance recipes (BRIDGE_FAMILIES) but
     those of BRIDGE_NATIVE_LOSS_MODELS, else Megatron-Core's default native (the verification cards run the
@@ -2064,8 +2087,9 @@ def plan_for(rec: dict, fam: str, gpus: int) -> ParallelPlan:
         # with fp32_upcast (on bf16 logits it holds ~6 bytes per logit: priced as the fused loss's 4, the nearest)
         # Megatron-Core r0.8: --cross-entropy-loss-fusion off by default, and not among the README's flags
         fused_loss=fam != "torchtitan" and "fp32 logits" not in str(par.get("loss", ""))
-        and not rec["id"].startswith("megatron-core-r0.8-"),
+        and not rec["id"].startswith("megatron-core-r0.8-") and fam not in FP32_LOGIT_LOSS,
         fused_loss_impl=bridge_loss_impl(rec, fam),
+        unfused_loss_impl=unfused_loss_impl(rec, fam),
         # PyTorch FSDP / FSDP2 mixed precision: the fp32 shard is the master copy (no bf16 shard beside it)
         fp32_param_shards=fam in ("mpt", "torchtitan", "automodel"),
         # Megatron-LM's own training loop with its defaults (core_r0.8.0 .. d98e8a6): every gradient bucket's

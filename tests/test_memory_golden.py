@@ -172,6 +172,24 @@ def test_unfused_loss_keeps_three_fp32_logit_copies():
     assert eager - fused == pytest.approx(8 * s * V)
 
 
+def test_megatron_vocab_parallel_loss_works_in_place_on_one_fp32_copy():
+    # Megatron's _VocabParallelCrossEntropy (NVIDIA/Megatron-LM megatron/mpu/cross_entropy.py at 6985e58938)
+    # takes output.float() (gpt_model.py), subtracts the max with sub_, exponentiates with out= and divides with
+    # div_ on that fp32 copy, saves it as the softmax and scales it with mul_ backward: the 16-bit logits (2) beside
+    # the fp32 copy (4) forward, the softmax (4) beside autograd's 16-bit cast of it (2) backward, 6 bytes a logit,
+    # not eager cross_entropy's 12. From 55817ec9b9 (2022-09) to 9634c0e4a3 (2024-06) the subtraction wrote a new
+    # fp32 tensor beside the input: 2 + 4 + 4 = 10 forward.
+    m = MODELS["llama-3.1-8b"]
+    base = dict(dp=8, zero=3, recompute="full", seq_len=4096, global_batch=8, fused_loss=False)
+    s, V = 4096, m.vocab_size
+    eager = activation_bytes(m, ParallelPlan(**base), 0).output
+    inplace = activation_bytes(m, ParallelPlan(**base, unfused_loss_impl="vocab-parallel"), 0).output
+    copy = activation_bytes(m, ParallelPlan(**base, unfused_loss_impl="vocab-parallel-copy"), 0).output
+    assert inplace == pytest.approx(2 * s * m.hidden_size + 6 * s * V)
+    assert copy == pytest.approx(2 * s * m.hidden_size + 10 * s * V)
+    assert eager - inplace == pytest.approx(6 * s * V)
+
+
 def test_torchtitan_8b_long_sequence_memory_against_its_reserved_peak(published_runs):
     # torchtitan's Llama 3.1 8B FSDP + CP rows (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md,
     # Table 2: 32,768 tokens per GPU, full AC, 83.9-84.5 GiB) log PyTorch's *reserved* peak, which bounds

@@ -22,7 +22,7 @@ from llmplan.specs.plan import (ATTENTION_KERNELS, ATTENTION_RELEASES, BF16_MODU
                                 CUDA_GRAPHS,
                                 MOE_DISPATCHERS, MOE_FLEX_BACKENDS, MOE_ROUTINGS, OPTIMIZER_MASTER_DTYPES, OPTIMIZERS,
                                 OPTIMIZER_MOMENT_DTYPES, PRECISIONS, RECOMPUTE_MODULES, OFFLOAD_MODULES,
-                                FUSED_LOSS_IMPLS, TP_IMPLS, CP_IMPLS, CP_COMM_TYPES, NORM_KERNELS, SOFTMAX_KERNELS,
+                                FUSED_LOSS_IMPLS, UNFUSED_LOSS_IMPLS, TP_IMPLS, CP_IMPLS, CP_COMM_TYPES, NORM_KERNELS, SOFTMAX_KERNELS,
                                 FP8_SCALINGS, ClusterSpec, MemoryAllowance, ParallelPlan)
 # reported: the commands' one path for a ValidationError, as build's; imported from here by cli/estimate.py
 from llmplan.specs.registry import build, expected_values, reported, resolve_model, resolve_system  # noqa: F401
@@ -152,6 +152,8 @@ def switches(s: SwitchOptions) -> dict:
                                         "a release with a published attention rate"),
                                        ("--fused-loss-impl", s.fused_loss_impl, FUSED_LOSS_IMPLS,
                                         "a fused loss llmplan prices"),
+                                       ("--unfused-loss-impl", s.unfused_loss_impl, UNFUSED_LOSS_IMPLS,
+                                        "an unfused loss llmplan prices"),
                                        ("--tp-impl", s.tp_impl, TP_IMPLS, "a TP implementation"),
                                        ("--cp-impl", s.cp_impl, CP_IMPLS, "a CP ring"),
                                        ("--cp-comm-type", s.cp_comm_type, CP_COMM_TYPES,
@@ -192,7 +194,7 @@ SWITCHES_AS_GIVEN = ("flash_attention", "overlap_grad_reduce", "overlap_param_ga
                      "pp_scatter_gather", "tp_backward_overlap", "ep_comm_overlap", "delay_wgrad",
                      "moe_capacity_factor",
                      "pp_schedule", "attention_kernel", "attention_release", "recompute_layers", "fused_loss",
-                     "fused_loss_impl", "tp_whole_embedding",
+                     "fused_loss_impl", "unfused_loss_impl", "tp_whole_embedding",
                      "tp_impl", "cp_impl", "cp_kv_repeated", "cp_comm_overlap", "fp32_param_shards", "megatron_fsdp",
                      "swiglu_fp8_input",
                      "fp8_attention", "fp8_output_proj", "moe_dispatcher",

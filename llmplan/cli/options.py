@@ -122,6 +122,10 @@ FUSED_LOSS_IMPL = typer.Option(_plan("fused_loss_impl"), "--fused-loss-impl",
                                help="With --fused-loss on Megatron-Core: native (Megatron-Core's fused loss, two "
                                     "TP all-reduces) | te (Transformer Engine's parallel cross entropy, one TP "
                                     "all-gather; Megatron-Bridge's performance recipes).")
+UNFUSED_LOSS_IMPL = typer.Option(_plan("unfused_loss_impl"), "--unfused-loss-impl",
+                                 help="With --unfused-loss, for its memory: eager (PyTorch's cross_entropy, three "
+                                      "fp32 copies) | vocab-parallel (Megatron's, in place on one fp32 copy) | "
+                                      "vocab-parallel-copy (Megatron-LM 2022-09 .. 2024-06: two fp32 copies).")
 TP_IMPL = typer.Option(_plan("tp_impl"), "--tp-impl",
                        help="How TP+SP keeps the linears' inputs: megatron (saves the sequence shard, re-gathers "
                             "in backward) | dtensor (PyTorch DTensor / torchtitan: saves the gathered input).")
@@ -391,7 +395,7 @@ SWITCHES = Flags("Training switches", {
     "seq_len": SEQ_LEN, "dtype": DTYPE, "precision": PRECISION, "moe_capacity_factor": MOE_CAPACITY_FACTOR,
     "pp_schedule": PP_SCHEDULE, "flash_attention": FLASH_ATTENTION, "attention_kernel": ATTENTION_KERNEL,
     "attention_release": ATTENTION_RELEASE,
-    "fused_loss": FUSED_LOSS, "fused_loss_impl": FUSED_LOSS_IMPL, "tp_whole_embedding": TP_WHOLE_EMBEDDING,
+    "fused_loss": FUSED_LOSS, "fused_loss_impl": FUSED_LOSS_IMPL, "unfused_loss_impl": UNFUSED_LOSS_IMPL, "tp_whole_embedding": TP_WHOLE_EMBEDDING,
     "tp_impl": TP_IMPL, "cp_impl": CP_IMPL, "cp_comm_type": CP_COMM_TYPE,
     "cp_a2a_size": CP_A2A_SIZE, "cp_kv_repeated": CP_KV_REPEATED,
     "cp_comm_overlap": CP_COMM_OVERLAP,

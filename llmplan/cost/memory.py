@@ -115,6 +115,30 @@ LOGIT_BYTES_UNFUSED = 12.0
 output for backward, and its backward holds the incoming fp32 gradient and builds the fp32 input gradient
 (PyTorch autograd formulas for log_softmax / nll_loss). Derived: docs/formulas.md#mem.activations"""
 
+LOGIT_BYTES_VOCAB_PARALLEL = 6.0
+"""Bytes per logit at the peak of Megatron's _VocabParallelCrossEntropy on fp32-cast logits
+(ParallelPlan.unfused_loss_impl vocab-parallel): forward the 16-bit logits beside their fp32 copy (2 + 4), which
+the Function subtracts the max from, exponentiates and divides in place and saves as the softmax; backward that
+softmax scaled in place beside autograd's 16-bit cast of it (4 + 2). Source: NVIDIA/Megatron-LM
+megatron/mpu/cross_entropy.py at 6985e58938 (sub_, exp out=, div_, mul_), megatron/model/gpt_model.py
+(output.float()); megatron/core/tensor_parallel/cross_entropy.py at core_r0.8.0. Derived:
+docs/formulas.md#mem.activations"""
+
+LOGIT_BYTES_VOCAB_PARALLEL_COPY = 10.0
+"""The same Function where the max is subtracted into a new fp32 tensor while the fp32 input stays alive
+(`vocab_parallel_logits = vocab_parallel_logits - logits_max...`): 2 + 4 + 4 forward. Source: NVIDIA/Megatron-LM
+megatron/core/tensor_parallel/cross_entropy.py from 55817ec9b9 (2022-09-27) to 9634c0e4a3 (2024-06-13), e.g.
+285068c810. Derived: docs/formulas.md#mem.activations"""
+
+
+def unfused_logit_bytes(plan: ParallelPlan) -> Any:
+    """Bytes per logit the unfused loss holds at its peak, by ParallelPlan.unfused_loss_impl: PyTorch's eager
+    cross_entropy (LOGIT_BYTES_UNFUSED) or Megatron's vocab-parallel one, in place or with its copy.
+    Derived: docs/formulas.md#mem.activations"""
+    impl = plan.unfused_loss_impl
+    return where(impl == "vocab-parallel", LOGIT_BYTES_VOCAB_PARALLEL,
+                 where(impl == "vocab-parallel-copy", LOGIT_BYTES_VOCAB_PARALLEL_COPY, LOGIT_BYTES_UNFUSED))
+
 
 
 def inflight_microbatches(plan: ParallelPlan, stage: Any) -> Any:
@@ -265,7 +289,7 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     extra = where(paired & (plan.pp == 1), 1.0, 0.0)
     embedding = where(stage == 0, (inflight + extra) * s * b * h / sp * (3.0 if m.embedding_norm else 1.0), 0.0)
     heads = 1 + m.num_nextn_predict_layers  # each MTP module keeps its own head input and logits
-    logit_bytes = where(plan.fused_loss, 4.0, LOGIT_BYTES_UNFUSED)
+    logit_bytes = where(plan.fused_loss, 4.0, unfused_logit_bytes(plan))
     output = where(stage == plan.pp - 1,
                    heads * (2 * s * b * h / linear_input_split(plan) + logit_bytes * s * b * V / t), 0.0)
     # TE's context parallelism (p2p, a2a, all_gather): one attention layer's collective buffers at a time.

@@ -321,6 +321,11 @@ SWITCH_USES: tuple[SwitchUse, ...] = (
                         f"tp_impl {p.tp_impl}: it picks which of Megatron-Core's fused cross-entropy losses runs "
                         "(cross_entropy_fusion_impl), so it acts only with fused_loss on the Megatron-Core stack; "
                         "use --fused-loss with --tp-impl megatron, or drop --fused-loss-impl"),
+    # which unfused loss runs (ParallelPlan.unfused_loss_impl): its memory (docs/formulas.md#mem.activations)
+    SwitchUse("unfused_loss_impl_unfused", ("unfused_loss_impl",), lambda p: ~as_bool(p.fused_loss),
+              lambda p: f"unfused_loss_impl {p.unfused_loss_impl} with fused_loss on: it picks which unfused "
+                        "cross entropy runs (PyTorch's eager one or Megatron's vocab-parallel one), so it acts only "
+                        "with fused_loss off; use --unfused-loss, or drop --unfused-loss-impl"),
     SwitchUse("cp_impl_cp", ("cp_impl",), lambda p: p.cp > 1,
               lambda p: f"cp_impl {p.cp_impl} with cp {p.cp}: it sets how the context-parallel ring passes K/V "
                         "between ranks, so it acts only with cp > 1; use --cp 2 or more, or drop --cp-impl"),

@@ -92,6 +92,8 @@ class SwitchOptions(BaseModel):
     """ParallelPlan.fused_loss."""
     fused_loss_impl: str = "native"
     """ParallelPlan.fused_loss_impl."""
+    unfused_loss_impl: str = "eager"
+    """ParallelPlan.unfused_loss_impl."""
     tp_whole_embedding: bool = False
     """ParallelPlan.tp_whole_embedding."""
     tp_impl: str

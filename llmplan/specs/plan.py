@@ -16,7 +16,8 @@ from llmplan.specs.plan_choices import (  # noqa: F401  (the unused ones are re-
     MOE_ROUTINGS,
     OPTIMIZERS, Optimizer,
     OPTIMIZER_MASTER_DTYPES, OPTIMIZER_MOMENT_DTYPES, OPTIMIZER_STATE_BYTES, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES,
-    FUSED_LOSS_IMPLS, FusedLossImpl, TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm,
+    FUSED_LOSS_IMPLS, FusedLossImpl, UNFUSED_LOSS_IMPLS, UnfusedLossImpl,
+    TP_IMPLS, AttentionKernel, AttentionRelease, Bf16Module, CudaGraphs, ExpertGemm,
     MoeDispatcher, MoeFlexBackend,
     MoeRouting, FP8_SCALINGS, Fp8Scaling,
     OptimizerMasterDtype, OptimizerMomentDtype, Recipe, Recompute, RecomputeModule, TpImpl, TrainDtype,
@@ -521,8 +522,17 @@ class ParallelPlan(PlanQuantities, Spec):
     copy of the logits per rank (its traffic: cost.elementwise.FUSED_LOSS_BYTES per logit). False: kernel by
     kernel on logits cast to fp32 (UNFUSED_LOSS_BYTES per logit; docs/formulas.md#compute.loss): PyTorch's
     eager cross_entropy (torchtitan up to its loss compilation), whose backward holds three fp32 copies at once
-    (docs/formulas.md#mem.activations), or Megatron's unfused vocab-parallel cross entropy (its default), priced
-    with the same memory though it works in place (about one fp32 copy: an over-count there)."""
+    (docs/formulas.md#mem.activations), or Megatron's unfused vocab-parallel cross entropy (its default), whose
+    memory unfused_loss_impl tells apart."""
+    unfused_loss_impl: UnfusedLossImpl = "eager"
+    """Which loss runs with fused_loss off, for its memory at the last stage (cost.memory.unfused_logit_bytes;
+    docs/formulas.md#mem.activations): eager, PyTorch's cross_entropy on fp32-cast logits (12 bytes a logit at
+    its backward); vocab-parallel, Megatron's _VocabParallelCrossEntropy, which subtracts the max, exponentiates
+    and divides in place on its fp32 copy and scales that copy in place backward (6: the 16-bit logits beside
+    the fp32 copy forward, the fp32 softmax beside its 16-bit cast backward; Megatron-LM 57064fd6f2 2020-03 ..
+    55817ec9b9 2022-09, and from 9634c0e4a3 2024-06); vocab-parallel-copy, the same Function with the max
+    subtracted into a new fp32 tensor (10 forward; 55817ec9b9 .. 9634c0e4a3). The traffic is the same
+    UNFUSED_LOSS_BYTES for all three (docs/formulas.md#compute.loss)."""
     tp_whole_embedding: bool = False
     """At tp > 1, every TP rank holds the input word embedding whole (V·h, unpadded) instead of its vocabulary
     shard (Megatron's VocabParallelEmbedding, V·h / t and one all-reduce of its output forward): DeepSpeed's
