@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from llmplan.arith import maximum, where
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.compressed import (
@@ -414,8 +416,16 @@ def padded_vocab(V: int, t: int, divisor: int = 128) -> int:
     """Vocabulary rows after Megatron's padding to a multiple of divisor x t (an upper bound for launchers
     that do not pad). Source: Megatron-LM megatron/training/vocab_utils.py (vocabulary padded to a multiple of 128 x
     tp)."""
+    if isinstance(t, np.ndarray) and t.dtype.kind == "i" and t.size > PADDED_TABLE and 1 <= t.min() <= t.max() < 4096:
+        units = divisor * np.arange(int(t.max()) + 1, dtype=t.dtype)  # plan arrays: a few small tp values
+        units[0] = 1
+        return (-(-V // units) * units)[t]  # the same integers, one lookup per plan instead of a division
     unit = divisor * t
     return -(-V // unit) * unit  # ceil division; elementwise on arrays
+
+
+PADDED_TABLE = 64
+"""padded_vocab looks arrays of more TP degrees than this up in a table of every degree up to their largest."""
 
 
 def vocab_shard_params(m: ModelSpec, t: Any) -> Any:

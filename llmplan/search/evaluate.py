@@ -176,8 +176,10 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
                     A[i, j], B[i, j] = c.alpha, c.beta
             coeff_cache[key] = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T), idx[inv]
         A, B, row = coeff_cache[key]
-        size = np.broadcast_to(np.asarray(message, dtype=float), inv.shape)
-        calls = np.broadcast_to(np.asarray(calls, dtype=float), inv.shape)
+        size, calls = np.asarray(message, dtype=float), np.asarray(calls, dtype=float)
+        if calls.ndim == 0 and calls <= 0 or size.ndim == 0 and size <= 0:  # no plan makes the call
+            return np.zeros(inv.shape)
+        size, calls = np.broadcast_to(size, inv.shape), np.broadcast_to(calls, inv.shape)
         sent = (calls > 0) & (size > 0)
         if sent.all():
             return calls * fastest(A, B, row, size)
@@ -188,8 +190,11 @@ def comm_seconds_arrays(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
         return out
 
     def copies(x: Any) -> np.ndarray:  # the HBM copies around a call (Transfer.copy_bytes), as transfer_seconds
-        called = np.broadcast_to(np.asarray(x.calls, dtype=float), inv.shape) > 0
-        if not called.any():  # no plan makes the call: no copies around it
+        calls = np.asarray(x.calls, dtype=float)
+        if calls.ndim == 0 and calls <= 0:  # no plan makes the call: no copies around it
+            return np.zeros(inv.shape)
+        called = np.broadcast_to(calls, inv.shape) > 0
+        if not called.any():
             return np.zeros(inv.shape)
         copied = np.broadcast_to(np.asarray(copy_seconds(x, system.gpu), dtype=float), inv.shape)
         return np.where(called, copied, 0.0)

@@ -305,7 +305,13 @@ class PlanQuantities(_QuantityInputs):
         """Ranks that share one replica's gradient/parameter shards: dp x cp (Megatron), over dp_replicate under
         hybrid sharding (Megatron-LM parallel_state.py, intra_partial_data_parallel_size).
         Derived: docs/formulas.md#mem.hsdp"""
-        return self.dp * self.cp // self.dp_replicate
+        memo = getattr(self, "memo", None)  # plan arrays keep it once (read for every stage and term)
+        if memo is not None and "zero_shard" in memo:
+            return memo["zero_shard"]
+        n = self.dp * self.cp // self.dp_replicate
+        if memo is not None:
+            memo["zero_shard"] = n
+        return n
 
     @property
     def optimizer_shard(self) -> Any:
