@@ -17,7 +17,6 @@ from llmplan.errors import LlmplanError, PlanViolationError
 from llmplan.specs.check import check_plan
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
-from llmplan.specs.registry import builtin_models
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.topology.placement import DEFAULT_ORDER, on_cluster, place
 
@@ -111,11 +110,6 @@ def _evaluate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, allowance:
                           gpu.compute_capability)
     comm = step_comm(m, plan, place(plan.degrees, cluster, order), cluster.system)
     return mem, comm, step_time(m, plan, gpu, comm_seconds(comm, cluster.system))
-
-def model_summaries() -> list[tuple[ModelSpec, ParamCounts]]:
-    """The built-in models with their parameter counts, by name (`llmplan models`)."""
-    return [(m, param_counts(m)) for m in sorted(builtin_models().values(), key=lambda m: m.name)]
-
 
 @dataclass(frozen=True)
 class StageView:

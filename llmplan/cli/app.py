@@ -11,7 +11,6 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from llmplan import report
 
@@ -67,6 +66,7 @@ def bench_progress(enabled: bool):
     if not (enabled and out.is_terminal):
         yield None
         return
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), console=out, transient=True) as bar:
         task = bar.add_task("starting", total=1.0)
         yield lambda msg, frac: bar.update(task, description=msg[:100], completed=min(frac, 1.0))
@@ -79,6 +79,7 @@ def progress_bar(enabled: bool):
         yield lambda _step: None
         return
     steps = ("enumerating", "pruning", "evaluating memory", "evaluating step time", "ranking")
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), console=out, transient=True) as bar:
         task = bar.add_task("searching", total=len(steps))
         yield lambda step: bar.update(task, description=step, completed=steps.index(step) if step in steps else 0)

@@ -78,15 +78,16 @@ def estimate_infer(c: ClusterOptions, p: PlanOptions, dtype: str, s: ServingOpti
                    max_load: bool, memory: MemoryOptions, output: OutputOptions, moe: dict[str, object]) -> None:
     """The serving path of `estimate`: p's tp, pp, dp and ep, the serving options and --batch / --max-load;
     `moe` the phase and MoE deployment fields (moe_plan_fields)."""
-    from llmplan.advice import advise_serving
     from llmplan.cli.inputs import OPTION_FLAGS, cluster_of, make_allowance, make_job, with_hardware_options
+    from llmplan.specs.registry import build, resolve_model
+    m = resolve_model(c.model)
+    cluster = cluster_of(c)
+    # the cost modules load once the model and hardware are known: a bad name is refused without them
+    from llmplan.advice import advise_serving
     from llmplan.cost.serve_memory import default_batched_tokens
     from llmplan.cost.serve_step import GraphHost
     from llmplan.planfile import save_refs, serve_plan_document
     from llmplan.serving import at_max_load, estimate_serving, largest_fitting
-    from llmplan.specs.registry import build, resolve_model
-    m = resolve_model(c.model)
-    cluster = cluster_of(c)
     plan = build(ServePlan, {"tp": p.tp, "pp": p.pp, "dp": p.dp or max(1, cluster.num_gpus // (p.tp * p.pp)),
                              "ep": p.ep, "weight_dtype": dtype, "kv_dtype": s.kv_dtype, **moe},
                  SERVE_PLAN_OPTIONS, OPTION_FLAGS)
@@ -140,16 +141,17 @@ def estimate_train(c: ClusterOptions, p: PlanOptions, s: SwitchOptions, split: P
                    named: frozenset[str] = frozenset()) -> None:
     """The training path of `estimate` (`named`: the options the command line set, for the switches named at
     their defaults that the plan cannot use: check_switches.named_switch_violations)."""
-    from llmplan.advice import advise_training
     from llmplan.cli.inputs import cluster_of, make_allowance, make_checkpoint, with_hardware_options
-    from llmplan.estimate import estimate_training
-    from llmplan.planfile import plan_document, save_refs
-    from llmplan.specs.check import check_plan
-    from llmplan.specs.check_switches import named_switch_violations
     from llmplan.specs.registry import resolve_model
     from llmplan.topology.placement import parse_order
     m = resolve_model(c.model)
     cluster = cluster_of(c)
+    # the cost modules load once the model and hardware are known: a bad name is refused without them
+    from llmplan.advice import advise_training
+    from llmplan.estimate import estimate_training
+    from llmplan.planfile import plan_document, save_refs
+    from llmplan.specs.check import check_plan
+    from llmplan.specs.check_switches import named_switch_violations
     order = parse_order(s.axis_order)
     plan = training_plan(m, cluster, p, s, split)
     unused = {v.rule: v for v in named_switch_violations(m, plan, named)}

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional, get_args
+from typing import TYPE_CHECKING, Any, Optional, get_args
 
 from pydantic import BaseModel, ValidationError
 
 from llmplan.cli.options import SERVING_INSTEAD, SERVING_ONLY
 from llmplan.errors import LlmplanError, not_one_of
-from llmplan.cost.lengths import TRACE_SHAPES, TRACE_SIGMA, mean_length
-from llmplan.cost.serve_step import GraphHost, default_graph_sizes
 from llmplan.fileio import excerpt, read_text
-from llmplan.specs.check import accounted_split
 from llmplan.specs.layout import balanced_layout, parse_layout
 from llmplan.specs.options import (SERVE_PLAN_FLAGS, CheckpointOptions, ClusterOptions, MemoryOptions, ServingOptions,
                                    SwitchOptions)
@@ -30,6 +27,9 @@ from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.serve import (DEFAULT_BATCHED_TOKENS, LengthDistribution, ServeJob, SpeculativeMethod,
                                  SpeculativeSpec, WeightDtype)
 from llmplan.topology.graph import validate
+
+if TYPE_CHECKING:
+    from llmplan.cost.serve_step import GraphHost
 
 
 def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], embedding: bool,
@@ -53,6 +53,7 @@ def pipeline_split(m, pp: int, first: int, last: int, layers: Optional[str], emb
                                f"stage (e.g. --pp {len(counts)})")
         return {"pp_layers": counts}
     if embedding or loss:
+        from llmplan.specs.check import accounted_split
         first, last = accounted_split(m, pp, embedding, loss)
     return {"pp_first": first, "pp_last": last}
 
@@ -291,6 +292,7 @@ def make_job(s: ServingOptions, batch: int, request_rate: float | None = None, t
     """The serving workload: the serving options with the command's load (estimate --batch, search
     --max-batch and --request-rate); with a length distribution, input_len / output_len are its mean.
     `tp` and `host` (the GPU and model) pick the engine's default CUDA graph sizes (graph_sizes_of)."""
+    from llmplan.cost.lengths import mean_length
     dists = {side: length_distribution(f"--{side}-len-dist", text, side, given)
              for side, text, given in (("input", s.input_len_dist, s.input_len), ("output", s.output_len_dist,
                                                                                   s.output_len))
@@ -325,6 +327,7 @@ def graph_sizes_of(s: ServingOptions, batch: int, tp: int = 1, host: GraphHost |
             raise LlmplanError("--cuda-graph-sizes with --no-cuda-graphs: eager decode pads to no graph")
         return None
     if s.cuda_graph_sizes is None:
+        from llmplan.cost.serve_step import default_graph_sizes
         tokens = s.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS  # SGLang's list does not read it
         return default_graph_sizes(s.engine, batch, tokens, tp, host,  # type: ignore[arg-type]
                                    (s.spec_tokens or 0) if s.speculative is not None else None)
@@ -362,6 +365,7 @@ def length_distribution(flag: str, text: str, side: str, fixed: int) -> LengthDi
     """A length distribution from its flag: lognormal:mean=M,sigma=S, a named trace shape (its published mean
     for this side, lognormal of TRACE_SIGMA), or a histogram file of `length,weight` lines. A --input-len /
     --output-len other than the default alongside it is refused (the distribution sets the mean)."""
+    from llmplan.cost.lengths import TRACE_SHAPES, TRACE_SIGMA
     if fixed != ServeJob.model_fields[f"{side}_len"].default:
         raise LlmplanError(f"{flag} {text} and --{side}-len {fixed} both set the {side} length; give one of them")
     if text in TRACE_SHAPES:

@@ -10,8 +10,9 @@ from llmplan.cli.app import app, emit, out, print_each
 @app.command()
 def models(json_mode: bool = opt.JSON) -> None:
     """List the built-in models."""
-    from llmplan.estimate import model_summaries
-    rows = model_summaries()
+    from llmplan.cost.params import param_counts  # not llmplan.estimate: the step-time modules are not needed
+    from llmplan.specs.registry import builtin_models
+    rows = [(m, param_counts(m)) for m in sorted(builtin_models().values(), key=lambda m: m.name)]
     emit(report.models_json(rows), json_mode, lambda: out.print(report.models_table(rows, with_type=out.width >= 100)))
 
 
