@@ -109,6 +109,30 @@ def one_train_search():
         cs.train_search = real
 
 
+@contextlib.contextmanager
+def one_run_search():
+    """Within it, each distinct search of one setting (cli.search.run_search: search.run.search on one cluster,
+    space and workload) runs once, and a later call with the same arguments gets that result. For tests that run
+    commands differing only after the searches (--top beyond the tie pool, a target's walk and its limit, --json):
+    what they compare is computed afresh from the searches' results. The key is every argument's repr but the
+    progress callback's and the shared memory-screen cache's (`screens`, which changes no result)."""
+    import llmplan.cli.search as cs
+
+    real, done = cs.run_search, {}
+
+    def once(*args, **kwargs):
+        key = repr((args, sorted((k, v) for k, v in kwargs.items() if k not in ("progress", "screens"))))
+        if key not in done:
+            done[key] = real(*args, **kwargs)
+        return done[key]
+
+    cs.run_search = once
+    try:
+        yield
+    finally:
+        cs.run_search = real
+
+
 @pytest.fixture(scope="session")
 def _published_list() -> list[dict]:
     """benchmarks/data's published runs, parsed once per test process: the file is about 1 MB, and

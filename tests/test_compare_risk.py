@@ -13,12 +13,23 @@ from __future__ import annotations
 
 import math
 
+import pytest
+from conftest import one_train_search, run_cli
+
 ARGS = ("search", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100,hgx-h100-96gb", "--nodes", "1",
         "--objective", "cost", "--price", "dgx-h100=1.9,hgx-h100-96gb=1.85")
 
 
-def test_a_tied_system_whose_best_plan_fits_goes_before_a_cheaper_one_at_risk(cli):
-    r = cli(*ARGS, "--json")
+@pytest.fixture(scope="module")
+def compared():
+    """The comparison's JSON and text runs, once for the module: the text renders the JSON run's searches (one per
+    system) through the real command's report path instead of searching again (conftest.one_train_search)."""
+    with one_train_search():
+        return run_cli(*ARGS, "--json"), run_cli(*ARGS)
+
+
+def test_a_tied_system_whose_best_plan_fits_goes_before_a_cheaper_one_at_risk(compared):
+    r = compared[0]
     assert r.code == 0, r.err
     d = r.json()
     rows = {s["system"]: s for s in d["systems"]}
@@ -32,8 +43,8 @@ def test_a_tied_system_whose_best_plan_fits_goes_before_a_cheaper_one_at_risk(cl
     assert len(d["tie_notes"]) == 1 and d["tie_notes"][0].startswith("hgx-h100-96gb before dgx-h100 (cost tied)")
 
 
-def test_the_text_says_which_best_plan_is_at_risk(cli):
-    r = cli(*ARGS)
+def test_the_text_says_which_best_plan_is_at_risk(compared):
+    r = compared[1]
     assert r.code == 0, r.err
     text = " ".join(r.out.split())
     assert "#2 dgx-h100:" in text and "memory at risk:" in text

@@ -319,9 +319,13 @@ def test_search_tries_a_power_of_two_share_of_nvl72_domains(cli):
     # NVLink domain and the search shows that layout, saying what all 72 would give; a dense model (no EP
     # degree that 72 cannot hold) is not searched twice; --domain-gpus pins the share. The gradient dtype and
     # fp8 weights are pinned to the variant a free search picks (bf16, on): each of the 4 variants makes its
-    # own domain choice, and trying all 4 (tests/test_memory_switches.py) made this test search 8 times.
+    # own domain choice, and trying all 4 (tests/test_memory_switches.py) made this test search 8 times. So is
+    # the EP dispatch (deepep with Hybrid-EP, no EP overlap: the free search's pick, the same domain choice and
+    # tokens/s): its 6 settings made 12 searches, 2 now (tests/test_search_deepep.py and
+    # tests/test_search_ep_overlap.py search them).
     r = cli("search", "--model", "deepseek-v3", "--hardware", "gb300-nvl72", "--nodes", "576", "--precision",
-            "mxfp8", "--grad-dtype", "bf16", "--fp8-params", "--json")
+            "mxfp8", "--grad-dtype", "bf16", "--fp8-params", "--moe-dispatcher", "deepep", "--moe-flex-backend",
+            "hybridep", "--no-ep-comm-overlap", "--json")
     assert r.code == 0, r.err
     d = r.json()
     assert d["domain"]["used_per_domain"] == 64 and d["gpus"] == 2048

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+from conftest import one_train_search
+
 from llmplan.search.ties import decide, heavy_across, resolve, robust_first
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import builtin_systems
@@ -81,14 +83,16 @@ def test_placement_comes_after_memory_risk_and_the_zero3_gather():
 
 def test_top_1_shows_the_faster_tied_plan(cli):
     # qwen3-30b-a3b on 2 DGX H100: #1 is not the fastest plan found (a more robust one tied with it); at --top 1
-    # the table has no = mark, so a line says a faster plan sits below it; the JSON says how much faster
-    one = cli("search", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "2", "--top", "1")
+    # the table has no = mark, so a line says a faster plan sits below it; the JSON says how much faster (the
+    # JSON renders the text run's search result, one search: conftest.one_train_search)
+    with one_train_search():
+        one = cli("search", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "2", "--top", "1")
+        doc = json.loads(cli("search", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "2",
+                             "--top", "1", "--json").out)
     assert one.code == 0, one.err[-600:]
     line = " ".join(one.out.split())
     assert "tie: a plan" in line and "faster than #1, within the model's resolution" in line
     assert all(len(x) <= 80 for x in one.out.splitlines())
-    doc = json.loads(cli("search", "--model", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "2",
-                         "--top", "1", "--json").out)
     pct = doc["ties"]["fastest_above_first_percent"]
     assert pct is not None and 0 < pct < doc["ties"]["resolution_percent"]
     assert {"upper", "lower", "apart_percent", "rule", "lower_shown"} <= set(doc["ties"]["decided"][0])
