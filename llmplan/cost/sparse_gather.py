@@ -107,8 +107,17 @@ def reference_rate(gpu: GpuSpec) -> float:
     sustained TF32 peak where the GPU lists one, else its fp32 peak: Megatron-LM does not set allow_tf32, but the
     NGC PyTorch containers the recipes run in set ENV TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, so cuBLAS takes fp32
     matmuls to TF32. Source: MONAI docs, "Precision and Accelerating" (docs.monai.io/en/stable/
-    precision_accelerating.html). Derived: docs/formulas.md#compute.indexer_training"""
-    return gpu.sustained_flops("tf32" if gpu.tflops.get("tf32") else "fp32")
+    precision_accelerating.html). A GPU profile listing neither rate (a user profile with bf16 alone) gives NaN:
+    check_plan's rule indexer_reference_rate refuses those plans, so the value is never reported.
+    Derived: docs/formulas.md#compute.indexer_training"""
+    dtype = reference_dtype(gpu)
+    return gpu.sustained_flops(dtype) if dtype else float("nan")
+
+
+def reference_dtype(gpu: GpuSpec) -> str | None:
+    """The GpuSpec.tflops key the reference indexer loss's fp32 matmuls run at (reference_rate): tf32 where
+    listed, else fp32, else None (the profile lists neither)."""
+    return next((k for k in ("tf32", "fp32") if gpu.tflops.get(k)), None)  # type: ignore[call-overload]
 
 
 def indexer_target_flops(m: ModelSpec, plan: ParallelPlan, scores: Any) -> Any:

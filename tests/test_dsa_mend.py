@@ -1,0 +1,52 @@
+"""Defects in the DSA indexer-training change (docs/validation.md#dsa-mend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmplan.cost.sparse_gather import reference_rate
+from llmplan.specs.registry import builtin_gpus
+
+GPUS = builtin_gpus()
+
+
+@pytest.mark.parametrize("gpu, fp32", [("mi355x", 157.3), ("mi350x", 144.2)])
+def test_cdna4_profiles_list_their_fp32_rate(gpu: str, fp32: float) -> None:
+    # 256 CUs x 256 FP32 FLOP/clock/CU x 2.4 (2.2) GHz; no tf32 on CDNA 4, so the reference path runs at fp32
+    g = GPUS[gpu]
+    assert "tf32" not in g.tflops and g.tflops["fp32"] == fp32
+    assert reference_rate(g) == pytest.approx(fp32 * 1e12 * g.sustained_clock_fraction)
+
+
+@pytest.mark.parametrize("args", [
+    ("-m", "deepseek-v3.2", "--nodes", "64", "--ep", "64", "--pp", "8", "--pp-layout", "balanced"),
+    ("-m", "deepseek-v3.2", "--nodes", "64", "--ep", "64", "--pp", "8", "--pp-layout", "balanced",
+     "--indexer-loss", "off"),
+    ("-m", "deepseek-v4-flash", "--nodes", "8", "--ep", "64"),
+])
+def test_dsa_models_estimate_on_mi355x(cli, args: tuple[str, ...]) -> None:  # noqa: ANN001
+    r = cli("estimate", "--hardware", "mi355x-8", *args)
+    assert r.code == 0, r.err
+
+
+def _bf16_only(tmp_path: Path) -> Path:
+    f = tmp_path / "bf16only.yaml"
+    f.write_text("base: mi355x-8\ngpu:\n  tflops: {bf16: 2500, fp16: 2500, fp8: 5000}\n")
+    return f
+
+
+def test_a_profile_without_fp32_or_tf32_refuses_the_dsa_plan_in_one_line(cli, tmp_path: Path) -> None:  # noqa: ANN001
+    r = cli("estimate", "-m", "deepseek-v3.2", "--hardware", _bf16_only(tmp_path), "--nodes", "64", "--ep", "64",
+            "--pp", "8", "--pp-layout", "balanced")
+    assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    assert "tf32 or fp32" in r.err and "tflops.fp32" in r.err
+    dense = cli("estimate", "-m", "llama-3.1-8b", "--hardware", _bf16_only(tmp_path), "--nodes", "1")
+    assert dense.code == 0, dense.err
+
+
+def test_search_on_a_profile_without_fp32_or_tf32_does_not_crash(cli, tmp_path: Path) -> None:  # noqa: ANN001
+    r = cli("search", "-m", "deepseek-v4-flash", "--hardware", _bf16_only(tmp_path), "--nodes", "8",
+            "--global-batch", "64")
+    assert r.code in (0, 2) and "Traceback" not in r.err and "internal error" not in r.err, r.err
