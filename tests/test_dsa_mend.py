@@ -50,3 +50,48 @@ def test_search_on_a_profile_without_fp32_or_tf32_does_not_crash(cli, tmp_path: 
     r = cli("search", "-m", "deepseek-v4-flash", "--hardware", _bf16_only(tmp_path), "--nodes", "8",
             "--global-batch", "64")
     assert r.code in (0, 2) and "Traceback" not in r.err and "internal error" not in r.err, r.err
+
+
+V32_ARGS = ("-m", "deepseek-v3.2", "--hardware", "dgx-h100", "--nodes", "32", "--tp", "8", "--pp", "8",
+            "--pp-first-layers", "7", "--pp-last-layers", "6", "--ep", "32", "--etp", "1", "--global-batch", "1024")
+
+
+@pytest.mark.parametrize("extra, want", [((), "dense"), (("--indexer-loss", "off"), "off"),
+                                         (("--indexer-loss", "sparse"), "sparse")])
+def test_the_priced_indexer_setting_is_a_top_level_key_and_a_header_line(cli, extra, want) -> None:  # noqa: ANN001
+    from llmplan.specs.plan import ParallelPlan
+    doc = cli("estimate", *V32_ARGS, *extra, "--json").json()
+    # DeepSeek-V3.2's default is dense (Megatron-Bridge PR #1421); the plan keeps what was asked
+    assert doc["indexer_loss_priced"] == want
+    assert doc["plan"]["indexer_loss"] == (extra[1] if extra else None)
+    assert ParallelPlan(**doc["plan"]).indexer_loss == doc["plan"]["indexer_loss"]
+    text = cli("estimate", *V32_ARGS, *extra).out
+    assert f"DSA indexer loss: {want}" + ("" if extra else " (the default)") in text
+
+
+def test_a_model_without_an_indexer_prices_it_off_and_prints_no_line(cli) -> None:  # noqa: ANN001
+    args = ("-m", "gpt3-175b", "--hardware", "dgx-h100", "--nodes", "16", "--tp", "8", "--pp", "8")
+    assert cli("estimate", *args, "--json").json()["indexer_loss_priced"] == "off"
+    out = cli("estimate", *args).out
+    assert "DSA indexer" not in out and "bias-GeLU" not in out
+
+
+def test_v4_on_gb200_prices_the_sparse_loss_and_search_entries_carry_the_key(cli) -> None:  # noqa: ANN001
+    doc = cli("search", "-m", "deepseek-v4-flash", "--hardware", "gb200-nvl72", "--nodes", "16", "--global-batch",
+              "256", "--json").json()
+    assert doc["plans"], doc
+    for e in doc["plans"]:
+        assert e["indexer_loss_priced"] == ("sparse" if e["plan"]["flash_attention"] else "off")
+
+
+def test_the_unfused_bias_gelu_is_printed(cli, tmp_path: Path) -> None:  # noqa: ANN001
+    import json
+    path = tmp_path / "plan.json"
+    assert cli("estimate", "-m", "gpt3-175b", "--hardware", "dgx-h100", "--nodes", "16", "--tp", "8", "--pp", "8",
+               "--save", path).code == 0
+    doc = json.loads(path.read_text())
+    doc["plan"]["bias_gelu_fusion"] = False
+    path.write_text(json.dumps(doc))
+    r = cli("estimate", "--plan", path)
+    assert r.code == 0 and "bias-GeLU: unfused" in r.out, r.err
+    assert cli("estimate", "--plan", path, "--json").json()["plan"]["bias_gelu_fusion"] is False
