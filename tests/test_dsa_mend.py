@@ -95,3 +95,35 @@ def test_the_unfused_bias_gelu_is_printed(cli, tmp_path: Path) -> None:  # noqa:
     r = cli("estimate", "--plan", path)
     assert r.code == 0 and "bias-GeLU: unfused" in r.out, r.err
     assert cli("estimate", "--plan", path, "--json").json()["plan"]["bias_gelu_fusion"] is False
+
+
+def test_v4_default_follows_the_fused_path_not_the_gpu_alone() -> None:
+    from llmplan.cost.sparse_gather import fused_csa_priced, indexer_loss
+    from llmplan.specs.plan import ParallelPlan
+    from llmplan.specs.registry import builtin_models
+    flash = builtin_models()["deepseek-v4-flash"]
+    gb200, h100 = GPUS["gb200"], GPUS["h100-sxm"]
+    fused = ParallelPlan(ep=8, dp=8, seq_len=4096)
+    unfused = fused.model_copy(update={"flash_attention": False})
+    assert fused_csa_priced(flash, fused, gb200) and indexer_loss(flash, fused, gb200) == "sparse"
+    # GB200 has a sparse gather rate, but without fused attention the fused CSA path is not priced: off, as the
+    # docstrings and Megatron-Bridge's library recipes (coefficient 0.0) say
+    assert not fused_csa_priced(flash, unfused, gb200) and indexer_loss(flash, unfused, gb200) == "off"
+    assert indexer_loss(flash, fused, h100) == "off"
+
+
+def test_bridge_overrides_of_unfused_v4_on_gb200_write_no_indexer_loss(cli, tmp_path: Path) -> None:  # noqa: ANN001
+    # The CLI export refuses unfused attention for Bridge (attention_backend), so dsa_overrides is read directly:
+    # the library recipe's coefficient 0.0 and no sparse flag (recipes/deepseek/h100/deepseek_v4.py at 067f987df)
+    import dataclasses
+
+    from llmplan.export.bridge import dsa_overrides
+    from llmplan.planfile import load_plan
+    path = tmp_path / "plan.json"
+    made = cli("estimate", "-m", "deepseek-v4-flash", "--hardware", "gb200-nvl72", "--nodes", "2", "--ep", "8",
+               "--global-batch", "64", "--save", path)
+    assert made.code == 0, made.err
+    pf = load_plan(path)
+    unfused = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"flash_attention": False}))
+    assert dsa_overrides(unfused) == [("model.dsa_indexer_loss_coeff", 0.0),
+                                      ("model.dsa_indexer_use_sparse_loss", False)]
