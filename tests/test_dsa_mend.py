@@ -127,3 +127,30 @@ def test_bridge_overrides_of_unfused_v4_on_gb200_write_no_indexer_loss(cli, tmp_
     unfused = dataclasses.replace(pf, plan=pf.plan.model_copy(update={"flash_attention": False}))
     assert dsa_overrides(unfused) == [("model.dsa_indexer_loss_coeff", 0.0),
                                       ("model.dsa_indexer_use_sparse_loss", False)]
+
+
+@pytest.mark.parametrize("kw, loss, gib", [
+    # worked by hand (docs/formulas.md#mem.indexer_reference): P = b (s/cp) s = 2^24 at s 4096, b 1, cp 1;
+    # index scores 2 x 4 x H_I(64) x P = 8 GiB; KL target (17 a/t + 8) x P
+    ({"tp": 8}, None, 8.0),                    # default dense: max(8, 4.375)
+    ({"tp": 8}, "off", 8.0),                   # scores alone
+    ({"tp": 1}, "sparse", 34.125),             # (17 x 128 + 8) x 2^24
+    ({"tp": 1}, "off", 8.0),
+    ({"tp": 8, "cp": 2}, None, 4.0),           # the rank's s/2 query rows
+    ({"tp": 8, "seq_len": 16384}, None, 128.0),  # 8 x 64 x 2^28
+])
+def test_reference_indexer_transient_by_hand(kw, loss, gib) -> None:  # noqa: ANN001
+    from llmplan.cost.activations import indexer_reference_transient_bytes
+    from llmplan.specs.plan import ParallelPlan
+    from llmplan.specs.registry import builtin_models
+    models = builtin_models()
+    plan = ParallelPlan(**{"seq_len": 4096, "indexer_loss": loss, **kw})
+    assert indexer_reference_transient_bytes(models["deepseek-v3.2"], plan) == gib * 2 ** 30
+    assert indexer_reference_transient_bytes(models["deepseek-v3"], ParallelPlan(seq_len=4096)) == 0.0
+
+
+def test_the_indexer_transient_is_an_activation_part(cli) -> None:  # noqa: ANN001
+    doc = cli("estimate", *V32_ARGS, "--json").json()
+    parts = doc["memory"]["activation_parts"]
+    assert parts["indexer_workspace"] == 8 * 2 ** 30
+    assert "DSA indexer scores" in cli("estimate", *V32_ARGS).out

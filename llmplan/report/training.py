@@ -61,7 +61,7 @@ def memory_json(mem: TrainingMemory, plan: ParallelPlan, cluster: ClusterSpec | 
             "capacity": f(mem.capacity), "fits": bool(mem.fits), "headroom": f(mem.headroom), "stage": int(mem.stage),
             "activation_parts": {"layers": f(a.layers), "recompute_working": f(a.recompute_working),
                                  "embedding": f(a.embedding), "output": f(a.output),
-                                 "cp_workspace": f(a.cp_workspace)},
+                                 "cp_workspace": f(a.cp_workspace), "indexer_workspace": f(a.indexer_workspace)},
             "offloaded_to_host": f(a.offloaded),
             "optimizer_copies": f(mem.optimizer_copies), "after_backward": f(mem.after_backward),
             "fresh_grad": f(mem.fresh_grad),
@@ -447,6 +447,8 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
         ("  embedding (first stage)", a.embedding, "mem.activations"),
         ("  output + logits (last stage)", a.output, "mem.activations"),
         ("  CP ring / a2a / all-gather buffers", a.cp_workspace, "mem.cp_comm"),
+        *([("  DSA indexer scores (fp32)", a.indexer_workspace, "mem.indexer_reference")]
+          if float(a.indexer_workspace) else []),
         ("other (buffers, fragmentation)", mem.other, "mem.other"),
     ]
     if mem.runtime is not None:  # the priced runtime bytes inside other
