@@ -154,3 +154,20 @@ def test_the_indexer_transient_is_an_activation_part(cli) -> None:  # noqa: ANN0
     parts = doc["memory"]["activation_parts"]
     assert parts["indexer_workspace"] == 8 * 2 ** 30
     assert "DSA indexer scores" in cli("estimate", *V32_ARGS).out
+
+
+@pytest.mark.parametrize("loss", ["off", "dense", "sparse"])
+def test_v32_indexer_projections_are_duplicated_on_tp_and_detached(loss) -> None:  # noqa: ANN001
+    # Megatron-LM dsa.py at 1e23526adc: the indexer's linears parallel_mode "duplicated" (whole on every TP rank),
+    # fed x.detach() / qr.detach() (no input gradient), under torch.no_grad with the loss off (no weight gradient)
+    from llmplan.cost.gemm import layer_gemm_seconds, layer_gemms
+    from llmplan.specs.plan import ParallelPlan
+    from llmplan.specs.registry import builtin_models
+    m, h100 = builtin_models()["deepseek-v3.2"], GPUS["h100-sxm"]
+    plan = ParallelPlan(tp=8, ep=8, dp=8, seq_len=4096, indexer_loss=loss)
+    got = [(g.K, g.N, g.flops) for g in layer_gemms(m, plan, True) if g.module == "dsa_indexer"]
+    T = 4096  # s/cp x b; not divided by tp 8
+    # wq_b q_lora_rank 1536 -> 64 heads x 128, wk 7168 -> 128, weights_proj 7168 -> 64 heads
+    assert got == [(1536, 8192, 2 * T * 1536 * 8192), (7168, 128, 2 * T * 7168 * 128), (7168, 64, 2 * T * 7168 * 64)]
+    fwd, bwd = layer_gemm_seconds(m, plan, h100, True, only="dsa_indexer")
+    assert fwd > 0 and bwd == (0.0 if loss == "off" else pytest.approx(fwd))  # weight gradient alone
