@@ -27,8 +27,10 @@ def assert_arrays_agree(m, cluster, plans, idx: Sequence[int], rel: float = 1e-9
     for j, i in enumerate(idx):
         scalar = estimate_training(m, cluster, plans.plan(i))
         assert float(vec.memory.total[j]) == pytest.approx(float(scalar.memory.total), rel=rel)
-        # the activations and their cp_comm_type part (docs/formulas.md#mem.cp_comm), not only the sum
-        for get in (lambda x: x.activations, lambda x: x.activation_parts.cp_workspace):
+        # the activations, their cp_comm_type part (docs/formulas.md#mem.cp_comm) and the DSA indexer's transient
+        # (docs/formulas.md#mem.indexer_reference), not only the sum
+        for get in (lambda x: x.activations, lambda x: x.activation_parts.cp_workspace,
+                    lambda x: x.activation_parts.indexer_workspace):
             v = get(vec.memory)
             v = v[j] if isinstance(v, np.ndarray) and v.shape else v
             assert float(v) == pytest.approx(float(get(scalar.memory)), rel=rel, abs=1e-6)

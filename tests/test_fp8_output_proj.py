@@ -152,7 +152,9 @@ def test_search_never_ranks_a_plan_the_rule_refuses(cli):
     r = cli("search", "-m", "gpt-oss-120b", "--hardware", "gb200-nvl72", "--nodes", "2", "--precision", "mxfp8",
             "--fp8-output-proj", "--tp-comm-overlap", "--json")
     assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1, r.err
-    assert "plans searched can use it: the " in r.err and "plans that could use it break check rules" in r.err
+    assert r.err.startswith("error: --tp-comm-overlap: none of the "), r.err  # the switch first
+    assert "plans left by the rules can use it: the " in r.err, r.err
+    assert "plans searched that could use it break check rules" in r.err, r.err
     assert "rule fp8_output_proj_tp_overlap cuts" in r.err, r.err
     assert "tp_comm_buffer_name is not None" in r.err, r.err
     assert "drop --tp-comm-overlap, or drop --fp8-output-proj" in r.err, r.err

@@ -200,7 +200,8 @@ def test_a_switch_on_by_default_asks_for_something_when_turned_off(cli):
     base = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1")
     assert cli("estimate", *base, "--tp", "8", "--cp-comm-overlap").code == 0
     line = one_line(cli("search", *base, "--cp", "1", "--no-cp-comm-overlap"))
-    assert line.startswith("error: none of the ") and "plans searched can use it: cp_comm_overlap off with cp 1 " \
+    assert line.startswith("error: --no-cp-comm-overlap: none of the ") \
+        and "plans left by the rules can use it: cp_comm_overlap off with cp 1 " \
         "and cp_impl te:" in line and line.endswith("drop --no-cp-comm-overlap (or unpin the axis it needs)"), line
 
 

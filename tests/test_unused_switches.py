@@ -133,7 +133,7 @@ def test_search_keeps_plans_without_the_axis_and_shows_them_settled():
 
 @pytest.mark.parametrize("args, needles", [
     (("--zero", "1", "--zero3-unit", "tensor"),
-     ("none of the", "plans searched can use it", "zero3_unit tensor with zero 1")),
+     ("error: --zero3-unit: none of the", "plans left by the rules can use it", "zero3_unit tensor with zero 1")),
     (("--zero", "2", "--zero3-unit", "layer"), ("zero3_unit layer with zero 2",)),
     (("--tp", "1", "--tp-impl", "dtensor"), ("tp_impl dtensor with tp 1",)),
     (("--tp", "1", "--tp-comm-overlap"), ("tp_comm_overlap with tp 1",)),

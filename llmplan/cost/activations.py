@@ -630,3 +630,44 @@ def _rebuilt(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
         return 0.0
     return recomputed_module_bytes(m, plan, moe, layer_activation_parts(m, plan, moe, scores=True))
 
+
+
+INDEXER_SCORE_COPIES = 2
+"""fp32 [s/cp, b, H_I, s] index-score tensors alive at once in the DSA indexer's reference scores
+(_compute_index_scores): the einsum's output beside the ReLU's, then beside the head-weighted product, each
+freed when the next is assigned; every setting runs it (under torch.no_grad with the loss off), the loss's
+backward again. Source: NVIDIA/Megatron-LM megatron/core/transformer/experimental_attention_variant/dsa.py at
+1e23526adc (_compute_index_scores, fused_qk_topk_naive). Derived: docs/formulas.md#mem.indexer_reference"""
+
+INDEXER_LOSS_SCORE_BYTES = 4 * 4 + 1
+"""Bytes per (main head, query, key) of the indexer loss's KL target at its peak: the fp32 [b, a/t, s/cp, s]
+QK^T (torch.bmm(query.float(), key.float())) held while dsa_masking.masked_softmax builds its masked copy, the
+difference and its exp (four fp32 copies at once, and again at each later masked_fill and division), plus
+~valid_mask expanded over the heads (1-byte bool); the same in the backward (bwd_fused_indexer_loss_naive
+recomputes the product, adds the mask out of place, then the same softmax). Nothing of it is saved for the
+backward (FusedDSAIndexerLoss saves q, weights, k, query, key, topk_indices). Source: NVIDIA/Megatron-LM
+experimental_attention_variant/dsa.py (compute_dsa_indexer_loss, bwd_fused_indexer_loss_naive) and
+dsa_masking.py (masked_softmax) at 1e23526adc. Derived: docs/formulas.md#mem.indexer_reference"""
+
+INDEXER_LOSS_PAIR_BYTES = 4 + 4
+"""Bytes per (query, key) beside the KL target: the fp32 [b, s/cp, s] index scores and the fp32 top-k index_mask
+(torch.full(..., -inf)). Source: dsa.py at 1e23526adc (compute_dsa_indexer_loss).
+Derived: docs/formulas.md#mem.indexer_reference"""
+
+
+def indexer_reference_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
+    """Peak bytes of one DeepSeek-V3.2 layer's DSA indexer on Megatron-Core's reference path (no fused DSA kernel
+    is priced for it), a transient of the forward and the backward, one micro-batch: the larger of the index
+    scores (INDEXER_SCORE_COPIES x 4 B x H_I per pair, the indexer replicated on every TP rank) and, with the
+    loss on (dense or sparse alike: the sparse mask is added to full matrices), the KL target
+    (INDEXER_LOSS_SCORE_BYTES x a/t + INDEXER_LOSS_PAIR_BYTES per pair), over b x (s/cp) queries (the rank's
+    rows; all-gather CP gathers the keys) x s keys. 0 for a model without an indexer and for DeepSeek-V4 (its
+    reference path runs only off the fused CSA path, which the memory model does not resolve; a gap, see
+    docs/validation.md#dsa-mend). Derived: docs/formulas.md#mem.indexer_reference"""
+    if not m.is_sparse_attention or m.compressed_layers:
+        return 0.0
+    loss = plan.indexer_loss if plan.indexer_loss is not None else (m.indexer_loss or "off")
+    pairs = plan.micro_batch * plan.seq_len / plan.cp * plan.seq_len
+    scores = INDEXER_SCORE_COPIES * 4.0 * (m.index_n_heads or 0) * pairs
+    target = (INDEXER_LOSS_SCORE_BYTES * m.num_attention_heads / plan.tp + INDEXER_LOSS_PAIR_BYTES) * pairs
+    return maximum(scores, target) if loss != "off" else scores

@@ -35,7 +35,7 @@ from llmplan.cost.params import (
     latent_proj_params,
     mlp_params,
 )
-from llmplan.cost.sparse import indexer_flops_per_pair
+from llmplan.cost.sparse import indexer_flops_per_pair, indexer_params
 from llmplan.cost.stages import recomputed_share
 from llmplan.cost.windows import window_key_count
 from llmplan.specs.model import ModelSpec
@@ -75,12 +75,15 @@ def _layer_flops(m: ModelSpec, plan: ParallelPlan, moe: bool) -> LayerFlops:
         mlp = mlp + (mlp_params(m, m.shared_ffn) if m.shared_ffn else 0)
     else:
         mlp = dense_mlp_share(m) * mlp_params(m, m.intermediate_size)
-    gemm = 2 * T * (attention_share(m) * attention_params(m) + mean_recurrent_params(m) + mlp) / t
+    # DeepSeek-V3.2's indexer projections (inside attention_params) run whole on every TP rank (dsa.py
+    # parallel_mode "duplicated"): taken out of the TP-split attention, added back undivided
+    dsa = indexer_params(m) if m.is_dsa else 0
+    gemm = 2 * T * (attention_share(m) * (attention_params(m) - dsa) + mean_recurrent_params(m) + mlp) / t
     if moe:
         gemm = gemm + routed_expert_flops(m, plan)
     # DeepSeek-V4: the mean layer's compressors and indexer and its two hyper-connection projections, whole on
-    # every TP rank (cost.compressed)
-    gemm = gemm + 2 * T * replicated_layer_params(m)
+    # every TP rank (cost.compressed); DeepSeek-V3.2's indexer projections likewise
+    gemm = gemm + 2 * T * (replicated_layer_params(m) + attention_share(m) * dsa)
     keys = attention_keys(m, plan.seq_len)  # plan.seq_len where no layer has a sliding window
     attn = attention_score_flops(m, plan, keys)  # local queries x all (window's) keys
     # DeepSeek Sparse Attention: the indexer scores every preceding key (counted as full causal attention is),

@@ -18,6 +18,7 @@ from llmplan.cost.flops import layer_flops
 from llmplan.cost.mixers import attention_share, dense_mlp_share, recurrent_gemm_shapes
 from llmplan.cost.moe import routing_imbalance
 from llmplan.cost.params import kv_heads_per_rank
+from llmplan.cost.sparse_gather import indexer_loss
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
@@ -265,7 +266,8 @@ def attention_shapes(m: ModelSpec, t: Any) -> list[tuple[Any, Any]]:
 
 
 GemmModule = Literal["attention", "grouped_out", "recurrent", "mamba_out_proj", "mlp", "shared_expert", "expert",
-                     "router", "latent_proj", "compressor", "indexer", "indexer_query", "hyper_connection"]
+                     "router", "latent_proj", "compressor", "indexer", "indexer_query", "hyper_connection",
+                     "dsa_indexer"]
 """What a matmul of layer_gemms' list computes: the pricing picks its matmuls by this tag, never by position."""
 
 UNQUANTIZED_MODULES: frozenset[str] = frozenset({"grouped_out", "compressor", "indexer", "router"})
@@ -280,13 +282,17 @@ megatron/core/transformer/moe/router.py (gating) and moe_utils.py (RouterGatingL
 Derived: docs/formulas.md#compressed.unquantized"""
 
 
-DETACHED_INPUT_MODULES: frozenset[str] = frozenset({"indexer", "indexer_query"})
+DETACHED_INPUT_MODULES: frozenset[str] = frozenset({"indexer", "indexer_query", "dsa_indexer"})
 """Matmuls whose input is detached from the graph, so their backward runs the weight gradient alone (no
 input-gradient matmul): DeepSeek-V4's CSA indexer (its compressor's kv / gate, query and head-weight
 projections), which Megatron-LM feeds x.detach() and qr.detach() on every path (trained by its own KL loss, its
 gradients kept from the main model). Source: NVIDIA/Megatron-LM experimental_attention_variant/csa.py at
 1e23526adc (_forward_unfused_csa, _forward_fused_indexer_training: x_det, qr_det before
-indexer.forward_before_topk). Derived: docs/formulas.md#compressed.unquantized"""
+indexer.forward_before_topk); DeepSeek-V3.2's indexer projections ("dsa_indexer": wq_b, wk, weights_proj),
+which dsa.py feeds x.detach() and qr.detach() and, with the loss off, runs under torch.no_grad (no weight
+gradient either: layer_gemm_seconds). Source: NVIDIA/Megatron-LM experimental_attention_variant/dsa.py at
+1e23526adc (DSAttention.forward: torch.enable_grad() if use_indexer_loss else torch.no_grad(); the indexer's
+linears parallel_mode "duplicated"). Derived: docs/formulas.md#compressed.unquantized"""
 
 
 class Gemm(NamedTuple):
@@ -334,6 +340,12 @@ def layer_gemms(m: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
     out += [Gemm(2 * T * k * n * share, T, n, k, "",
                  ("indexer_query" if quantized else "indexer") if indexer else "compressor")
             for k, n, share, quantized, indexer in compressor_gemm_widths(m)]
+    # DeepSeek-V3.2's indexer projections (wq_b r_q x H_I·d_I, wk h x d_I, weights_proj h x H_I), whole on every
+    # TP rank (dsa.py at 1e23526adc: parallel_mode "duplicated")
+    if m.is_dsa:
+        H, dI = m.index_n_heads or 0, m.index_head_dim or 0
+        out += [Gemm(2 * T * k * n * a_share, T, n, k, "", "dsa_indexer")
+                for k, n in ((m.q_lora_rank or h, H * dI), (h, dI), (h, H))]
     if m.hc_mult > 1:
         nh, w = hc_fn_shape(m)
         out += [Gemm(2 * T * nh * w, T, w, nh, "", "hyper_connection")] * 2
@@ -471,6 +483,7 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
     split = bool(plan.tp_comm_overlap and np.any(plan.sp))  # skip the piece shapes when no plan chunks
     kept = bf16_module_gemms(plan, gemms)
     mx = mxfp8_module_gemms(plan, gemms)
+    dsa_no_grad = m.is_dsa and indexer_loss(m, plan, gpu) == "off"
 
     def seconds(low: str) -> tuple[Any, Any]:
         fwd = bwd = 0.0
@@ -495,7 +508,8 @@ def layer_gemm_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, moe: bool
                 fc2 = module == "expert" and i > 0 and gemms[i - 1].module == "expert"
                 dgrad = whole * fused_dglu_factor(m, plan, gpu, fmt) if fc2 else whole
                 dgrad = 0.0 if module in DETACHED_INPUT_MODULES else dgrad  # a detached input: no dgrad
-                fwd, bwd = fwd + whole, bwd + dgrad + whole
+                wgrad = 0.0 if module == "dsa_indexer" and dsa_no_grad else whole  # V3.2's loss off: no_grad
+                fwd, bwd = fwd + whole, bwd + dgrad + wgrad
         return fwd, bwd
 
     share = plan.low_precision_layer_fraction(m.num_hidden_layers)

@@ -20,7 +20,7 @@ from llmplan.cost.activations import (  # noqa: F401  (re-exported: their home w
     SAVED_INPUT_BYTES, LayerActivationParts, LayerActivations, cp_comm_workspace_bytes, dispatched_rows,
     layer_activation_bytes,
     layer_activation_no_recompute, layer_activation_parts, layer_activations, linear_input_split,
-    moe_saved_input_bytes, op_checkpoint_bytes, paged_stash_transient_bytes, recomputed_module_bytes,
+    indexer_reference_transient_bytes, moe_saved_input_bytes, op_checkpoint_bytes, paged_stash_transient_bytes, recomputed_module_bytes,
 )
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home was this module)
@@ -217,7 +217,8 @@ def _order_steps(p: int, n: int, v: int, i: int) -> tuple[np.ndarray, np.ndarray
 class ActivationBytes(Breakdown):
     """Activation memory of one rank; parts sum to total."""
 
-    PARTS: ClassVar[tuple[str, ...]] = ("layers", "recompute_working", "embedding", "output", "cp_workspace")
+    PARTS: ClassVar[tuple[str, ...]] = ("layers", "recompute_working", "embedding", "output", "cp_workspace",
+                                        "indexer_workspace")
 
     layers: Any
     """Transformer layers x micro-batches in flight (with the EP overlap, one layer's pre-dispatch part more:
@@ -238,6 +239,10 @@ class ActivationBytes(Breakdown):
     stash_transient: Any = 0.0
     """Not a part (already in `layers`): the paged stash's one MoE layer at the static budget's rows
     (cost.activations.paged_stash_transient_bytes), one layer per rank however many stages it holds."""
+    indexer_workspace: Any = 0.0
+    """DeepSeek-V3.2's DSA indexer on Megatron-Core's reference path: one layer's fp32 score matrices at their
+    peak, a transient of the forward and the backward (cost.activations.indexer_reference_transient_bytes;
+    docs/formulas.md#mem.indexer_reference)."""
 
 
 
@@ -295,9 +300,11 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     # TE's context parallelism (p2p, a2a, all_gather): one attention layer's collective buffers at a time.
     # Derived: docs/formulas.md#mem.cp_comm
     cp_workspace = cp_comm_workspace_bytes(m, plan)
+    # DSA's reference indexer path: one layer's fp32 score matrices. Derived: docs/formulas.md#mem.indexer_reference
+    indexer = where(n_dense + n_moe > 0, indexer_reference_transient_bytes(m, plan), 0.0)
     return ActivationBytes(layers=held - offloaded - freed + overlap, recompute_working=working, embedding=embedding,
                            output=output, offloaded=offloaded + host, cp_workspace=cp_workspace,
-                           stash_transient=stash)
+                           stash_transient=stash, indexer_workspace=indexer)
 
 
 def paired_activations(a: ActivationBytes, b: ActivationBytes) -> ActivationBytes:
@@ -311,7 +318,8 @@ def paired_activations(a: ActivationBytes, b: ActivationBytes) -> ActivationByte
                            embedding=a.embedding + b.embedding, output=a.output + b.output,
                            offloaded=a.offloaded + b.offloaded,
                            cp_workspace=maximum(a.cp_workspace, b.cp_workspace),
-                           stash_transient=maximum(a.stash_transient, b.stash_transient))
+                           stash_transient=maximum(a.stash_transient, b.stash_transient),
+                           indexer_workspace=maximum(a.indexer_workspace, b.indexer_workspace))
 
 
 @dataclass(frozen=True)

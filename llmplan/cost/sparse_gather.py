@@ -69,14 +69,16 @@ def fused_csa_priced(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> bool:
     return bool(m.compressed_layers) and plan.flash_attention and gpu.sparse_gather_efficiency is not None
 
 
-def indexer_loss(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> str:
+def indexer_loss(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, fused: bool | None = None) -> str:
     """How the plan trains the lightning indexer ("off", "dense" or "sparse"; "off" for a model without one):
     ParallelPlan.indexer_loss, else ModelSpec.indexer_loss (the model's public Megatron config), else, for
-    DeepSeek-V4, "sparse" on a GPU with a published sparse gather rate (Megatron-Bridge's perf recipes with the
-    fused CSA path, fused_csa_priced: perf_recipes/deepseek/gb200/deepseek_v4.py at 067f987df,
-    dsa_indexer_loss_coeff 0.01, dsa_indexer_use_sparse_loss True) and "off" elsewhere (its library recipes:
+    DeepSeek-V4, "sparse" where its fused CSA path is priced (fused_csa_priced: fused attention on a GPU with a
+    published sparse gather rate; Megatron-Bridge's perf recipes with that path:
+    perf_recipes/deepseek/gb200/deepseek_v4.py at 067f987df, dsa_indexer_loss_coeff 0.01, dsa_indexer_use_sparse_loss True) and "off" elsewhere (its library recipes:
     recipes/deepseek/h100/deepseek_v4.py, coefficient 0.0), else "off" (Megatron-Core's dsa_indexer_loss_coeff
-    None). The Megatron-Bridge export writes it (export.bridge.dsa_overrides).
+    None). The Megatron-Bridge export writes it (export.bridge.dsa_overrides). `fused` says whether the fused
+    CSA path runs where the caller already knows (a pricing of that path alone, over a batch of plans whose
+    flash_attention varies); None asks fused_csa_priced of the one plan.
     Derived: docs/formulas.md#compute.indexer_training"""
     if not m.is_sparse_attention:
         return "off"
@@ -84,7 +86,7 @@ def indexer_loss(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> str:
         return str(plan.indexer_loss)
     if m.indexer_loss is not None:
         return m.indexer_loss
-    return "sparse" if m.compressed_layers and gpu.sparse_gather_efficiency is not None else "off"
+    return "sparse" if (fused_csa_priced(m, plan, gpu) if fused is None else fused) else "off"
 
 
 REFERENCE_SCORE_PASSES = (1, 4)
@@ -107,8 +109,17 @@ def reference_rate(gpu: GpuSpec) -> float:
     sustained TF32 peak where the GPU lists one, else its fp32 peak: Megatron-LM does not set allow_tf32, but the
     NGC PyTorch containers the recipes run in set ENV TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, so cuBLAS takes fp32
     matmuls to TF32. Source: MONAI docs, "Precision and Accelerating" (docs.monai.io/en/stable/
-    precision_accelerating.html). Derived: docs/formulas.md#compute.indexer_training"""
-    return gpu.sustained_flops("tf32" if gpu.tflops.get("tf32") else "fp32")
+    precision_accelerating.html). A GPU profile listing neither rate (a user profile with bf16 alone) gives NaN:
+    check_plan's rule indexer_reference_rate refuses those plans, so the value is never reported.
+    Derived: docs/formulas.md#compute.indexer_training"""
+    dtype = reference_dtype(gpu)
+    return gpu.sustained_flops(dtype) if dtype else float("nan")
+
+
+def reference_dtype(gpu: GpuSpec) -> str | None:
+    """The GpuSpec.tflops key the reference indexer loss's fp32 matmuls run at (reference_rate): tf32 where
+    listed, else fp32, else None (the profile lists neither)."""
+    return next((k for k in ("tf32", "fp32") if gpu.tflops.get(k)), None)  # type: ignore[call-overload]
 
 
 def indexer_target_flops(m: ModelSpec, plan: ParallelPlan, scores: Any) -> Any:
@@ -214,7 +225,7 @@ def indexer_loss_layer_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -
     if eff is None or not n or not m.index_topk:
         return 0.0, 0.0
     T = plan.seq_len / plan.cp * plan.micro_batch
-    loss = indexer_loss(m, plan, gpu)
+    loss = indexer_loss(m, plan, gpu, fused=True)  # the fused path's kernels: attention_seconds picks them
     k = padded_slots(plan.seq_len / m.compress_rate_csa if loss == "dense" else m.index_topk)
     rate = gpu.sustained_flops("bf16") * gather_rate_ratio(k)
     target = 2.0 * T * m.num_attention_heads / plan.tp * k * m.d_head / (rate * eff[0])

@@ -12,6 +12,7 @@ from llmplan.cost.goodput import Goodput
 from llmplan.cost.grad_lifetime import chunk_gradients_freed
 from llmplan.cost.memory import TrainingMemory
 from llmplan.cost.model_states import grad_prescaled, optimizer_parts
+from llmplan.cost.sparse_gather import indexer_loss
 from llmplan.cost.params import ParamCounts
 from llmplan.cost.runtime_memory import mla_turns_tp_overlap_off, userbuffers_on
 from llmplan.cost.step import StepTime, Throughput
@@ -60,7 +61,7 @@ def memory_json(mem: TrainingMemory, plan: ParallelPlan, cluster: ClusterSpec | 
             "capacity": f(mem.capacity), "fits": bool(mem.fits), "headroom": f(mem.headroom), "stage": int(mem.stage),
             "activation_parts": {"layers": f(a.layers), "recompute_working": f(a.recompute_working),
                                  "embedding": f(a.embedding), "output": f(a.output),
-                                 "cp_workspace": f(a.cp_workspace)},
+                                 "cp_workspace": f(a.cp_workspace), "indexer_workspace": f(a.indexer_workspace)},
             "offloaded_to_host": f(a.offloaded),
             "optimizer_copies": f(mem.optimizer_copies), "after_backward": f(mem.after_backward),
             "fresh_grad": f(mem.fresh_grad),
@@ -188,6 +189,10 @@ def estimate_json(e: TrainingEstimate, advice: list | None = None) -> dict[str, 
         # (cost.model_states.grad_prescaled, the rule the pricing and the exports read); the plan's grad_prescale
         # keeps the value asked (keys are added, never given a new meaning)
         "grad_prescaled": bool(grad_prescaled(e.plan)),
+        # how the DSA lightning indexer is trained as priced (cost.sparse_gather.indexer_loss: the plan's
+        # indexer_loss, else the model's, else the V4 path's; "off" for a model without an indexer); the plan's
+        # indexer_loss keeps the value asked (None: the default)
+        "indexer_loss_priced": indexer_loss(e.model, e.plan, c.system.gpu),
         "stage_layers": list(e.stage_layers),
         "params": {"total": e.params.total, "active": e.params.active, "per_gpu": float(e.memory.params_on_rank)},
         "memory": memory_json(e.memory, e.plan, c),
@@ -411,6 +416,11 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
     console.print(
         f"[bold]{model.name}[/] on {hardware or hardware_text(cluster)}  {p.describe(batch=True)}, "
         f"{counted(p.num_microbatches, 'micro-batch', 'micro-batches')} per replica")
+    if model.is_sparse_attention:
+        asked = "" if p.indexer_loss is not None else " (the default)"
+        console.print(f"DSA indexer loss: {indexer_loss(model, p, cluster.system.gpu)}{asked}")
+    if not p.bias_gelu_fusion and model.mlp_bias and not model.gated_mlp and model.num_mlp_layers > 0:
+        console.print("bias-GeLU: unfused, the fc1 bias added in its own pass (bias_gelu_fusion off)")
     if cluster.system.calibrated:
         console.print(f"[cyan]calibrated profile[/]: {cluster.system.calibrated}")
     console.print(f"parameters: total {billions(params.total)}, active {billions(params.active)}, "
@@ -437,6 +447,8 @@ def memory_view(console: Console, model: ModelSpec, cluster: ClusterSpec, plan: 
         ("  embedding (first stage)", a.embedding, "mem.activations"),
         ("  output + logits (last stage)", a.output, "mem.activations"),
         ("  CP ring / a2a / all-gather buffers", a.cp_workspace, "mem.cp_comm"),
+        *([("  DSA indexer scores (fp32)", a.indexer_workspace, "mem.indexer_reference")]
+          if float(a.indexer_workspace) else []),
         ("other (buffers, fragmentation)", mem.other, "mem.other"),
     ]
     if mem.runtime is not None:  # the priced runtime bytes inside other

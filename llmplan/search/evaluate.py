@@ -105,7 +105,8 @@ def take_memory(mem: TrainingMemory, idx: np.ndarray) -> TrainingMemory:
         gradients=pick(mem.gradients), optimizer=pick(mem.optimizer), activations=pick(mem.activations),
         other=pick(mem.other), capacity=mem.capacity, muon_saving=pick(mem.muon_saving),
         activation_parts=ActivationBytes(pick(a.layers), pick(a.recompute_working), pick(a.embedding), pick(a.output),
-                                         pick(a.offloaded), pick(a.cp_workspace), pick(a.stash_transient)),
+                                         pick(a.offloaded), pick(a.cp_workspace), pick(a.stash_transient),
+                                         pick(a.indexer_workspace)),
     )
 
 

@@ -28,7 +28,7 @@ from llmplan.specs.check_switches import (SWITCH_RULES, SWITCH_USES, SwitchUse, 
                                           named_switch_violations, settle)
 from llmplan.specs.defaults import min_headroom_bytes
 from llmplan.specs.model import ModelSpec
-from llmplan.specs.plan import ClusterSpec, MemoryAllowance, trained_model
+from llmplan.specs.plan import ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
 from llmplan.specs.resilience import CheckpointPolicy
 from llmplan.specs.rule import Rule
 from llmplan.specs.schedule import schedule_of
@@ -601,8 +601,8 @@ def _cut_users(m: ModelSpec, plans: PlanArrays, cluster: ClusterSpec, u: SwitchU
         return ""
     _, n, k = max(alone)
     rule, ok = oks[k]
-    return (f"the {len(sub):,} plans that could use it break check rules; rule {rule.name} cuts {n:,} of them: "
-            f"{rule.message(m, sub.plan(int(np.argmin(ok))), cluster)}")
+    return (f"the {len(sub):,} of the {len(plans):,} plans searched that could use it break check rules; rule "
+            f"{rule.name} cuts {n:,} of those {len(sub):,}: {rule.message(m, sub.plan(int(np.argmin(ok))), cluster)}")
 
 
 def _screened(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allowance: MemoryAllowance | None,
@@ -894,8 +894,11 @@ def refuse_unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[st
         asked = u.given(plans.w) if named is None else any(asks_for(plans.w, f, named) for f in u.fields)
         if asked and not np.any(u.uses(plans)):
             why = cut_by(u) if cut_by is not None else ""
-            raise LlmplanError(f"none of the {len(plans):,} plans searched can use it: " + (why or
-                               f"{u.message(plans.plan(0, settled=False))} (or unpin the axis it needs)"))
+            flags = [f"--{'no-' if ParallelPlan.model_fields[f].default is True else ''}{f.replace('_', '-')}"
+                     for f in u.fields if named is None or asks_for(plans.w, f, named)]
+            raise LlmplanError(f"{', '.join(flags)}: none of the {len(plans):,} plans left by the rules can use "
+                               "it: " + (why or f"{u.message(plans.plan(0, settled=False))} (or unpin the axis "
+                                         "it needs)"))
 
 
 def shown(res: SearchResult, top: int) -> SearchResult:

@@ -19,6 +19,7 @@ from llmplan.cost.muon import muon_unpriced
 from llmplan.cost.memory import inflight_microbatches
 from llmplan.cost.offload import fine_grained_host_bytes, host_offload_bytes
 from llmplan.cost.runtime_memory import tp_overlap_asked
+from llmplan.cost.sparse_gather import reference_dtype
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.plan_choices import MOE_OFFLOAD_MODULES
@@ -600,6 +601,18 @@ SWITCH_RULES: tuple[Rule, ...] = (
     Rule("indexer_loss_model", lambda m, p, c: (p.indexer_loss is None) | m.is_sparse_attention,
          lambda m, p, c: f"indexer_loss {p.indexer_loss} with {m.name}, which has no DeepSeek Sparse Attention "
                          "indexer (index_topk) to train; drop --indexer-loss"),
+    # NVIDIA/Megatron-LM experimental_attention_variant/dsa.py at 1e23526adc: the reference indexer path's
+    # matmuls run in fp32 (q.float(), query.float()), priced at the profile's tf32 or fp32 rate
+    # (cost.sparse_gather.reference_rate); a profile listing neither cannot price them.
+    Rule("indexer_reference_rate",
+         lambda m, p, c: (not m.is_sparse_attention) | (reference_dtype(c.system.gpu) is not None)
+         | (bool(m.compressed_layers) & as_bool(p.flash_attention)
+            & (c.system.gpu.sparse_gather_efficiency is not None)),
+         lambda m, p, c: f"{m.name}'s DeepSeek Sparse Attention indexer runs Megatron-Core's reference path in fp32 "
+                         f"(dsa.py), but GPU profile {c.system.gpu.name} lists no tf32 or fp32 rate (tflops: "
+                         f"{', '.join(sorted(c.system.gpu.tflops))}) to price it; add tflops.fp32 (or tf32) "
+                         "from the GPU's datasheet to the profile",
+         needs_cluster=True),
     # NVIDIA/Megatron-LM experimental_attention_variant/deepseek_v4_hybrid_attention.py at 1e23526adc
     # (DSv4HybridAttention.__init__: assert not self.checkpoint_core_attention)
     Rule("recompute_core_attn_dsv4", lambda m, p, c: (not m.compressed_layers) | ~as_bool(p.recomputes("core_attn")),
