@@ -272,7 +272,7 @@ def cuda_graphs_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             "(moe_expert_rank_capacity_factor) with hybridep requires use_transformer_engine_op_fuser",
             bool(budget_overrides(pf)) and not op_fuser(pf),
             "export to megatron (moe_use_grouped_tensor, d98e8a6), or re-plan with --moe-capacity-factor or "
-            "--cuda-graphs layers")
+            "--train-cuda-graphs layers")
 
 
 def _quant_recipe_refusal(what: str, modules: Any, flag: str) -> tuple[str, bool, str]:
