@@ -15,6 +15,7 @@ from llmplan.cost.params import stage_layer_list
 from llmplan.cost.model_states import grad_prescaled
 from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.cost.sparse_gather import fused_csa_priced, indexer_loss
+from llmplan.export.common import unfused_loss_refusal
 from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal,
                                    kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
@@ -294,6 +295,12 @@ def mxfp8_modules_refusal(p: Any) -> tuple[str, bool, str]:
     return _quant_recipe_refusal("modules run in MXFP8 under NVFP4", p.mxfp8_modules, "--mxfp8-modules")
 
 
+def loss_impl_refusal(p: Any) -> tuple[str, Any, str]:
+    """An unfused loss priced with another implementation's memory than this launcher runs (common.UNFUSED_LOSS_RUNS),
+    refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return unfused_loss_refusal(p, TARGET)
+
+
 def check(pf: PlanFile) -> None:
     """Refuse, with the rule and its fix, a plan Megatron-Bridge cannot run as priced: not a training plan, a
     hybrid stack, a model without a recipe, then the first of _layout_rules and _feature_rules the plan has."""
@@ -368,6 +375,7 @@ def _feature_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
          "runs it only in the distributed optimizer)", precision_aware(p) and p.zero == 0, "re-plan with --zero 1"),
         bf16_modules_refusal(p),
         mxfp8_modules_refusal(p),
+        loss_impl_refusal(p),
         # TP > 1 and core_attn recompute, which DSv4HybridAttention asserts against: check_plan (tp_dsv4,
         # recompute_core_attn_dsv4)
         cast_add_refusal(pf),

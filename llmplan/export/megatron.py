@@ -4,12 +4,15 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 
 from __future__ import annotations
 
+from typing import Any
+
 import functools
 
 import numpy as np
 
 from llmplan.cost.model_states import grad_prescaled
 from llmplan.cost.muon import MUON_NS_STEPS
+from llmplan.export.common import unfused_loss_refusal
 from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal,
                                    expert_bias, fused_expert_bias_refusal,
                                    kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
@@ -754,6 +757,12 @@ def _check_parallel(pf: PlanFile) -> None:
                      "re-plan with --pp-schedule 1f1b")
 
 
+def loss_impl_refusal(p: Any) -> tuple[str, Any, str]:
+    """An unfused loss priced with another implementation's memory than this launcher runs (common.UNFUSED_LOSS_RUNS),
+    refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return unfused_loss_refusal(p, TARGET)
+
+
 def _check_kernels(pf: PlanFile) -> None:
     """Refuse the kernels, recompute, routing and TP / expert / embedding features that Megatron-LM's flags do
     not set as priced."""
@@ -762,7 +771,7 @@ def _check_kernels(pf: PlanFile) -> None:
         raise refuse(TARGET, "the SwiGLU input kept in fp8 (Megatron-Core's TransformerConfig."
                      "activation_func_fp8_input_store, which Megatron-LM's arguments.py at d98e8a6 excludes from "
                      "its flags)", "export to megatron-bridge, or re-plan with --no-swiglu-fp8-input")
-    refuse_first(TARGET, (fp8_attention_refusal(p), param_gather_refusal(p)))
+    refuse_first(TARGET, (fp8_attention_refusal(p), param_gather_refusal(p), loss_impl_refusal(p)))
     if p.recompute == "op":
         raise refuse(TARGET, "op-level selective checkpointing (torchtitan's per-op policy; Megatron-LM recomputes "
                      "the attention core, whole layers or a block of them)",
