@@ -11,6 +11,7 @@ import functools
 import numpy as np
 
 from llmplan.cost.model_states import grad_prescaled
+from llmplan.cost.kernels import graph_scopes
 from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.export.common import unfused_loss_refusal
 from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal,
@@ -589,14 +590,15 @@ def cuda_graph_pairs(pf: PlanFile) -> list[tuple[str, object]]:
 
 def graphed_modules(pf: PlanFile) -> tuple[str, ...]:
     """The per-layer graphs of cuda_graphs layers, as TransformerConfig.cuda_graph_modules names them (d98e8a6):
-    the attention, and a MoE layer's router and preprocessing (a dense layer's MLP instead)."""
+    the attention, a dense layer's MLP where Megatron-Core lets it be graphed, and a MoE layer's router and
+    preprocessing unless recompute module moe (cost.kernels.graph_scopes)."""
     p, m = pf.plan, pf.model
-    # TransformerConfig (d98e8a6, transformer_config.py:2862-2869) refuses recompute module moe around a graphed
-    # moe_router: the router stays eager then, as Megatron-Bridge's Nemotron-3 Nano H100 BF16 recipe runs it
-    # (graphs attn, mamba with recompute_modules moe, layernorm: perf_recipes/nemotronh/h100/nemotronh.py at
-    # 067f987df)
-    router = m.is_moe and not bool(p.recomputes("moe"))
-    return ("attn", "moe_router", "moe_preprocess") if router else ("attn",) if m.is_moe else ("attn", "mlp")
+    # cost.kernels.graph_scopes decides them, for pricing and export alike; its names are the launcher's
+    # (CudaGraphModule). TransformerConfig (d98e8a6, transformer_config.py:2862-2869) refuses recompute module moe
+    # around a graphed moe_router: the router stays eager then, as Megatron-Bridge's Nemotron-3 Nano H100 BF16
+    # recipe runs it (graphs attn, mamba with recompute_modules moe, layernorm: perf_recipes/nemotronh/h100/
+    # nemotronh.py at 067f987df)
+    return graph_scopes(m, not bool(p.recomputes("moe")))
 
 
 def rank_capacity(p: ParallelPlan) -> float:
