@@ -373,9 +373,11 @@ def test_the_recorded_field_list_holds_the_cuda_graph_fields():
 
 @pytest.mark.parametrize("case,changes,modules", [
     ("dense_train", {}, ["attn", "mlp"]),  # a dense layer's MLP graphed beside the attention
-    ("deepseek_train", {}, ["attn", "moe_router", "moe_preprocess"]),  # the router and preprocess, not the experts
+    # the router and preprocess, not the experts; the first 3 dense layers' MLP (moe_layer_freq [0]*3+[1]*58, which
+    # TransformerConfig at cd4afffa6 lets graph mlp)
+    ("deepseek_train", {}, ["attn", "mlp", "moe_router", "moe_preprocess"]),
     # recompute module moe around a graphed router: TransformerConfig refuses it, the router stays eager
-    ("deepseek_train", {"recompute": "selective", "recompute_modules": ("moe",)}, ["attn"]),
+    ("deepseek_train", {"recompute": "selective", "recompute_modules": ("moe",)}, ["attn", "mlp"]),
 ])
 def test_a_layers_plan_writes_transformer_engine_graphs_of_the_priced_modules(case, changes, modules):
     args = overrides(script(case, cuda_graphs="layers", **changes))
