@@ -412,7 +412,10 @@ def test_a_plan_without_graphs_turns_a_recipes_own_off():
     # qwen3_30b_a3b_pretrain_config graphs moe_router and moe_preprocess (recipes/qwen/h100/qwen3_moe.py at
     # 6124fbe); a plan priced without graphs must not inherit them
     for case in CASES:
-        assert "model.cuda_graph_impl=none" in overrides(script(case))
+        args = overrides(script(case))
+        assert "model.cuda_graph_impl=none" in args
+        # ConfigContainer turns both RNG-tracker fields on if either is (training/config.py at 6124fbe): both off
+        assert "model.use_te_rng_tracker=false" in args and "rng.te_rng_tracker=false" in args
 
 
 def test_megatron_fsdp_runs_graph_safe_under_graphs():

@@ -225,10 +225,11 @@ def cuda_graph_overrides(pf: PlanFile) -> list[tuple[str, object]]:
     static per-rank budget and paged stash the plan prices (budget_overrides). Megatron-FSDP's graph-safe mode and,
     under one graph, no gather in start_param_sync: Megatron-LM's training.py sets both at cd4afffa6, Bridge's GB300
     DeepSeek-V3 preset writes them. none: cuda_graph_impl none over a recipe's own (qwen3_30b_a3b_pretrain_config
-    graphs moe_router and moe_preprocess: recipes/qwen/h100/qwen3_moe.py at 6124fbe)."""
+    graphs moe_router and moe_preprocess: recipes/qwen/h100/qwen3_moe.py at 6124fbe), with its TE RNG tracker off."""
     p = pf.plan
-    if p.cuda_graphs == "none":
-        return [("model.cuda_graph_impl", "none")]
+    if p.cuda_graphs == "none":  # and the recipe's TE RNG tracker off, both fields: ConfigContainer turns both on
+        # if either is (training/config.py at 6124fbe); the tracker is priced nowhere
+        return [("model.cuda_graph_impl", "none"), ("model.use_te_rng_tracker", False), ("rng.te_rng_tracker", False)]
     full = p.cuda_graphs == "full-iteration"
     modules = () if full else graphed_modules(pf)
     out: list[tuple[str, object]] = [
