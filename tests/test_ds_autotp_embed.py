@@ -115,8 +115,9 @@ def test_deepspeed_refuses_the_split_embedding_at_tp(cli, tmp_path):
             tmp_path / "b")
     assert r.code == 0, r.err
     # Megatron splits it: the same plan is refused there, in one line naming the fix
-    r = cli("export", _plan_file(tmp_path, zero=1, tp=2, dp=8, tp_whole_embedding=True), "--to", "megatron", "-o",
-            tmp_path / "c")
+    # (its unfused loss priced as the one Megatron-Core runs, export.common.UNFUSED_LOSS_RUNS)
+    r = cli("export", _plan_file(tmp_path, zero=1, tp=2, dp=8, tp_whole_embedding=True,
+                                 unfused_loss_impl="vocab-parallel"), "--to", "megatron", "-o", tmp_path / "c")
     assert r.code == 2 and "\n" not in r.err.strip()
     assert "input embedding priced whole on each of tp 2 ranks" in r.err and "--vocab-parallel-embedding" in r.err
     # tp 1: nothing is split, DeepSpeed exports either way

@@ -75,6 +75,18 @@ RULES = {  # (target, EVERY_PLAN key): the plan change that meets the rule, and 
     ("megatron-bridge", "attention_kernel"): ({"attention_kernel": "flash2"}, "the flash2 attention kernel"),
     ("megatron-bridge", "master_dtype"): ({"optimizer_master_dtype": "none"}, "optimizer master weights none"),
     ("megatron-bridge", "fp8_moments"): ({"optimizer_moment_dtype": "fp8"}, "fp8 Adam moments"),
+    # the unfused loss priced as another implementation than the launcher runs (export.common.UNFUSED_LOSS_RUNS):
+    # Megatron-Core's in-place vocab_parallel_cross_entropy, or PyTorch's eager cross_entropy
+    ("megatron", "unfused_loss_impl"): ({"fused_loss": False}, "unfused_loss_impl eager (fused_loss off), but "
+                                        "this launcher runs vocab-parallel"),
+    ("megatron-bridge", "unfused_loss_impl"): ({"fused_loss": False, "unfused_loss_impl": "vocab-parallel-copy"},
+                                               "re-plan with --unfused-loss-impl vocab-parallel"),
+    ("torchtitan", "unfused_loss_impl"): ({"fused_loss": False, "unfused_loss_impl": "vocab-parallel"},
+                                          "this launcher runs eager"),
+    ("torchtitan-0.2", "unfused_loss_impl"): ({"fused_loss": False, "unfused_loss_impl": "vocab-parallel"},
+                                              "re-plan with --unfused-loss-impl eager"),
+    ("deepspeed", "unfused_loss_impl"): ({"fused_loss": False, "unfused_loss_impl": "vocab-parallel"},
+                                         "this launcher runs eager"),
 }
 
 
@@ -254,3 +266,21 @@ def test_jit_activation_refusal_names_both_gated_kernels():
 
     what, bad, _ = jit_activation_refusal(ParallelPlan(jit_activation=True))
     assert bad and "GeGLU" in what and "SwiGLU" in what and "bias_geglu_impl" in what
+
+
+def test_a_targeted_search_prices_the_unfused_loss_its_launcher_runs(cli, tmp_path):
+    # --unfused-loss with no --unfused-loss-impl: the untargeted search prices PyTorch's eager loss (the plan's
+    # default), which Megatron-LM refuses (it runs Megatron-Core's in-place vocab_parallel_cross_entropy) in one
+    # line naming the fix; --target megatron prices vocab-parallel (export.common.UNFUSED_LOSS_RUNS) and exports
+    import json
+
+    common = ("search", "--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "1", "--unfused-loss",
+              "--global-batch", "64", "--seq-len", "4096")
+    plain, targeted = tmp_path / "plain.json", tmp_path / "targeted.json"
+    assert cli(*common, "--save", plain).code == 0
+    assert json.loads(plain.read_text())["plan"]["unfused_loss_impl"] == "eager"
+    r = cli("export", plain, "--to", "megatron", "-o", tmp_path / "plain")
+    assert r.code == 2 and "re-plan with --unfused-loss-impl vocab-parallel" in r.err, r.err
+    assert cli(*common, "--target", "megatron", "--save", targeted).code == 0
+    assert json.loads(targeted.read_text())["plan"]["unfused_loss_impl"] == "vocab-parallel"
+    assert cli("export", targeted, "--to", "megatron", "-o", tmp_path / "targeted").code == 0

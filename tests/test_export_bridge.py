@@ -241,7 +241,8 @@ def test_precision_presets(dtype, recipe, fp8_params, bf16_layers, preset):
     # a full-iteration graph over dropless MoE layers without the fused grouped MLP: Megatron-Core cd4afffa6
     # (Megatron-Bridge 0.6's pin) asserts use_transformer_engine_op_fuser beside the hybridep static budget
     ("deepseek_train", {"cuda_graphs": "full-iteration", "moe_dispatcher": "deepep", "moe_flex_backend": "hybridep",
-                        "expert_gemm": "per-expert"}, "requires use_transformer_engine_op_fuser"),
+                        "expert_gemm": "per-expert"},
+     "requires use_transformer_engine_op_fuser.*--train-cuda-graphs layers"),
     ("dense_train", {"seq_len": 262144}, "past llama-3.1-70b's max_position_embeddings"),  # YaRN was dropped
 ])
 def test_refusals(case, changes, needle):
@@ -372,9 +373,11 @@ def test_the_recorded_field_list_holds_the_cuda_graph_fields():
 
 @pytest.mark.parametrize("case,changes,modules", [
     ("dense_train", {}, ["attn", "mlp"]),  # a dense layer's MLP graphed beside the attention
-    ("deepseek_train", {}, ["attn", "moe_router", "moe_preprocess"]),  # the router and preprocess, not the experts
+    # the router and preprocess, not the experts; the first 3 dense layers' MLP (moe_layer_freq [0]*3+[1]*58, which
+    # TransformerConfig at cd4afffa6 lets graph mlp)
+    ("deepseek_train", {}, ["attn", "mlp", "moe_router", "moe_preprocess"]),
     # recompute module moe around a graphed router: TransformerConfig refuses it, the router stays eager
-    ("deepseek_train", {"recompute": "selective", "recompute_modules": ("moe",)}, ["attn"]),
+    ("deepseek_train", {"recompute": "selective", "recompute_modules": ("moe",)}, ["attn", "mlp"]),
 ])
 def test_a_layers_plan_writes_transformer_engine_graphs_of_the_priced_modules(case, changes, modules):
     args = overrides(script(case, cuda_graphs="layers", **changes))
@@ -409,7 +412,10 @@ def test_a_plan_without_graphs_turns_a_recipes_own_off():
     # qwen3_30b_a3b_pretrain_config graphs moe_router and moe_preprocess (recipes/qwen/h100/qwen3_moe.py at
     # 6124fbe); a plan priced without graphs must not inherit them
     for case in CASES:
-        assert "model.cuda_graph_impl=none" in overrides(script(case))
+        args = overrides(script(case))
+        assert "model.cuda_graph_impl=none" in args
+        # ConfigContainer turns both RNG-tracker fields on if either is (training/config.py at 6124fbe): both off
+        assert "model.use_te_rng_tracker=false" in args and "rng.te_rng_tracker=false" in args
 
 
 def test_megatron_fsdp_runs_graph_safe_under_graphs():

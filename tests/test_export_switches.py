@@ -66,7 +66,9 @@ def test_fused_loss_is_asked_for_in_the_megatron_export(cli, tmp_path):
     # Megatron-LM's default is the unfused vocab-parallel cross entropy (ModelParallelConfig
     # cross_entropy_loss_fusion False at d98e8a6; --cross-entropy-loss-fusion turns it on): the export asks for the
     # fused loss llmplan priced (docs/formulas.md#compute.loss), and leaves it off for a plan priced unfused.
-    on, off = saved(cli, tmp_path / "on"), saved(cli, tmp_path / "off", fused_loss=False)
+    # unfused: Megatron-Core's in-place vocab-parallel loss, the implementation the export takes
+    on = saved(cli, tmp_path / "on")
+    off = saved(cli, tmp_path / "off", fused_loss=False, unfused_loss_impl="vocab-parallel")
     for plan, want in ((on, True), (off, False)):
         code, files, err = export(cli, plan, "megatron", plan.parent / "m")
         assert code == 0 and ("--cross-entropy-loss-fusion" in files) == want, err

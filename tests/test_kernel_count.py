@@ -146,3 +146,29 @@ def test_vectorised_search_agrees_with_the_scalar_estimate(name):
         ok = (i for i in range(len(plans)) if not check_plan(m, plans.plan(i), cluster))
         idx = list(islice(ok, 0, 84, 7))
         assert_arrays_agree(m, cluster, plans, idx)
+
+
+@pytest.mark.parametrize("recompute_modules, modules", [
+    # DeepSeek-V3's first 3 layers are dense: its moe_layer_freq ([0]*3+[1]*58) lets Megatron-Core graph their MLP
+    ((), "attn mlp moe_router moe_preprocess"),
+    # recompute module moe: TransformerConfig (d98e8a6) refuses a graphed moe_router beside it (and moe_preprocess
+    # needs moe_router), so neither is exported, nor priced
+    (("moe",), "attn mlp"),
+])
+def test_priced_graph_launches_are_those_of_the_exported_cuda_graph_modules(recompute_modules, modules):
+    from llmplan.export.megatron import cuda_graph_pairs
+    from llmplan.planfile import load_plan
+    import dataclasses
+    from pathlib import Path
+
+    pf = load_plan(Path(__file__).parent / "data" / "plans" / "deepseek_train.json")
+    plan = pf.plan.model_copy(update={"cuda_graphs": "layers", "recompute": "selective",
+                                      "recompute_modules": recompute_modules})
+    pf = dataclasses.replace(pf, plan=plan)
+    exported = dict(cuda_graph_pairs(pf))["--cuda-graph-modules"]
+    assert exported == modules
+    m = pf.model
+    want = K.model_layer_kernels(m, plan, tuple(exported.split()), True)
+    got = K.layer_launch_average(m, plan)
+    assert got.fwd * m.num_hidden_layers == pytest.approx(want.fwd)
+    assert got.bwd * m.num_hidden_layers == pytest.approx(want.bwd)

@@ -239,6 +239,7 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
     from llmplan.cli.inputs import cluster_of, make_allowance, make_checkpoint
     from llmplan.export import (MEGATRON_FSDP_TARGETS, SYNC_GATHER_TARGETS, UNFUSED_LOSS_TARGETS,
                                 WHOLE_EMBEDDING_TARGETS)
+    from llmplan.export.common import UNFUSED_LOSS_RUNS
     from llmplan.planfile import plan_document, save_refs
     from llmplan.specs.check_switches import MEGATRON_FSDP_UNITS, UB_UNSUPPORTED_RECIPES
     from llmplan.specs.registry import build, resolve_model
@@ -267,6 +268,9 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
         base = Workload(**{**base.fields(), "overlap_param_gather": False})
     if target in UNFUSED_LOSS_TARGETS and "fused_loss" not in named:  # its tp > 1 loss is three all-reduces
         base = Workload(**{**base.fields(), "fused_loss": False})
+    if target in UNFUSED_LOSS_RUNS and "unfused_loss_impl" not in named and not base.fused_loss:
+        # the unfused loss priced as the one the target runs (export.common.UNFUSED_LOSS_RUNS, its export's rule)
+        base = Workload(**{**base.fields(), "unfused_loss_impl": UNFUSED_LOSS_RUNS[target]})
     if target in MEGATRON_FSDP_TARGETS and "megatron_fsdp" not in named and base.zero3_unit == "tensor":
         raise LlmplanError(f"--zero3-unit tensor with --target {target}: this target's ZeRO-3 is Megatron-FSDP's, "
                            f"which gathers a layer at a time (check rule megatron_fsdp_unit: {MEGATRON_FSDP_UNITS}); "

@@ -25,6 +25,7 @@ from llmplan.cost.overhead import CP_STEP_KERNELS
 from llmplan.cost.quantize import torchao_float8
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.rule import as_bool
 
 
 class Kernels(NamedTuple):
@@ -335,8 +336,22 @@ NVIDIA/TransformerEngine transformer_engine/pytorch/graph.py (make_graphed_calla
 backward copy_ into the static surfaces, then replay)."""
 
 GRAPH_SCOPES = ("attn", "mlp", "moe_router", "moe_preprocess")
-"""Megatron-Core's per-layer CUDA graph scopes llmplan's cuda_graphs "layers" stands for (attn mlp for a dense
-layer, attn moe_router moe_preprocess for a MoE layer)."""
+"""Megatron-Core's per-layer CUDA graph scopes llmplan's cuda_graphs "layers" may stand for (attn mlp for a dense
+layer, attn moe_router moe_preprocess for a MoE layer); graph_scopes picks a model's and plan's."""
+
+
+def graph_scopes(m: ModelSpec, router: bool) -> tuple[str, ...]:
+    """The per-layer CUDA graph modules of cuda_graphs "layers" (TransformerConfig.cuda_graph_modules), the one rule
+    that pricing (layer_launch_average) and the Megatron-LM / Megatron-Bridge exports read: attn always; mlp where
+    the model has dense MLP layers that Megatron-Core lets it graph (a model without experts, or one whose
+    moe_layer_freq lists dense layers, as the export writes for a non-hybrid model: TransformerConfig asserts "mlp
+    cuda graph is only supported for dense layers" when moe_layer_freq is 1 or lists no 0); moe_router and
+    moe_preprocess on a MoE model when `router` (False under recompute module moe, which TransformerConfig refuses
+    beside a graphed moe_router; moe_preprocess needs moe_router). Source: NVIDIA/Megatron-LM
+    megatron/core/transformer/transformer_config.py at d98e8a6 (__post_init__, cuda_graph_modules checks; the
+    same at cd4afffa6)."""
+    mlp = not m.is_moe or (not m.is_hybrid and "dense" in mlp_types(m))
+    return ("attn",) + (("mlp",) if mlp else ()) + (("moe_router", "moe_preprocess") if m.is_moe and router else ())
 
 
 def tp_collectives(plan: ParallelPlan) -> Kernels:
@@ -445,17 +460,21 @@ def layer_kernels(m: ModelSpec, plan: ParallelPlan, kind: str, mlp: str, **moe: 
     return k
 
 
+def mlp_types(m: ModelSpec) -> tuple[str, ...]:
+    """Each layer's MLP: the model's mlp_layer_types, or its last num_moe_layers MoE and the first dense."""
+    if m.mlp_layer_types is not None:
+        return tuple(m.mlp_layer_types)
+    moe_from = m.num_hidden_layers - m.num_moe_layers
+    return tuple("moe" if i >= moe_from else "dense" for i in range(m.num_hidden_layers))
+
+
 def model_layer_kernels(m: ModelSpec, plan: ParallelPlan, scopes: tuple[str, ...] = (), launches: bool = False,
                         **moe: bool) -> Kernels:
     """Kernels the GPU runs for all the model's layers, one micro-batch, as if on one rank (every layer kind by
     its count; graphed `scopes` add their static-buffer copies), or with `launches` the host's launches
     (layer_launches)."""
     kinds = m.layer_types or ("full_attention",) * m.num_hidden_layers
-    if m.mlp_layer_types is not None:
-        mlps: tuple[str, ...] = m.mlp_layer_types
-    else:
-        moe_from = m.num_hidden_layers - m.num_moe_layers
-        mlps = tuple("moe" if i >= moe_from else "dense" for i in range(m.num_hidden_layers))
+    mlps = mlp_types(m)
     total = ZERO
     for pair in sorted(set(zip(kinds, mlps))):
         n = sum(1 for p in zip(kinds, mlps) if p == pair)
@@ -528,11 +547,15 @@ def graph_io(kind: str, mlp: str, scopes: tuple[str, ...]) -> Kernels:
 
 def layer_launch_average(m: ModelSpec, plan: ParallelPlan) -> Kernels:
     """Host launches per layer and micro-batch, forward and backward, averaged over the model's layers
-    (model_layer_kernels with launches): the per-layer CUDA graphs of cuda_graphs "layers" (GRAPH_SCOPES) leave
-    one launch per graphed scope and pass; "full-iteration" is priced as no launches by cost.overhead.
-    Derived: docs/formulas.md#step.kernel_count"""
+    (model_layer_kernels with launches): the per-layer CUDA graphs of cuda_graphs "layers" (graph_scopes: the
+    router's graph only where recompute module moe is off) leave one launch per graphed scope and pass;
+    "full-iteration" is priced as no launches by cost.overhead. Derived: docs/formulas.md#step.kernel_count"""
     eager = model_layer_kernels(m, plan, (), True)
-    graphed = model_layer_kernels(m, plan, GRAPH_SCOPES, True)
+    graphed = model_layer_kernels(m, plan, graph_scopes(m, True), True)
+    if m.is_moe:
+        bare = model_layer_kernels(m, plan, graph_scopes(m, False), True)
+        router = ~as_bool(plan.recomputes("moe"))
+        graphed = Kernels(where(router, graphed.fwd, bare.fwd), where(router, graphed.bwd, bare.bwd))
     on = plan.cuda_graphs == "layers"
     n = m.num_hidden_layers
     return Kernels(where(on, graphed.fwd, eager.fwd) / n, where(on, graphed.bwd, eager.bwd) / n)

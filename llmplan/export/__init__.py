@@ -145,6 +145,7 @@ TORCHTITAN_COMMON: dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]] = 
     "optimizer_dtypes": torchtitan.optimizer_dtype_refusal,
     "param_remainders": torchtitan.param_remainders_refusal, "swiglu_fp8_input": swiglu_fp8_refusal,
     "jit_activation": jit_activation_refusal, "fp8_attention": torchtitan.fp8_attention_refusal,
+    "unfused_loss_impl": torchtitan.loss_impl_refusal,
     "grad_dtype": torchtitan.grad_reduce_refusal,
     "dp_outer_optimizer": torchtitan.dp_outer_optimizer_refusal, "offload_moe_act": torchtitan.moe_act_refusal,
     "moe_paged_stash": torchtitan.stash_refusal, "offload_modules": torchtitan.offload_modules_refusal,
@@ -153,6 +154,7 @@ TORCHTITAN_COMMON: dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]] = 
 
 EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]] = {
     "megatron": {"fp8_attention": megatron.fp8_attention_refusal, "param_gather": megatron.param_gather_refusal,
+                 "unfused_loss_impl": megatron.loss_impl_refusal,
                  **megatron.SOFTMAX_REFUSALS,
                  "master_dtype": megatron.master_dtype_refusal, "bf16_layers": delayed_bf16_layers_refusal},
     "megatron-bridge": {"attention_kernel": bridge.attention_kernel_refusal,
@@ -160,7 +162,8 @@ EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]
                         "fp8_moments": bridge.fp8_moments_refusal,
                         "precision": bridge.preset_refusal, "bf16_layers": delayed_bf16_layers_refusal,
                         "preset_layers": bridge.preset_layers_refusal, "bf16_modules": bridge.bf16_modules_refusal,
-                        "mxfp8_modules": bridge.mxfp8_modules_refusal},
+                        "mxfp8_modules": bridge.mxfp8_modules_refusal,
+                        "unfused_loss_impl": bridge.loss_impl_refusal},
     "deepspeed": {"optimizer": deepspeed.muon_refusal, "cp": deepspeed.context_parallel_refusal,
                   "grad_checks": deepspeed.grad_checks_refusal, "ep": deepspeed.expert_parallel_refusal,
                   "sp": deepspeed.sequence_parallel_refusal, "dtype": deepspeed.low_precision_refusal,
@@ -172,6 +175,7 @@ EVERY_PLAN: dict[str, dict[str, Callable[[ParallelPlan], tuple[str, bool, str]]]
                   "moe_paged_stash": deepspeed.paged_stash_refusal,
                   "offload_modules": deepspeed.offload_modules_refusal,
                   "fp8_attention": deepspeed.fp8_attention_refusal, "softmax_te": deepspeed.te_softmax_refusal,
+                  "unfused_loss_impl": deepspeed.loss_impl_refusal,
                   "tp_pp": deepspeed.pipelined_autotp_refusal},
     "torchtitan": {**TORCHTITAN_COMMON, "fp8_recipe": torchtitan.tensorwise_refusal},
     "torchtitan-0.2": {**TORCHTITAN_COMMON, "fp8_scaling": torchtitan.delayed_scaling_refusal},

@@ -15,6 +15,7 @@ from llmplan.cost.params import stage_layer_list
 from llmplan.cost.model_states import grad_prescaled
 from llmplan.cost.muon import MUON_NS_STEPS
 from llmplan.cost.sparse_gather import fused_csa_priced, indexer_loss
+from llmplan.export.common import unfused_loss_refusal
 from llmplan.export.common import (cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal,
                                    kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
                                    launcher_schedule, megatron_expert_notes, megatron_expert_refusals, megatron_layout,
@@ -224,10 +225,11 @@ def cuda_graph_overrides(pf: PlanFile) -> list[tuple[str, object]]:
     static per-rank budget and paged stash the plan prices (budget_overrides). Megatron-FSDP's graph-safe mode and,
     under one graph, no gather in start_param_sync: Megatron-LM's training.py sets both at cd4afffa6, Bridge's GB300
     DeepSeek-V3 preset writes them. none: cuda_graph_impl none over a recipe's own (qwen3_30b_a3b_pretrain_config
-    graphs moe_router and moe_preprocess: recipes/qwen/h100/qwen3_moe.py at 6124fbe)."""
+    graphs moe_router and moe_preprocess: recipes/qwen/h100/qwen3_moe.py at 6124fbe), with its TE RNG tracker off."""
     p = pf.plan
-    if p.cuda_graphs == "none":
-        return [("model.cuda_graph_impl", "none")]
+    if p.cuda_graphs == "none":  # and the recipe's TE RNG tracker off, both fields: ConfigContainer turns both on
+        # if either is (training/config.py at 6124fbe); the tracker is priced nowhere
+        return [("model.cuda_graph_impl", "none"), ("model.use_te_rng_tracker", False), ("rng.te_rng_tracker", False)]
     full = p.cuda_graphs == "full-iteration"
     modules = () if full else graphed_modules(pf)
     out: list[tuple[str, object]] = [
@@ -272,7 +274,7 @@ def cuda_graphs_refusal(pf: PlanFile) -> tuple[str, bool, str]:
             "(moe_expert_rank_capacity_factor) with hybridep requires use_transformer_engine_op_fuser",
             bool(budget_overrides(pf)) and not op_fuser(pf),
             "export to megatron (moe_use_grouped_tensor, d98e8a6), or re-plan with --moe-capacity-factor or "
-            "--cuda-graphs layers")
+            "--train-cuda-graphs layers")
 
 
 def _quant_recipe_refusal(what: str, modules: Any, flag: str) -> tuple[str, bool, str]:
@@ -292,6 +294,12 @@ def bf16_modules_refusal(p: Any) -> tuple[str, bool, str]:
 def mxfp8_modules_refusal(p: Any) -> tuple[str, bool, str]:
     """Modules run in MXFP8 under NVFP4, refused whatever else the plan sets (export.EVERY_PLAN)."""
     return _quant_recipe_refusal("modules run in MXFP8 under NVFP4", p.mxfp8_modules, "--mxfp8-modules")
+
+
+def loss_impl_refusal(p: Any) -> tuple[str, Any, str]:
+    """An unfused loss priced with another implementation's memory than this launcher runs (common.UNFUSED_LOSS_RUNS),
+    refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return unfused_loss_refusal(p, TARGET)
 
 
 def check(pf: PlanFile) -> None:
@@ -368,6 +376,7 @@ def _feature_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:
          "runs it only in the distributed optimizer)", precision_aware(p) and p.zero == 0, "re-plan with --zero 1"),
         bf16_modules_refusal(p),
         mxfp8_modules_refusal(p),
+        loss_impl_refusal(p),
         # TP > 1 and core_attn recompute, which DSv4HybridAttention asserts against: check_plan (tp_dsv4,
         # recompute_core_attn_dsv4)
         cast_add_refusal(pf),

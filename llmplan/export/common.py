@@ -12,6 +12,7 @@ from llmplan.cost.params import stage_layer_list
 from llmplan.cost.compute import runs_per_expert
 from llmplan.cost.gemm import squared_relu_mlp
 from llmplan.errors import LlmplanError
+from llmplan.specs.rule import as_bool
 from llmplan.planfile import PlanFile
 from llmplan.specs.check import check_plan, te_comm_types
 from llmplan.specs.layout import format_layout
@@ -192,6 +193,34 @@ def jit_activation_refusal(p: Any) -> tuple[str, bool, str]:
     return ("the gated activation priced as Megatron-Core's jit_fuser kernel (jit_activation: bias_swiglu_impl for "
             "SwiGLU, bias_geglu_impl for GeGLU), a kernel this launcher does not run", bool(p.jit_activation),
             "set jit_activation false in the plan, or export to megatron / megatron-bridge")
+
+
+UNFUSED_LOSS_RUNS: dict[str, str] = {
+    "megatron": "vocab-parallel", "megatron-bridge": "vocab-parallel",
+    "deepspeed": "eager", "torchtitan": "eager", "torchtitan-0.2": "eager"}
+"""Training target -> the ParallelPlan.unfused_loss_impl whose memory prices the loss it runs with fused_loss off,
+the one rule that both its export (unfused_loss_refusal) and a search for it (cli.search.train_search) read.
+Megatron-LM (d98e8a6) and Megatron-Bridge (its Megatron-Core, cd4afffa6) run Megatron-Core's
+vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py: .float() in calculate_logits_max,
+then -=, exp(out=), div_ and the backward's mul_ in place on that one fp32 copy): vocab-parallel. torchtitan runs
+PyTorch's eager cross_entropy on the fp32-cast logits: eager. DeepSpeed runs the Hugging Face model's loss (eager
+cross_entropy on fp32 logits) at tp 1 and, at tp > 1, its AutoTP vocabulary-parallel loss
+(deepspeed/sequence/cross_entropy.py _VocabParallelCrossEntropy, backend torch, read at a64a221ef: logits.float(),
+then exp(logits - max) into new fp32 tensors, exp saved, backward exp / sum a new tensor): nothing in place, so
+eager's three fp32 copies, not Megatron's one (docs/validation.md#loss-mend)."""
+
+_UNFUSED_LOSS_CODE = {"vocab-parallel": "Megatron-Core's vocab_parallel_cross_entropy, in place on one fp32 copy",
+                      "eager": "PyTorch's cross_entropy on fp32 logits, with no in-place step"}
+
+
+def unfused_loss_refusal(p: Any, target: str) -> tuple[str, Any, str]:
+    """(what, whether the plan has it, fix) for an unfused loss priced with another implementation's memory than
+    the one `target` runs (UNFUSED_LOSS_RUNS), refused whatever else the plan sets (export.EVERY_PLAN)."""
+    runs = UNFUSED_LOSS_RUNS[target]
+    return (f"the unfused loss priced as unfused_loss_impl {p.unfused_loss_impl} (fused_loss off), but this "
+            f"launcher runs {runs} ({_UNFUSED_LOSS_CODE[runs]})",
+            ~as_bool(p.fused_loss) & as_bool(p.unfused_loss_impl != runs),
+            f"re-plan with --unfused-loss-impl {runs}, or --fused-loss")
 
 
 def delayed_bf16_layers_refusal(p: Any) -> tuple[str, bool, str]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 
 from llmplan.arith import where
+from llmplan.export.common import unfused_loss_refusal
 from llmplan.export.common import (WIDTH, accumulation_notes, bias_add_notes, bias_add_refusal, bias_gelu_refusal,
                                    check_accumulation,
                                    comment_strings, header_lines, offload_moe_act_refusal, paged_stash_refusal,
@@ -247,8 +250,15 @@ def _feature_rules(p: ParallelPlan) -> list[tuple[str, bool, str]]:
         offload_modules_refusal(p),
         fp8_attention_refusal(p),
         te_softmax_refusal(p),
+        loss_impl_refusal(p),
         pipelined_autotp_refusal(p),  # after the EVERY_PLAN rules, which a plan with it may also meet
     ]
+
+
+def loss_impl_refusal(p: Any) -> tuple[str, Any, str]:
+    """An unfused loss priced with another implementation's memory than this launcher runs (common.UNFUSED_LOSS_RUNS),
+    refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return unfused_loss_refusal(p, TARGET)
 
 
 def _layout_rules(pf: PlanFile) -> list[tuple[str, bool, str]]:

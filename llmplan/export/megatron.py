@@ -4,12 +4,16 @@ tools/launcher_flags.py from commit d98e8a6 (main after core_v0.19.0, August 202
 
 from __future__ import annotations
 
+from typing import Any
+
 import functools
 
 import numpy as np
 
 from llmplan.cost.model_states import grad_prescaled
+from llmplan.cost.kernels import graph_scopes
 from llmplan.cost.muon import MUON_NS_STEPS
+from llmplan.export.common import unfused_loss_refusal
 from llmplan.export.common import (as_flags, cast_add_refusal, check_ep_overlap, delayed_bf16_layers_refusal,
                                    expert_bias, fused_expert_bias_refusal,
                                    kept_grad_shards_refusal, fp32_embedding_grads_refusal, whole_embedding_refusal,
@@ -586,14 +590,15 @@ def cuda_graph_pairs(pf: PlanFile) -> list[tuple[str, object]]:
 
 def graphed_modules(pf: PlanFile) -> tuple[str, ...]:
     """The per-layer graphs of cuda_graphs layers, as TransformerConfig.cuda_graph_modules names them (d98e8a6):
-    the attention, and a MoE layer's router and preprocessing (a dense layer's MLP instead)."""
+    the attention, a dense layer's MLP where Megatron-Core lets it be graphed, and a MoE layer's router and
+    preprocessing unless recompute module moe (cost.kernels.graph_scopes)."""
     p, m = pf.plan, pf.model
-    # TransformerConfig (d98e8a6, transformer_config.py:2862-2869) refuses recompute module moe around a graphed
-    # moe_router: the router stays eager then, as Megatron-Bridge's Nemotron-3 Nano H100 BF16 recipe runs it
-    # (graphs attn, mamba with recompute_modules moe, layernorm: perf_recipes/nemotronh/h100/nemotronh.py at
-    # 067f987df)
-    router = m.is_moe and not bool(p.recomputes("moe"))
-    return ("attn", "moe_router", "moe_preprocess") if router else ("attn",) if m.is_moe else ("attn", "mlp")
+    # cost.kernels.graph_scopes decides them, for pricing and export alike; its names are the launcher's
+    # (CudaGraphModule). TransformerConfig (d98e8a6, transformer_config.py:2862-2869) refuses recompute module moe
+    # around a graphed moe_router: the router stays eager then, as Megatron-Bridge's Nemotron-3 Nano H100 BF16
+    # recipe runs it (graphs attn, mamba with recompute_modules moe, layernorm: perf_recipes/nemotronh/h100/
+    # nemotronh.py at 067f987df)
+    return graph_scopes(m, not bool(p.recomputes("moe")))
 
 
 def rank_capacity(p: ParallelPlan) -> float:
@@ -754,6 +759,12 @@ def _check_parallel(pf: PlanFile) -> None:
                      "re-plan with --pp-schedule 1f1b")
 
 
+def loss_impl_refusal(p: Any) -> tuple[str, Any, str]:
+    """An unfused loss priced with another implementation's memory than this launcher runs (common.UNFUSED_LOSS_RUNS),
+    refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return unfused_loss_refusal(p, TARGET)
+
+
 def _check_kernels(pf: PlanFile) -> None:
     """Refuse the kernels, recompute, routing and TP / expert / embedding features that Megatron-LM's flags do
     not set as priced."""
@@ -762,7 +773,7 @@ def _check_kernels(pf: PlanFile) -> None:
         raise refuse(TARGET, "the SwiGLU input kept in fp8 (Megatron-Core's TransformerConfig."
                      "activation_func_fp8_input_store, which Megatron-LM's arguments.py at d98e8a6 excludes from "
                      "its flags)", "export to megatron-bridge, or re-plan with --no-swiglu-fp8-input")
-    refuse_first(TARGET, (fp8_attention_refusal(p), param_gather_refusal(p)))
+    refuse_first(TARGET, (fp8_attention_refusal(p), param_gather_refusal(p), loss_impl_refusal(p)))
     if p.recompute == "op":
         raise refuse(TARGET, "op-level selective checkpointing (torchtitan's per-op policy; Megatron-LM recomputes "
                      "the attention core, whole layers or a block of them)",

@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from functools import partial
 
 from llmplan.arith import where
+from llmplan.export.common import unfused_loss_refusal
 from llmplan.export.common import (accumulation_notes, bias_add_notes, bias_add_refusal, bias_gelu_refusal,
                                    check_accumulation,
                                    hidden_dropout_refusal, offload_moe_act_refusal, paged_stash_refusal,
@@ -230,6 +233,12 @@ def _check_common(pf: PlanFile, target: str) -> None:
     _check_recompute_moe(pf, target)
 
 
+def loss_impl_refusal(p: Any) -> tuple[str, Any, str]:
+    """An unfused loss priced with another implementation's memory than this launcher runs (common.UNFUSED_LOSS_RUNS),
+    refused whatever else the plan sets (export.EVERY_PLAN)."""
+    return unfused_loss_refusal(p, "torchtitan")
+
+
 def _check_precision(pf: PlanFile, target: str) -> None:
     """Refuse the fp8 / fp4 recipes, optimizer dtypes, bf16 layers, activation and attention precision, the
     unfused rotary and the gradient reduction that torchtitan does not run as priced."""
@@ -248,7 +257,8 @@ def _check_precision(pf: PlanFile, target: str) -> None:
                      "re-plan with --bf16-layers-start 0 --bf16-layers-end 0 and no --bf16-modules, or export to "
                      "megatron")
     refuse_first(target, (swiglu_fp8_refusal(p), jit_activation_refusal(p), megatron_fsdp_refusal(p)))
-    refuse_first(target, (fp8_attention_refusal(p), saved_input_refusal(p)))  # fp8_params with rowwise: check_plan
+    # fp8_params with rowwise: check_plan
+    refuse_first(target, (fp8_attention_refusal(p), saved_input_refusal(p), loss_impl_refusal(p)))
     if p.fused_kernels and not p.rope_fusion:
         raise refuse(target, "the rotary embedding unfused (rope_fusion off, Megatron-Core's eager rotary) with "
                      "fused kernels: torch.compile of the model, which this export turns on for them, fuses it",
