@@ -655,12 +655,26 @@ INDEXER_LOSS_PAIR_BYTES = 4 + 4
 Derived: docs/formulas.md#mem.indexer_reference"""
 
 
+INDEXER_BACKWARD_SCORE_BYTES = 4 + 1 + 4 + 4
+"""Bytes per (indexer head, query, key) at the peak of the indexer loss's backward through the index scores
+(bwd_fused_indexer_loss_naive, loss on): with the ReLU, the fp32 grad_scores [s/cp, b, H_I, s], the bool
+relu_mask, relu_mask.float() and their product (the old grad_scores freed only when the product is assigned), four
+tensors at once; the recomputed scores and scores_for_weights are freed before. Source: NVIDIA/Megatron-LM
+megatron/core/transformer/experimental_attention_variant/dsa.py at 1e23526adc (bwd_fused_indexer_loss_naive:
+`grad_scores = grad_scores * relu_mask.float()`). Derived: docs/formulas.md#mem.indexer_reference"""
+
+INDEXER_BACKWARD_PAIR_BYTES = 4
+"""Bytes per (query, key) beside INDEXER_BACKWARD_SCORE_BYTES: the fp32 grad_weighted_scores [s/cp, b, 1, s].
+Source: dsa.py at 1e23526adc (bwd_fused_indexer_loss_naive). Derived: docs/formulas.md#mem.indexer_reference"""
+
+
 def indexer_reference_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     """Peak bytes of one DeepSeek-V3.2 layer's DSA indexer on Megatron-Core's reference path (no fused DSA kernel
     is priced for it), a transient of the forward and the backward, one micro-batch: the larger of the index
     scores (INDEXER_SCORE_COPIES x 4 B x H_I per pair, the indexer replicated on every TP rank) and, with the
     loss on (dense or sparse alike: the sparse mask is added to full matrices), the KL target
-    (INDEXER_LOSS_SCORE_BYTES x a/t + INDEXER_LOSS_PAIR_BYTES per pair), over b x (s/cp) queries (the rank's
+    (INDEXER_LOSS_SCORE_BYTES x a/t + INDEXER_LOSS_PAIR_BYTES per pair) and the backward through the scores
+    (INDEXER_BACKWARD_SCORE_BYTES x H_I + INDEXER_BACKWARD_PAIR_BYTES per pair), over b x (s/cp) queries (the rank's
     rows; all-gather CP gathers the keys) x s keys. 0 for a model without an indexer and for DeepSeek-V4 (its
     reference path runs only off the fused CSA path, which the memory model does not resolve; a gap, see
     docs/validation.md#dsa-mend). Derived: docs/formulas.md#mem.indexer_reference"""
@@ -670,4 +684,5 @@ def indexer_reference_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     pairs = plan.micro_batch * plan.seq_len / plan.cp * plan.seq_len
     scores = INDEXER_SCORE_COPIES * 4.0 * (m.index_n_heads or 0) * pairs
     target = (INDEXER_LOSS_SCORE_BYTES * m.num_attention_heads / plan.tp + INDEXER_LOSS_PAIR_BYTES) * pairs
-    return maximum(scores, target) if loss != "off" else scores
+    backward = (INDEXER_BACKWARD_SCORE_BYTES * (m.index_n_heads or 0) + INDEXER_BACKWARD_PAIR_BYTES) * pairs
+    return maximum(maximum(scores, target), backward) if loss != "off" else scores
