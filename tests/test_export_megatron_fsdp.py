@@ -181,9 +181,10 @@ def test_untargeted_first_that_no_target_writes_is_labelled(cli):
     """Pinned to ZeRO-3 with the switch named off, a hybrid model's #1 is written by no target (Megatron-LM refuses
     ZeRO-3 priced without megatron_fsdp, the others the hybrid stack): the JSON's best_exports_to is empty and the
     table says so, with each refusal."""
-    doc = cli(*NEMOTRON, "--zero", "3", "--no-megatron-fsdp", "--json").json()
+    with one_run_search():  # the text run renders the JSON run's searches (conftest.one_run_search)
+        doc = cli(*NEMOTRON, "--zero", "3", "--no-megatron-fsdp", "--json").json()
+        text = " ".join(cli(*NEMOTRON, "--zero", "3", "--no-megatron-fsdp").out.split())
     assert doc["best_exports_to"] == [] and doc["plans"][0]["plan"]["zero"] == 3
-    text = " ".join(cli(*NEMOTRON, "--zero", "3", "--no-megatron-fsdp").out.split())
     assert "#1 exports to no target" in text and "priced without megatron_fsdp" in text
     assert "search --target NAME" in text
 
@@ -266,14 +267,14 @@ def test_targeted_search_prices_zero2_with_the_switch_and_exports_it(cli, tmp_pa
 
 
 @pytest.mark.parametrize("target", ["torchrun", "slurm"])
-def test_wrapping_targets_keep_zero3_plans(cli, target):
+def test_wrapping_targets_keep_zero3_plans(cli, cli_once, target):
     """torchrun / slurm wrap the first target that accepts the plan (export.default_wrap), and the search does not
     know which: it leaves megatron_fsdp off (export.MEGATRON_FSDP_TARGETS), so ZeRO-3 plans, which Megatron-LM
     refuses and the DeepSpeed / torchtitan wraps take only without the switch, stay (docs/validation.md#late-mend:
     before, --target torchrun --zero 3 on 2 nodes ranked tp1 pp2 first and lost the untargeted #1 tp1 pp1 dp16)."""
     args = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--nodes", "2", "--zero", "3", "--top", "1",
             "--json")
-    free = cli("search", *args).json()["plans"][0]
+    free = cli_once("search", *args).json()["plans"][0]  # the untargeted search: one for both targets
     kept = cli("search", *args, "--target", target).json()["plans"][0]
     assert kept["plan"]["megatron_fsdp"] is False, kept["plan"]
     assert (kept["plan"]["pp"], kept["plan"]["dp"]) == (free["plan"]["pp"], free["plan"]["dp"]), (kept, free)
@@ -301,12 +302,16 @@ def test_targeted_search_with_the_switch_named_off_refuses_every_zero2(cli):
     assert "priced without megatron_fsdp" in line, line
 
 
-def test_untargeted_zero2_first_without_the_switch(cli):
+# the untargeted ZeRO-2 search with the switch named off: the next two tests read it (conftest.cli_once)
+ZERO2_OFF = ("search", *LLAMA, "--zero", "2", "--pp", "1", "--top", "1", "--no-megatron-fsdp", "--json")
+
+
+def test_untargeted_zero2_first_without_the_switch(cli_once):
     """Without --target a ZeRO-2 #1 priced without megatron_fsdp (--no-megatron-fsdp named) is not said to export
     to megatron: best_refusals carries the rule's line; DeepSpeed's refusal of the same plan, if any, is for its own
     gather (#ds-gather: the search's default overlapped weight gather, which DeepSpeed's step does not run), never
     for megatron_fsdp."""
-    doc = cli("search", *LLAMA, "--zero", "2", "--pp", "1", "--top", "1", "--no-megatron-fsdp", "--json").json()
+    doc = cli_once(*ZERO2_OFF).json()
     assert doc["plans"][0]["plan"]["megatron_fsdp"] is False
     assert "megatron" not in doc["best_exports_to"] and "megatron-bridge" not in doc["best_exports_to"]
     for target in ("megatron", "megatron-bridge"):
@@ -316,7 +321,7 @@ def test_untargeted_zero2_first_without_the_switch(cli):
     assert "megatron_fsdp" not in ds, ds
 
 
-def test_untargeted_zero2_first_only_megatron_runs_is_priced_with_the_switch(cli, tmp_path):
+def test_untargeted_zero2_first_only_megatron_runs_is_priced_with_the_switch(cli, cli_once, tmp_path):
     """The switch left unnamed: the winning setting's ZeRO-2 #1 priced without megatron_fsdp is written by no target
     (DeepSpeed refuses its overlapped gather, torchtitan its bf16 gradient reduction: reasons of the plan, not of
     the setting, so as_run left the switch off; the previous test's refusals), and with the switch Megatron-LM
@@ -331,7 +336,7 @@ def test_untargeted_zero2_first_only_megatron_runs_is_priced_with_the_switch(cli
     assert doc["switches"]["megatron_fsdp"] is True
     assert "megatron" in doc["best_exports_to"]
     assert cli("export", saved, "--to", "megatron", "-o", tmp_path / "out").code == 0
-    off = cli("search", *LLAMA, "--zero", "2", "--pp", "1", "--top", "1", "--no-megatron-fsdp", "--json").json()
+    off = cli_once(*ZERO2_OFF).json()  # the previous test's search (read-only: cli_once runs it once)
     assert off["best_exports_to"] == [], off["best_exports_to"]  # what the switch's absence left: no target
 
 

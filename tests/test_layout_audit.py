@@ -12,6 +12,13 @@ import pytest
 from conftest import one_train_search
 
 # (case, search arguments, the published layout and its source)
+# The MoE cases pin the memory switches, the EP dispatcher and the EP overlap to the setting the free search
+# picks (its "switches" JSON, 2026-12-07): the pinned search gives the same five plans in the same order, the
+# same ties and the same explain keys (no with_ep, no without_cp), so what these tests check is unchanged; only
+# the text's "switches:" lines go. The free searches ran 8-10 searches (15-25 CPU-s each), the pinned ones 1-2
+# (2-6 CPU-s; tests/test_memory_switches.py, tests/test_search_deepep.py and tests/test_search_ep_overlap.py
+# search those settings). The dense cases stay free.
+MOE_PINS = "--grad-dtype bf16 --no-fp8-params --moe-dispatcher"
 CASES = {
     # Llama 3 (Dubey et al. 2024, arXiv:2407.21783) Section 3.3.2 / Table 4: 405B pre-trained at 8,192 tokens
     # with tp8 cp1 pp16 on 16,384 H100; Section 3.4.1: the initial stage ran 4M-token batches of 4,096 tokens.
@@ -21,11 +28,13 @@ CASES = {
                        {"cp": 1}),
     # Megatron-Bridge docs/performance-summary.md (25.09, 25.11): Qwen3-235B-A22B on 256 H100, 4,096 tokens,
     # tp2 pp8 ep32 vpp4, global batch 2048 (benchmarks/data: mbridge-25.09-...-qwen3-235b-a22b-...-h100-256gpu).
-    "qwen3-235b-4k": ("-m qwen3-235b-a22b --hardware dgx-h100 --nodes 32 --seq-len 4096 --global-batch 2048",
+    "qwen3-235b-4k": ("-m qwen3-235b-a22b --hardware dgx-h100 --nodes 32 --seq-len 4096 --global-batch 2048 "
+                      f"{MOE_PINS} deepep --moe-flex-backend deepep --ep-comm-overlap",
                       {"cp": 1, "ep_min": 2}),
     # NVIDIA/NeMo issue 9031: Mixtral-8x22B on DGX H100 with tp4 pp8 and EP (EP faster than without); NeMo's
     # recipes run it with Megatron's TP/PP/EP, no CP at 4K.
-    "mixtral-8x22b-4k": ("-m mixtral-8x22b --hardware dgx-h100 --nodes 32 --seq-len 4096 --global-batch 1024",
+    "mixtral-8x22b-4k": ("-m mixtral-8x22b --hardware dgx-h100 --nodes 32 --seq-len 4096 --global-batch 1024 "
+                         f"{MOE_PINS} alltoall --ep-comm-overlap",
                          {"cp": 1, "ep_min": 2}),
     # Smith et al. 2022 (MT-NLG, arXiv:2201.11990) Section 2.3: tp8 pp35 on 280-420 DGX A100, global batch
     # 1920 of 2,048 tokens.
@@ -33,7 +42,8 @@ CASES = {
                       {"cp": 1, "tp": 8}),
     # Megatron-Bridge docs/performance-summary.md (25.09-26.08): DeepSeek-V3 on 256 GB200, 4,096 tokens,
     # tp1 pp4 ep64 vpp4, global batch 4096; DeepSeek-V3 report (arXiv:2412.19437) Section 3.2: EP64, ZeRO-1.
-    "deepseek-v3-gb200": ("-m deepseek-v3 --hardware gb200-nvl72 --nodes 64 --seq-len 4096 --global-batch 4096",
+    "deepseek-v3-gb200": ("-m deepseek-v3 --hardware gb200-nvl72 --nodes 64 --seq-len 4096 --global-batch 4096 "
+                          f"{MOE_PINS} deepep --moe-flex-backend hybridep --no-ep-comm-overlap",
                           {"cp": 1, "ep_min": 2}),
 }
 
@@ -170,7 +180,11 @@ def test_zero3_gathering_every_expert_is_not_first_through_a_third_tied_plan(cli
     # Qwen3-30B-A3B on 4 DGX H100: dp-only ZeRO-3 (#1 by prediction), a plan with fewer axes than the EP plan,
     # and the EP plan are all tied; pairwise, ZeRO-3 beats the middle plan on fewer axes, the middle plan beats
     # the EP plan, and the EP plan beats ZeRO-3, so an insertion by neighbours alone left ZeRO-3 first.
+    # The switches and EP dispatch are pinned to the free search's pick (bf16 gradients, no fp8 weights, DeepEP
+    # with its own kernels, EP overlap on; 2026-12-07): 1 search instead of 7, the same five plans in the same
+    # order and the same tie decisions (its "ties" JSON) as the free search, so the check is unchanged.
     d = cli("search", "-m", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "4", "--seq-len", "4096",
-            "--global-batch", "256", "--json").json()
+            "--global-batch", "256", "--grad-dtype", "bf16", "--no-fp8-params", "--moe-dispatcher", "deepep",
+            "--moe-flex-backend", "deepep", "--ep-comm-overlap", "--json").json()
     first = d["plans"][0]["plan"]
     assert not (first["ep"] == 1 and first["zero"] >= 3), first
