@@ -456,14 +456,26 @@ class SettingSearch:
             wv = self.as_run(Workload(**{**base.fields(), **v}))
             if s.fp8_params is None and v["fp8_params"] and self.tried and not self.keeps_fp8_params(wv):
                 continue  # fp8_params the search turned on itself, cut from every plan: the plain setting stands
-            res = self.run(full_cluster, wv)
+            used = power_of_two_domain(full_cluster.system)
+            shares = bool(used) and c.domain_gpus is None and c.gpus_per_node is None \
+                and self.goal.objective != "headroom"
+
+            def on_share(cc: ClusterSpec, wv: Workload = wv) -> SearchResult | None:
+                return self.run(cc, wv, full=full_cluster.system.domain_gpus)
+            try:
+                res = self.run(full_cluster, wv)
+            except LlmplanError as full_error:  # refused on the full racks (a pin no plan there can use): the
+                # share the free search also tries may use it (share_only), else the refusal stands
+                if not (shares and used is not None):
+                    raise
+                res, cluster, cv = share_only(full_error, full_cluster, used, c, on_share)
+                self.tried.append((v, res, cluster, wv, cv))
+                continue
             if res is None:  # only a straddling space can be empty; the full one never is
                 continue
-            used = power_of_two_domain(full_cluster.system)
             cluster, cv = full_cluster, c
-            if used and c.domain_gpus is None and c.gpus_per_node is None and self.goal.objective != "headroom":
-                res, cluster, cv = best_domain(res, full_cluster, used, c, lambda cc, wv=wv: self.run(
-                    cc, wv, full=full_cluster.system.domain_gpus))
+            if shares and used is not None:
+                res, cluster, cv = best_domain(res, full_cluster, used, c, on_share)
             self.tried.append((v, res, cluster, wv, cv))
         return cp_later
 
@@ -736,6 +748,29 @@ def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOp
     if alt is None:  # no expert-parallel degree that the full domain cannot hold (dense models)
         return res, cluster, c
     return pick_domain(res, cluster, alt, alt_cluster, used, c)
+
+
+def share_only(full_error: LlmplanError, cluster: ClusterSpec, used: int, c: ClusterOptions,
+               run) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
+    """best_domain where the search on the full domains was refused (`full_error`: a pinned switch that no plan
+    there can use, e.g. --ep-comm-overlap where every ep > 1 plan breaks a rule on 72-GPU racks) but the
+    power-of-two share, which the free search also tries, has plans that use it: the share's result, its
+    choice recorded with nothing on the full domains (DomainChoice, 0 tokens/s); `full_error` raised when the
+    share has no plan either, so that a pin no share mends is refused as before."""
+    from llmplan.cli.inputs import cluster_of
+    from llmplan.search.run import DomainChoice, nodes_using
+    try:
+        alt_cluster = cluster_of(c, nodes=nodes_using(cluster, used), domain_gpus=used)
+        alt = run(alt_cluster)
+    except LlmplanError:
+        raise full_error from None
+    if alt is None:  # no expert-parallel degree the full domain cannot hold: nothing the share could mend
+        raise full_error
+    full = cluster.system.domain_gpus
+    best = float(alt.ranked[0].throughput.tokens_per_s) if alt.ranked else 0.0
+    choice = DomainChoice(full=full, used=used, gpus={full: cluster.num_gpus, used: alt_cluster.num_gpus},
+                          tokens_per_s={full: 0.0, used: best})
+    return dataclasses.replace(alt, domain=choice), alt_cluster, c.model_copy(update={"domain_gpus": used})
 
 
 def other_share(rd: SearchResult, cluster: ClusterSpec, full_cluster: ClusterSpec, used: int, c: ClusterOptions,
