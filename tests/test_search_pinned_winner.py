@@ -63,3 +63,18 @@ def test_the_domain_line_says_no_plan_where_a_share_had_none():
     d = DomainChoice(full=72, used=64, gpus={72: 72, 64: 64}, tokens_per_s={72: 0.0, 64: 1.5e6})
     line = domain_line(d)
     assert "(64 GPUs, 1,500,000 tok/s) beats 72 of 72 (72 GPUs, no plan)" in line
+
+
+def test_axes_no_full_rack_plan_can_take_search_the_share(cli_once):
+    """tp, pp and cp 1 pinned on one 72-GPU rack leave dp 72, which divides no power-of-two global batch: every
+    plan on the full domain breaks global_batch, while the free search's own 64-GPU share runs. It exited 2
+    ("no plan passes the rules") although the share the search tries holds plans; its domain object says the
+    full domain had none."""
+    r = cli_once("search", "--model", "gpt-oss-20b", "--hardware", "gb200-nvl72", "--nodes", "18",
+                 "--global-batch", "256", "--seq-len", "4096", "--tp", "1", "--pp", "1", "--cp", "1", "--no-sp",
+                 "--recompute", "none", "--top", "1", "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    assert d["gpus"] == 64 and d["plans"][0]["plan"]["ep"] > 1
+    assert d["domain"]["used_per_domain"] == 64
+    assert {"per_domain": 72, "gpus": 72, "tokens_per_s": 0.0} in d["domain"]["tried"]

@@ -758,7 +758,7 @@ def share_only(full_error: LlmplanError, cluster: ClusterSpec, used: int, c: Clu
     choice recorded with nothing on the full domains (DomainChoice, 0 tokens/s); `full_error` raised when the
     share has no plan either, so that a pin no share mends is refused as before."""
     from llmplan.cli.inputs import cluster_of
-    from llmplan.search.run import DomainChoice, nodes_using
+    from llmplan.search.run import nodes_using
     try:
         alt_cluster = cluster_of(c, nodes=nodes_using(cluster, used), domain_gpus=used)
         alt = run(alt_cluster)
@@ -766,11 +766,18 @@ def share_only(full_error: LlmplanError, cluster: ClusterSpec, used: int, c: Clu
         raise full_error from None
     if alt is None:  # no expert-parallel degree the full domain cannot hold: nothing the share could mend
         raise full_error
+    return share_alone(alt, cluster, alt_cluster, used), alt_cluster, c.model_copy(update={"domain_gpus": used})
+
+
+def share_alone(alt: SearchResult, cluster: ClusterSpec, alt_cluster: ClusterSpec, used: int) -> SearchResult:
+    """`alt` (the search on `used` GPUs of each domain) with its DomainChoice where the full domains of
+    `cluster` had no plan (refused there: 0 tokens/s, as pick_domain records a share where nothing fits)."""
+    from llmplan.search.run import DomainChoice
     full = cluster.system.domain_gpus
     best = float(alt.ranked[0].throughput.tokens_per_s) if alt.ranked else 0.0
-    choice = DomainChoice(full=full, used=used, gpus={full: cluster.num_gpus, used: alt_cluster.num_gpus},
-                          tokens_per_s={full: 0.0, used: best})
-    return dataclasses.replace(alt, domain=choice), alt_cluster, c.model_copy(update={"domain_gpus": used})
+    return dataclasses.replace(alt, domain=DomainChoice(full=full, used=used, gpus={full: cluster.num_gpus,
+                                                                                    used: alt_cluster.num_gpus},
+                                                        tokens_per_s={full: 0.0, used: best}))
 
 
 def other_share(rd: SearchResult, cluster: ClusterSpec, full_cluster: ClusterSpec, used: int, c: ClusterOptions,
@@ -785,8 +792,10 @@ def other_share(rd: SearchResult, cluster: ClusterSpec, full_cluster: ClusterSpe
         other = run(full_cluster if cluster is not full_cluster else alt_cluster)
     except LlmplanError:
         other = None
+    if other is None and cluster is not full_cluster:  # the full domains refused it: the share alone (share_only)
+        return share_alone(rd, full_cluster, cluster, share), cluster, c.model_copy(update={"domain_gpus": share})
     if other is None:
-        return rd, cluster, c if cluster is full_cluster else c.model_copy(update={"domain_gpus": share})
+        return rd, cluster, c
     full_res, alt_res = (other, rd) if cluster is not full_cluster else (rd, other)
     return pick_domain(full_res, full_cluster, alt_res, alt_cluster, share, c)
 
