@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from llmplan.estimate import TrainingEstimate
     from llmplan.search.filtered import Walk
     from llmplan.search.grid import Workload
-    from llmplan.search.run import SearchResult
+    from llmplan.search.run import NoPlanLeft, SearchResult
 
 
 WALK = 40
@@ -440,7 +440,7 @@ class SettingSearch:
         types tried later, at the winner (search.variants.cp_comm_settings)."""
         from llmplan.export import TE_SOFTMAX_TARGETS
         from llmplan.search.grid import Workload
-        from llmplan.search.run import cp_comm_variants, power_of_two_domain, switch_variants
+        from llmplan.search.run import NoPlanLeft, cp_comm_variants, power_of_two_domain, switch_variants
         from llmplan.search.variants import cp_comm_settings
         m, s, c, full_cluster, pins = self.m, self.s, self.c, self.full_cluster, self.pins
         cp_free = self.pinned.get("cp", 2) != 1 and (pins.max_cp or 2) > 1
@@ -464,8 +464,8 @@ class SettingSearch:
                 return self.run(cc, wv, full=full_cluster.system.domain_gpus)
             try:
                 res = self.run(full_cluster, wv)
-            except LlmplanError as full_error:  # refused on the full racks (a pin no plan there can use): the
-                # share the free search also tries may use it (share_only), else the refusal stands
+            except NoPlanLeft as full_error:  # the rules leave no plan on the full racks (a pin no plan there can
+                # use): the share the free search also tries may have some (share_only), else the refusal stands
                 if not (shares and used is not None):
                     raise
                 res, cluster, cv = share_only(full_error, full_cluster, used, c, on_share)
@@ -750,7 +750,7 @@ def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOp
     return pick_domain(res, cluster, alt, alt_cluster, used, c)
 
 
-def share_only(full_error: LlmplanError, cluster: ClusterSpec, used: int, c: ClusterOptions,
+def share_only(full_error: NoPlanLeft, cluster: ClusterSpec, used: int, c: ClusterOptions,
                run) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
     """best_domain where the search on the full domains was refused (`full_error`: a pinned switch that no plan
     there can use, e.g. --ep-comm-overlap where every ep > 1 plan breaks a rule on 72-GPU racks) but the
