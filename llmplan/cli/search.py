@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from llmplan.estimate import TrainingEstimate
     from llmplan.search.filtered import Walk
     from llmplan.search.grid import Workload
-    from llmplan.search.run import SearchResult
+    from llmplan.search.run import NoPlanLeft, SearchResult
 
 
 WALK = 40
@@ -444,7 +444,7 @@ class SettingSearch:
         types tried later, at the winner (search.variants.cp_comm_settings)."""
         from llmplan.export import TE_SOFTMAX_TARGETS
         from llmplan.search.grid import Workload
-        from llmplan.search.run import cp_comm_variants, power_of_two_domain, switch_variants
+        from llmplan.search.run import NoPlanLeft, cp_comm_variants, power_of_two_domain, switch_variants
         from llmplan.search.variants import cp_comm_settings
         m, s, c, full_cluster, pins = self.m, self.s, self.c, self.full_cluster, self.pins
         cp_free = self.pinned.get("cp", 2) != 1 and (pins.max_cp or 2) > 1
@@ -460,14 +460,26 @@ class SettingSearch:
             wv = self.as_run(Workload(**{**base.fields(), **v}))
             if s.fp8_params is None and v["fp8_params"] and self.tried and not self.keeps_fp8_params(wv):
                 continue  # fp8_params the search turned on itself, cut from every plan: the plain setting stands
-            res = self.run(full_cluster, wv)
+            used = power_of_two_domain(full_cluster.system)
+            shares = bool(used) and c.domain_gpus is None and c.gpus_per_node is None \
+                and self.goal.objective != "headroom"
+
+            def on_share(cc: ClusterSpec, wv: Workload = wv) -> SearchResult | None:
+                return self.run(cc, wv, full=full_cluster.system.domain_gpus)
+            try:
+                res = self.run(full_cluster, wv)
+            except NoPlanLeft as full_error:  # the rules leave no plan on the full racks (a pin no plan there can
+                # use): the share the free search also tries may have some (share_only), else the refusal stands
+                if not (shares and used is not None):
+                    raise
+                res, cluster, cv = share_only(full_error, full_cluster, used, c, on_share)
+                self.tried.append((v, res, cluster, wv, cv))
+                continue
             if res is None:  # only a straddling space can be empty; the full one never is
                 continue
-            used = power_of_two_domain(full_cluster.system)
             cluster, cv = full_cluster, c
-            if used and c.domain_gpus is None and c.gpus_per_node is None and self.goal.objective != "headroom":
-                res, cluster, cv = best_domain(res, full_cluster, used, c, lambda cc, wv=wv: self.run(
-                    cc, wv, full=full_cluster.system.domain_gpus))
+            if shares and used is not None:
+                res, cluster, cv = best_domain(res, full_cluster, used, c, on_share)
             self.tried.append((v, res, cluster, wv, cv))
         return cp_later
 
@@ -742,6 +754,36 @@ def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOp
     return pick_domain(res, cluster, alt, alt_cluster, used, c)
 
 
+def share_only(full_error: NoPlanLeft, cluster: ClusterSpec, used: int, c: ClusterOptions,
+               run) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
+    """best_domain where the search on the full domains was refused (`full_error`: a pinned switch that no plan
+    there can use, e.g. --ep-comm-overlap where every ep > 1 plan breaks a rule on 72-GPU racks) but the
+    power-of-two share, which the free search also tries, has plans that use it: the share's result, its
+    choice recorded with nothing on the full domains (DomainChoice, 0 tokens/s); `full_error` raised when the
+    share has no plan either, so that a pin no share mends is refused as before."""
+    from llmplan.cli.inputs import cluster_of
+    from llmplan.search.run import nodes_using
+    try:
+        alt_cluster = cluster_of(c, nodes=nodes_using(cluster, used), domain_gpus=used)
+        alt = run(alt_cluster)
+    except LlmplanError:
+        raise full_error from None
+    if alt is None:  # no expert-parallel degree the full domain cannot hold: nothing the share could mend
+        raise full_error
+    return share_alone(alt, cluster, alt_cluster, used), alt_cluster, c.model_copy(update={"domain_gpus": used})
+
+
+def share_alone(alt: SearchResult, cluster: ClusterSpec, alt_cluster: ClusterSpec, used: int) -> SearchResult:
+    """`alt` (the search on `used` GPUs of each domain) with its DomainChoice where the full domains of
+    `cluster` had no plan (refused there: 0 tokens/s, as pick_domain records a share where nothing fits)."""
+    from llmplan.search.run import DomainChoice
+    full = cluster.system.domain_gpus
+    best = float(alt.ranked[0].throughput.tokens_per_s) if alt.ranked else 0.0
+    return dataclasses.replace(alt, domain=DomainChoice(full=full, used=used, gpus={full: cluster.num_gpus,
+                                                                                    used: alt_cluster.num_gpus},
+                                                        tokens_per_s={full: 0.0, used: best}))
+
+
 def other_share(rd: SearchResult, cluster: ClusterSpec, full_cluster: ClusterSpec, used: int, c: ClusterOptions,
                 run) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
     """A dispatcher's search on the NVLink-domain share that won (`cluster`, with `used` GPUs a domain), compared
@@ -754,8 +796,10 @@ def other_share(rd: SearchResult, cluster: ClusterSpec, full_cluster: ClusterSpe
         other = run(full_cluster if cluster is not full_cluster else alt_cluster)
     except LlmplanError:
         other = None
+    if other is None and cluster is not full_cluster:  # the full domains refused it: the share alone (share_only)
+        return share_alone(rd, full_cluster, cluster, share), cluster, c.model_copy(update={"domain_gpus": share})
     if other is None:
-        return rd, cluster, c if cluster is full_cluster else c.model_copy(update={"domain_gpus": share})
+        return rd, cluster, c
     full_res, alt_res = (other, rd) if cluster is not full_cluster else (rd, other)
     return pick_domain(full_res, full_cluster, alt_res, alt_cluster, share, c)
 

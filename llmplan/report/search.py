@@ -527,9 +527,10 @@ def placement_line(e: TrainingEstimate, cluster: ClusterSpec) -> str:
 def domain_line(d: DomainChoice) -> str:
     """Which share of each NVLink domain the shown plans use, against the other one tried."""
     other = d.full if d.used != d.full else min(d.gpus)
+    rate = lambda n: f"{d.tokens_per_s[n]:,.0f} tok/s" if d.tokens_per_s[n] > 0 else "no plan"
     return (f"domain: {d.used} of each {d.full}-GPU NVLink domain ({d.gpus[d.used]:,} GPUs, "
-            f"{d.tokens_per_s[d.used]:,.0f} tok/s) beats {other} of {d.full} ({d.gpus[other]:,} GPUs, "
-            f"{d.tokens_per_s[other]:,.0f} tok/s); --domain-gpus pins it")
+            f"{rate(d.used)}) beats {other} of {d.full} ({d.gpus[other]:,} GPUs, {rate(other)}); "
+            "--domain-gpus pins it")
 
 
 def domain_json(d: DomainChoice) -> dict[str, Any]:

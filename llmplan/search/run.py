@@ -468,6 +468,11 @@ def pareto_front(throughput: np.ndarray, headroom: np.ndarray, limit: int = 12,
     return np.asarray(out, dtype=int)
 
 
+class NoPlanLeft(LlmplanError):
+    """The rules leave no plan of a search (_pruned: none passes them, or none can use a switch the user named):
+    a search on another share of each NVLink domain may still have some (cli.search.share_only)."""
+
+
 def switches_break(rule: str, message: str) -> LlmplanError:
     """The one line for a workload whose switches break a check_plan rule whatever the axes (no pin mends it)."""
     return LlmplanError(f"the search's switches break a rule ({rule}): {message}")
@@ -577,7 +582,7 @@ def _pruned(m: ModelSpec, plans: PlanArrays, cluster: ClusterSpec,
     left = plans.take(np.flatnonzero(keep))
     if not len(left):
         worst = pruned[::-1][:3]  # the rules that cut the last remaining plans come last
-        raise LlmplanError("no plan passes the rules: " + "; ".join(f"{p.rule} cut {p.count:,} (e.g. {p.example})"
+        raise NoPlanLeft("no plan passes the rules: " + "; ".join(f"{p.rule} cut {p.count:,} (e.g. {p.example})"
                                                                    for p in worst)
                            + ". Change the pinned options, --global-batch, --seq-len or --nodes")
     refuse_unused_switches(m, left, named, lambda u: _cut_users(m, plans, cluster, u))
@@ -896,7 +901,7 @@ def refuse_unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[st
             why = cut_by(u) if cut_by is not None else ""
             flags = [f"--{'no-' if ParallelPlan.model_fields[f].default is True else ''}{f.replace('_', '-')}"
                      for f in u.fields if named is None or asks_for(plans.w, f, named)]
-            raise LlmplanError(f"{', '.join(flags)}: none of the {len(plans):,} plans left by the rules can use "
+            raise NoPlanLeft(f"{', '.join(flags)}: none of the {len(plans):,} plans left by the rules can use "
                                "it: " + (why or f"{u.message(plans.plan(0, settled=False))} (or unpin the axis "
                                          "it needs)"))
 
