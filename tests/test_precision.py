@@ -260,8 +260,8 @@ def test_precision_cli(cli):
     # 32 GB300 NVL72 racks = 2,304 GPUs; the gradient dtype and fp8 weights pinned to the variant a free search
     # picks (same plans and domain choice, 2 searches instead of 8; tests/test_memory_switches.py tries them),
     # and so is the EP dispatcher (deepep with Hybrid-EP, the free search's pick: the same #1 and domain choice,
-    # 4 searches instead of 12; tests/test_search_deepep.py searches them). The EP overlap stays searched: the
-    # free pick has it on, but pinned on this command exits 2 ("none of the 19,560 plans searched can use it").
+    # 4 searches instead of 12; tests/test_search_deepep.py searches them). The EP overlap stays searched (a pin
+    # of it on these racks was refused before docs/validation.md#pin-bug; tests/test_search_pinned_winner.py).
     ("deepseek-v3", "gb300-nvl72", 576, 4096, 4096, "mxfp8", ("--grad-dtype", "bf16", "--fp8-params",
                                                              "--moe-dispatcher", "deepep", "--moe-flex-backend",
                                                              "hybridep")),
