@@ -51,8 +51,10 @@ def test_saved_deepspeed_plan_exports_there_and_megatron_names_both_limits(cli, 
     assert cli("export", saved, "--to", "deepspeed", "--out", tmp_path / "ds").code == 0
     doc = json.loads(saved.read_text())
     assert doc["plan"]["tp"] == 2 and not doc["plan"]["sp"]
-    # Megatron-FSDP priced, so that the Megatron export's expert rules are the ones it meets
+    # Megatron-FSDP priced, and the unfused loss as Megatron runs it (DeepSpeed's is eager: export.common
+    # UNFUSED_LOSS_RUNS), so that the Megatron export's expert rules are the ones it meets
     doc["plan"]["megatron_fsdp"] = True
+    doc["plan"]["unfused_loss_impl"] = "vocab-parallel"
     (tmp_path / "a.json").write_text(json.dumps(doc))
     e = cli("export", tmp_path / "a.json", "--to", "megatron", "--out", tmp_path / "a")
     assert e.code == 2 and "expert tp 2 with gpt-oss-20b's expert biases" in e.err
