@@ -20,6 +20,7 @@ from llmplan.cost.memo import ALL_BUT_ZERO, memoized, per_distinct
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import kv_heads_per_rank, token_ffn_width
 from llmplan.cost.quantize import proj_saves_original_input, torchao_fp8_copy_share, torchao_hp_saved_share
+from llmplan.cost.sparse_gather import asked_indexer_loss
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_a2a_group, cp_ring_size
 
@@ -680,7 +681,7 @@ def indexer_reference_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     docs/validation.md#dsa-mend). Derived: docs/formulas.md#mem.indexer_reference"""
     if not m.is_sparse_attention or m.compressed_layers:
         return 0.0
-    loss = plan.indexer_loss if plan.indexer_loss is not None else (m.indexer_loss or "off")
+    loss = asked_indexer_loss(m, plan) or "off"  # V4 (left by the guard above) is the only one it leaves None
     pairs = plan.micro_batch * plan.seq_len / plan.cp * plan.seq_len
     scores = INDEXER_SCORE_COPIES * 4.0 * (m.index_n_heads or 0) * pairs
     target = (INDEXER_LOSS_SCORE_BYTES * m.num_attention_heads / plan.tp + INDEXER_LOSS_PAIR_BYTES) * pairs

@@ -69,6 +69,15 @@ def fused_csa_priced(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> bool:
     return bool(m.compressed_layers) and plan.flash_attention and gpu.sparse_gather_efficiency is not None
 
 
+def asked_indexer_loss(m: ModelSpec, plan: ParallelPlan) -> str | None:
+    """The indexer's training as the plan or the model sets it (ParallelPlan.indexer_loss, else
+    ModelSpec.indexer_loss); None where neither does and indexer_loss decides from the GPU (DeepSeek-V4), or
+    "off" for a model without an indexer. Derived: docs/formulas.md#compute.indexer_training"""
+    if not m.is_sparse_attention:
+        return "off"
+    return str(plan.indexer_loss) if plan.indexer_loss is not None else m.indexer_loss
+
+
 def indexer_loss(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, fused: bool | None = None) -> str:
     """How the plan trains the lightning indexer ("off", "dense" or "sparse"; "off" for a model without one):
     ParallelPlan.indexer_loss, else ModelSpec.indexer_loss (the model's public Megatron config), else, for
@@ -80,12 +89,9 @@ def indexer_loss(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, fused: bool | N
     CSA path runs where the caller already knows (a pricing of that path alone, over a batch of plans whose
     flash_attention varies); None asks fused_csa_priced of the one plan.
     Derived: docs/formulas.md#compute.indexer_training"""
-    if not m.is_sparse_attention:
-        return "off"
-    if plan.indexer_loss is not None:
-        return str(plan.indexer_loss)
-    if m.indexer_loss is not None:
-        return m.indexer_loss
+    asked = asked_indexer_loss(m, plan)
+    if asked is not None:
+        return asked
     return "sparse" if (fused_csa_priced(m, plan, gpu) if fused is None else fused) else "off"
 
 
