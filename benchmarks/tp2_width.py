@@ -52,6 +52,7 @@ def scales(rec: dict) -> dict[str, float]:
     out["tp collectives"] = float(sum(x.calls for x in e.comm.axes["tp"].transfers if not x.step_end)) / n
     out["tp bytes (MB)"] = float(sum(x.calls * x.message for x in e.comm.axes["tp"].transfers
                                      if not x.step_end)) / n / 1e6
+    out["stragglers"] = float(t.overheads.get("stragglers", 0.0)) / n
     out["ep hybridep bytes term"], out["ep hybridep per-peer term"] = ep_parts(m, cluster, plan)
     out["launches"] = launches
     out["launch seconds (Grace)"] = launches * KERNEL_LAUNCH_S * cluster.system.gpu.host_op_factor
