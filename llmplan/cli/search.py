@@ -31,6 +31,11 @@ if TYPE_CHECKING:
     from llmplan.search.run import NoPlanLeft, SearchResult
 
 
+ShareRun = Callable[[ClusterSpec], "SearchResult | None"]
+"""A setting's search on a cluster of the same system with another NVLink-domain share (best_domain, share_only,
+other_share): its result, or None where the share has nothing the full domain cannot hold."""
+
+
 WALK = 40
 """Ranked layouts a targeted serving search asks for and walks (its --top when larger): how deep it looks for
 plans the target accepts (cli.target.serving_walk). A serving layout has no variants to walk (search.serve prices
@@ -540,7 +545,7 @@ class SettingSearch:
             return beat
         if rd is not None and res.domain is not None and not rd.outrun:  # the other share, same setting
             rd, dcluster, dchosen = other_share(rd, cluster, self.full_cluster, res.domain.used, self.c,
-                                                lambda cc, wd=wd: self.run(cc, wd, full=self.full_of(cc)))
+                                                lambda cc: self.run(cc, wd, full=self.full_of(cc)))
             self.tried.append(({**v, **d}, rd, dcluster, wd, dchosen))
         elif rd is not None:
             self.tried.append(({**v, **d}, rd, cluster, wd, chosen))
@@ -737,7 +742,7 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
 
 
 def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOptions,
-                run) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
+                run: ShareRun) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
     """Search again with `used` GPUs of each NVLink domain (DomainChoice) and keep the result whose #1 leads
     (search.run.first_setting); records the choice on the result and returns the cluster options that made the winner
     (with domain_gpus = used when the share wins, so that --save records it)."""
@@ -755,7 +760,7 @@ def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOp
 
 
 def share_only(full_error: NoPlanLeft, cluster: ClusterSpec, used: int, c: ClusterOptions,
-               run) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
+               run: ShareRun) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
     """best_domain where the search on the full domains was refused (`full_error`: a pinned switch that no plan
     there can use, e.g. --ep-comm-overlap where every ep > 1 plan breaks a rule on 72-GPU racks) but the
     power-of-two share, which the free search also tries, has plans that use it: the share's result, its
@@ -785,7 +790,7 @@ def share_alone(alt: SearchResult, cluster: ClusterSpec, alt_cluster: ClusterSpe
 
 
 def other_share(rd: SearchResult, cluster: ClusterSpec, full_cluster: ClusterSpec, used: int, c: ClusterOptions,
-                run) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
+                run: ShareRun) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
     """A dispatcher's search on the NVLink-domain share that won (`cluster`, with `used` GPUs a domain), compared
     again with the other share at that dispatcher, so that the domain line states one dispatcher's numbers."""
     from llmplan.cli.inputs import cluster_of
