@@ -765,12 +765,20 @@ def share_only(full_error: NoPlanLeft, cluster: ClusterSpec, used: int, c: Clust
     there can use, e.g. --ep-comm-overlap where every ep > 1 plan breaks a rule on 72-GPU racks) but the
     power-of-two share, which the free search also tries, has plans that use it: the share's result, its
     choice recorded with nothing on the full domains (DomainChoice, 0 tokens/s); `full_error` raised when the
-    share has no plan either, so that a pin no share mends is refused as before."""
+    share has no plan either, so that a pin no share mends is refused as before (quoting the plans of both
+    searches where both were refused a named switch: NoPlanLeft.unused)."""
     from llmplan.cli.inputs import cluster_of
-    from llmplan.search.run import nodes_using
+    from llmplan.search.run import NoPlanLeft, nodes_using
     try:
         alt_cluster = cluster_of(c, nodes=nodes_using(cluster, used), domain_gpus=used)
         alt = run(alt_cluster)
+    except NoPlanLeft as share_error:
+        full = full_error.unused
+        if full is None:
+            raise full_error from None
+        # the share searched too: its plans left by the rules (none where no plan passed them there)
+        share_plans = share_error.unused.plans if share_error.unused is not None else 0
+        raise NoPlanLeft(full.on_shares(cluster.system.domain_gpus, used, share_plans), full) from None
     except LlmplanError:
         raise full_error from None
     if alt is None:  # no expert-parallel degree the full domain cannot hold: nothing the share could mend
