@@ -14,7 +14,9 @@ GPUS = builtin_gpus()
 
 @pytest.mark.parametrize("gpu, fp32", [("mi355x", 157.3), ("mi350x", 144.2)])
 def test_cdna4_profiles_list_their_fp32_rate(gpu: str, fp32: float) -> None:
-    # 256 CUs x 256 FP32 FLOP/clock/CU x 2.4 (2.2) GHz; no tf32 on CDNA 4, so the reference path runs at fp32
+    # AMD's published peak FP32 (vector = matrix): 157.3 TF MI355X, 144.2 TF MI350X, AMD CDNA 4 architecture
+    # whitepaper Table 2 (= 256 CUs x 256 FLOP/clock/CU x 2.4 / 2.2 GHz); exact to the printed 0.1 TF. No tf32 on
+    # CDNA 4 (TF32 emulated through BF16, same whitepaper), so the reference path runs at fp32
     g = GPUS[gpu]
     assert "tf32" not in g.tflops and g.tflops["fp32"] == fp32
     assert reference_rate(g) == pytest.approx(fp32 * 1e12 * g.sustained_clock_fraction)
