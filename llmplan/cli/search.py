@@ -269,6 +269,11 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                                "tp_comm_overlap_recipe), so no plan with tp > 1 and sp could run it; drop "
                                "--tp-comm-overlap, or use --precision mxfp8")
         base = Workload(**{**base.fields(), "tp_comm_overlap": False})
+    if m.is_moe and "moe_flex_backend" in named and "moe_dispatcher" not in named:
+        # a backend named alone asks for the flex dispatcher: Megatron-Core reads moe_flex_dispatcher_backend only
+        # in MoEFlexTokenDispatcher (NVIDIA/Megatron-LM d98e8a64dd megatron/core/transformer/moe/
+        # token_dispatcher.py; transformer_config.py asserts the flex type for ncclep), so it pins deepep here
+        base = Workload(**{**base.fields(), "moe_dispatcher": "deepep"})
     if target in SYNC_GATHER_TARGETS and "overlap_param_gather" not in named:  # it gathers after the step
         base = Workload(**{**base.fields(), "overlap_param_gather": False})
     if target in UNFUSED_LOSS_TARGETS and "fused_loss" not in named:  # its tp > 1 loss is three all-reduces
