@@ -14,7 +14,9 @@ GPUS = builtin_gpus()
 
 @pytest.mark.parametrize("gpu, fp32", [("mi355x", 157.3), ("mi350x", 144.2)])
 def test_cdna4_profiles_list_their_fp32_rate(gpu: str, fp32: float) -> None:
-    # 256 CUs x 256 FP32 FLOP/clock/CU x 2.4 (2.2) GHz; no tf32 on CDNA 4, so the reference path runs at fp32
+    # AMD's published peak FP32 (vector = matrix): 157.3 TF MI355X, 144.2 TF MI350X, AMD CDNA 4 architecture
+    # whitepaper Table 2 (= 256 CUs x 256 FLOP/clock/CU x 2.4 / 2.2 GHz); exact to the printed 0.1 TF. No tf32 on
+    # CDNA 4 (TF32 emulated through BF16, same whitepaper), so the reference path runs at fp32
     g = GPUS[gpu]
     assert "tf32" not in g.tflops and g.tflops["fp32"] == fp32
     assert reference_rate(g) == pytest.approx(fp32 * 1e12 * g.sustained_clock_fraction)
@@ -172,3 +174,32 @@ def test_v32_indexer_projections_are_duplicated_on_tp_and_detached(loss) -> None
     assert got == [(1536, 8192, 2 * T * 1536 * 8192), (7168, 128, 2 * T * 7168 * 128), (7168, 64, 2 * T * 7168 * 64)]
     fwd, bwd = layer_gemm_seconds(m, plan, h100, True, only="dsa_indexer")
     assert fwd > 0 and bwd == (0.0 if loss == "off" else pytest.approx(fwd))  # weight gradient alone
+
+
+def test_fused_csa_priced_on_arrays_equals_it_on_each_plan_and_the_rule_asks_it() -> None:
+    # One place per rule: check_plan's indexer_reference_rate asks fused_csa_priced (array-safe) instead of
+    # restating its condition. Array answers must equal the one-plan answers element by element.
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from llmplan.cost.sparse_gather import fused_csa_priced
+    from llmplan.specs.check import RULES
+    from llmplan.specs.plan import ParallelPlan
+    from llmplan.specs.registry import builtin_models
+    rule = next(r for r in RULES if r.name == "indexer_reference_rate")
+    flags = np.array([True, False, True, False])
+    batch = SimpleNamespace(flash_attention=flags)
+    no_fp32 = GPUS["gb200"].model_copy(update={"tflops": {"bf16": 2500.0, "fp8": 5000.0}})
+    for name in ("deepseek-v4-flash", "deepseek-v3.2", "llama-3.1-8b"):
+        m = builtin_models()[name]
+        for gpu in (GPUS["gb200"], GPUS["h100-sxm"], no_fp32):
+            each = [bool(fused_csa_priced(m, ParallelPlan(ep=8, dp=8, seq_len=4096, flash_attention=bool(f)), gpu))
+                    for f in flags]
+            assert np.array_equal(fused_csa_priced(m, batch, gpu), each), (name, gpu.name)
+            ok = rule.ok(m, batch, SimpleNamespace(system=SimpleNamespace(gpu=gpu)))
+            assert np.array_equal(np.broadcast_to(ok, flags.shape),
+                                  [(not m.is_sparse_attention) or gpu is not no_fp32 or e for e in each])
+    # the fused path priced on GB200 only with fused attention; the rule then passes without an fp32 rate
+    assert [bool(x) for x in fused_csa_priced(builtin_models()["deepseek-v4-flash"], batch, no_fp32)] \
+        == [True, False, True, False]

@@ -177,14 +177,38 @@ def test_with_ep_line_gives_each_plans_bytes_and_the_tie_rule_only_when_tied():
 
 
 def test_zero3_gathering_every_expert_is_not_first_through_a_third_tied_plan(cli):
-    # Qwen3-30B-A3B on 4 DGX H100: dp-only ZeRO-3 (#1 by prediction), a plan with fewer axes than the EP plan,
-    # and the EP plan are all tied; pairwise, ZeRO-3 beats the middle plan on fewer axes, the middle plan beats
-    # the EP plan, and the EP plan beats ZeRO-3, so an insertion by neighbours alone left ZeRO-3 first.
-    # The switches and EP dispatch are pinned to the free search's pick (bf16 gradients, no fp8 weights, DeepEP
-    # with its own kernels, EP overlap on; 2026-12-07): 1 search instead of 7, the same five plans in the same
-    # order and the same tie decisions (its "ties" JSON) as the free search, so the check is unchanged.
-    d = cli("search", "-m", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "4", "--seq-len", "4096",
-            "--global-batch", "256", "--grad-dtype", "bf16", "--no-fp8-params", "--moe-dispatcher", "deepep",
-            "--moe-flex-backend", "deepep", "--ep-comm-overlap", "--json").json()
-    first = d["plans"][0]["plan"]
-    assert not (first["ep"] == 1 and first["zero"] >= 3), first
+    # Qwen3-30B-A3B on 4 DGX H100: dp-only ZeRO-3, a plan on fewer axes than the EP plan and the EP plan all
+    # tied; pairwise, ZeRO-3 beats the middle plan on fewer axes, the middle plan beats the EP plan, and the EP
+    # plan beats ZeRO-3, so an insertion by neighbours alone left ZeRO-3 first (docs/validation.md#tie-order).
+    # Since DeepEP with the EP overlap prices the EP layouts about 13% faster (the free search's pick,
+    # 2026-12-07), no ZeRO-3 plan comes within the resolution there and the old command tested nothing
+    # (docs/validation.md#tidy-70). The all-to-all dispatcher without the EP overlap brings dp32 ZeRO-3 back
+    # (418,552 tok/s against the fastest 427,607), and --tp 1 keeps the middle layout's tp2 / tp4 copies out of
+    # the 5-layout tie pool, so the pp2 dp16 ep2 layout is in it: the tie is asserted before the order.
+    from llmplan.estimate import estimate_training
+    from llmplan.search.ties import TIE_POOL, decide
+    from llmplan.specs.plan import ClusterSpec, ParallelPlan
+    from llmplan.specs.registry import builtin_models, builtin_systems
+
+    r = cli("search", "-m", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--nodes", "4", "--seq-len", "4096",
+            "--global-batch", "256", "--grad-dtype", "bf16", "--no-fp8-params", "--moe-dispatcher", "alltoall",
+            "--no-ep-comm-overlap", "--tp", "1", "--top", str(TIE_POOL), "--json")
+    assert r.code == 0, r.err
+    rows = r.json()["plans"]
+    m = builtin_models()["qwen3-30b-a3b"]
+    cluster = ClusterSpec(system=builtin_systems()["dgx-h100"], num_nodes=4)
+    est = [estimate_training(m, cluster, ParallelPlan(**row["plan"])) for row in rows]  # JSON null backend: default
+    gathers = [k for k, e in enumerate(est) if e.plan.ep == 1 and e.plan.zero >= 3]
+    eps = [k for k, e in enumerate(est) if e.plan.ep > 1]
+    # the tie: every pool row tied with every other, a gatherer and an EP plan among them, and a middle plan
+    # (ep 1, ZeRO 0-2) closing the cycle of pairwise decisions
+    assert all(sorted(row["tied_with"]) == [k for k in range(1, TIE_POOL + 1) if k != i]
+               for i, row in enumerate(rows, 1)), [row["tied_with"] for row in rows]
+    assert gathers and eps, [e.plan.describe() for e in est]
+    z, e = gathers[0], eps[0]
+    middle = [k for k, x in enumerate(est) if x.plan.ep == 1 and x.plan.zero < 3
+              and decide(est[z], x)[0] < 0 and decide(x, est[e])[0] < 0]
+    assert middle, [x.plan.describe() for x in est]
+    assert decide(est[e], est[z]) == (-1, "experts kept on their EP ranks, not gathered by ZeRO-3 each micro-batch")
+    # the order: the gatherer below the middle and the EP plan, so not first
+    assert z > max(e, middle[0]) and rows[0]["plan"]["zero"] < 3, [x.plan.describe() for x in est]

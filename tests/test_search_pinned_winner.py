@@ -9,6 +9,8 @@ share mends it."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 AXES = ("--model", "qwen3-30b-a3b", "--hardware", "gb200-nvl72", "--nodes", "18", "--global-batch", "256",
@@ -78,3 +80,21 @@ def test_axes_no_full_rack_plan_can_take_search_the_share(cli_once):
     assert d["gpus"] == 64 and d["plans"][0]["plan"]["ep"] > 1
     assert d["domain"]["used_per_domain"] == 64
     assert {"per_domain": 72, "gpus": 72, "tokens_per_s": 0.0} in d["domain"]["tried"]
+
+
+def test_a_refusal_on_both_shares_quotes_the_plans_of_both(cli):
+    """--tp 1 --no-sp leave no plan --tp-comm-overlap acts in, on the full racks or on the 64-GPU share, which
+    was searched too: the refusal quotes both counts (it quoted the full racks' alone)."""
+    r = cli("search", *AXES, "--tp-comm-overlap")
+    assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    assert "--tp-comm-overlap: none of the plans left by the rules can use it (" in r.err, r.err
+    assert " on 72 GPUs of each NVLink domain, " in r.err and " on 64 of each)" in r.err, r.err
+    assert "tp 1 and sp off" in r.err
+
+
+def test_a_refusal_where_only_the_full_racks_were_searched_quotes_their_count(cli):
+    """--ep 1 leaves the share nothing the full rack cannot hold, so only the full racks are searched: one count."""
+    r = cli("search", *AXES, "--ep", "1", "--ep-comm-overlap")
+    assert r.code == 2 and "Traceback" not in r.err, r.err
+    assert re.search(r"--ep-comm-overlap: none of the [0-9,]+ plans left by the rules can use it: ", r.err), r.err
+    assert "of each" not in r.err

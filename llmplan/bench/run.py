@@ -144,6 +144,15 @@ class BenchRun:
     failures: list[RankFailure] = field(default_factory=list)
     timed_out: bool = False
     seconds: float = 0.0
+    startup_s: float | None = None
+    """Seconds from launch until every rank had passed init_process_group (None: not all did): the part of
+    `seconds` that --timeout does not count (STARTUP_TIMEOUT_S bounds it)."""
+
+
+STARTUP_TIMEOUT_S = 120.0
+"""Seconds the ranks may take to start (torchrun, torch's import, init_process_group on every rank) before the
+run is stopped, or --timeout where that is longer. Start-up is slow on a busy machine and is not a hang of a
+benchmark; --timeout counts from the end of it, as seconds without progress (no rank entering its next phase)."""
 
 
 MAX_NPROC = 64
@@ -219,15 +228,22 @@ def _launch_in(cfg: BenchConfig, out: Path, say: Callable[[str, float], None]) -
     with open(out / "torchrun.log", "wb") as log_file:  # a file, not a pipe: a chatty run cannot fill it and hang
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env)
-    timed_out = False
+    timed_out, started, last = False, None, t0
+    seen: dict[int, str] = {}
+    startup_limit = max(cfg.timeout_s, STARTUP_TIMEOUT_S)
     try:
         while proc.poll() is None:
-            elapsed = time.perf_counter() - t0
-            if elapsed > cfg.timeout_s:
+            now, phases = time.perf_counter(), _phases(out)
+            if phases != seen:  # a rank entered its next phase: the heartbeat the timeout waits on
+                last, seen = now, phases
+            if started is None and len(phases) >= cfg.nproc and "init_process_group" not in phases.values():
+                started = now
+            stalled = now - t0 > startup_limit if started is None else now - last > cfg.timeout_s
+            if stalled:
                 timed_out = True
                 break
-            phases = _phases(out)
-            say(", ".join(f"rank {r}: {p}" for r, p in sorted(phases.items())) or "starting", elapsed / cfg.timeout_s)
+            say(", ".join(f"rank {r}: {p}" for r, p in sorted(phases.items())) or "starting",
+                (now - t0) / startup_limit if started is None else min(1.0, (now - last) / cfg.timeout_s))
             time.sleep(0.2)
     finally:
         _kill(proc)  # also on Ctrl-C: no worker outlives the command
@@ -237,13 +253,16 @@ def _launch_in(cfg: BenchConfig, out: Path, say: Callable[[str, float], None]) -
                 for e in map(_read_json, sorted(out.glob("error-rank*.json"))) if "rank" in e]
     if timed_out:
         done = {r["rank"] for r in ranks}
-        failures += [RankFailure(r, p, f"no progress before the {cfg.timeout_s:.0f} s timeout")
-                     for r, p in sorted(_phases(out).items()) if r not in done and p != "done"]
+        why = (f"no progress for {cfg.timeout_s:g} s after start-up (the --timeout)" if started is not None else
+               f"the ranks had not all started after {startup_limit:g} s (start-up timeout: the longer of "
+               f"--timeout and {STARTUP_TIMEOUT_S:g} s)")
+        failures += [RankFailure(r, p, why) for r, p in sorted(_phases(out).items()) if r not in done and p != "done"]
     if timed_out and not ranks and not failures:
-        failures.append(RankFailure(-1, "starting", f"no rank started before the {cfg.timeout_s:g} s timeout"))
+        failures.append(RankFailure(-1, "starting", f"no rank started before the {startup_limit:g} s start-up "
+                                                    "timeout"))
     if not ranks and not failures:
         failures.append(RankFailure(-1, "launch", f"torchrun exited with {proc.returncode}: {log[-2000:]}"))
-    return BenchRun(ranks, failures, timed_out, time.perf_counter() - t0)
+    return BenchRun(ranks, failures, timed_out, time.perf_counter() - t0, None if started is None else started - t0)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -32,7 +32,10 @@ def bench(
     components: str = typer.Option("gemm,collectives,layer,attention", "--components", help="Comma-separated subset."),
     sizes: str = typer.Option("1MiB,16MiB", "--sizes", help="Collective message sizes (nccl-tests convention)."),
     gemm_tokens: Optional[int] = typer.Option(None, "--gemm-tokens", min=1, help="Cap the GEMMs' token dimension."),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds before a hung run is stopped (> 0)."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds without progress (no rank entering its next "
+                                  "benchmark) before a hung run is stopped (> 0); start-up (torchrun, "
+                                  "init_process_group) may take the longer of this and 120 s."),  # 120:
+    # bench.run.STARTUP_TIMEOUT_S (not imported here: the CLI imports a command's modules when it runs)
     save: Optional[Path] = typer.Option(None, "--out", help="Write the raw results (input of llmplan calibrate)."),
     force: bool = typer.Option(False, "--force", help="Overwrite --out."),
     json_mode: bool = opt.JSON,

@@ -31,6 +31,11 @@ if TYPE_CHECKING:
     from llmplan.search.run import NoPlanLeft, SearchResult
 
 
+ShareRun = Callable[[ClusterSpec], "SearchResult | None"]
+"""A setting's search on a cluster of the same system with another NVLink-domain share (best_domain, share_only,
+other_share): its result, or None where the share has nothing the full domain cannot hold."""
+
+
 WALK = 40
 """Ranked layouts a targeted serving search asks for and walks (its --top when larger): how deep it looks for
 plans the target accepts (cli.target.serving_walk). A serving layout has no variants to walk (search.serve prices
@@ -264,6 +269,11 @@ def train_search(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
                                "tp_comm_overlap_recipe), so no plan with tp > 1 and sp could run it; drop "
                                "--tp-comm-overlap, or use --precision mxfp8")
         base = Workload(**{**base.fields(), "tp_comm_overlap": False})
+    if m.is_moe and "moe_flex_backend" in named and "moe_dispatcher" not in named:
+        # a backend named alone asks for the flex dispatcher: Megatron-Core reads moe_flex_dispatcher_backend only
+        # in MoEFlexTokenDispatcher (NVIDIA/Megatron-LM d98e8a64dd megatron/core/transformer/moe/
+        # token_dispatcher.py; transformer_config.py asserts the flex type for ncclep), so it pins deepep here
+        base = Workload(**{**base.fields(), "moe_dispatcher": "deepep"})
     if target in SYNC_GATHER_TARGETS and "overlap_param_gather" not in named:  # it gathers after the step
         base = Workload(**{**base.fields(), "overlap_param_gather": False})
     if target in UNFUSED_LOSS_TARGETS and "fused_loss" not in named:  # its tp > 1 loss is three all-reduces
@@ -540,7 +550,7 @@ class SettingSearch:
             return beat
         if rd is not None and res.domain is not None and not rd.outrun:  # the other share, same setting
             rd, dcluster, dchosen = other_share(rd, cluster, self.full_cluster, res.domain.used, self.c,
-                                                lambda cc, wd=wd: self.run(cc, wd, full=self.full_of(cc)))
+                                                lambda cc: self.run(cc, wd, full=self.full_of(cc)))
             self.tried.append(({**v, **d}, rd, dcluster, wd, dchosen))
         elif rd is not None:
             self.tried.append(({**v, **d}, rd, cluster, wd, chosen))
@@ -737,7 +747,7 @@ def search_train(c: ClusterOptions, pins: SearchPins, goal: SearchGoal, s: Switc
 
 
 def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOptions,
-                run) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
+                run: ShareRun) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
     """Search again with `used` GPUs of each NVLink domain (DomainChoice) and keep the result whose #1 leads
     (search.run.first_setting); records the choice on the result and returns the cluster options that made the winner
     (with domain_gpus = used when the share wins, so that --save records it)."""
@@ -755,17 +765,25 @@ def best_domain(res: SearchResult, cluster: ClusterSpec, used: int, c: ClusterOp
 
 
 def share_only(full_error: NoPlanLeft, cluster: ClusterSpec, used: int, c: ClusterOptions,
-               run) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
+               run: ShareRun) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
     """best_domain where the search on the full domains was refused (`full_error`: a pinned switch that no plan
     there can use, e.g. --ep-comm-overlap where every ep > 1 plan breaks a rule on 72-GPU racks) but the
     power-of-two share, which the free search also tries, has plans that use it: the share's result, its
     choice recorded with nothing on the full domains (DomainChoice, 0 tokens/s); `full_error` raised when the
-    share has no plan either, so that a pin no share mends is refused as before."""
+    share has no plan either, so that a pin no share mends is refused as before (quoting the plans of both
+    searches where both were refused a named switch: NoPlanLeft.unused)."""
     from llmplan.cli.inputs import cluster_of
-    from llmplan.search.run import nodes_using
+    from llmplan.search.run import NoPlanLeft, nodes_using
     try:
         alt_cluster = cluster_of(c, nodes=nodes_using(cluster, used), domain_gpus=used)
         alt = run(alt_cluster)
+    except NoPlanLeft as share_error:
+        full = full_error.unused
+        if full is None:
+            raise full_error from None
+        # the share searched too: its plans left by the rules (none where no plan passed them there)
+        share_plans = share_error.unused.plans if share_error.unused is not None else 0
+        raise NoPlanLeft(full.on_shares(cluster.system.domain_gpus, used, share_plans), full) from None
     except LlmplanError:
         raise full_error from None
     if alt is None:  # no expert-parallel degree the full domain cannot hold: nothing the share could mend
@@ -785,7 +803,7 @@ def share_alone(alt: SearchResult, cluster: ClusterSpec, alt_cluster: ClusterSpe
 
 
 def other_share(rd: SearchResult, cluster: ClusterSpec, full_cluster: ClusterSpec, used: int, c: ClusterOptions,
-                run) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
+                run: ShareRun) -> tuple[SearchResult, ClusterSpec, ClusterOptions]:
     """A dispatcher's search on the NVLink-domain share that won (`cluster`, with `used` GPUs a domain), compared
     again with the other share at that dispatcher, so that the domain line states one dispatcher's numbers."""
     from llmplan.cli.inputs import cluster_of

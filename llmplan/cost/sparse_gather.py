@@ -24,6 +24,7 @@ import numpy as np
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan
+from llmplan.specs.rule import as_bool
 
 GATHER_TOPK_ALIGN = 64
 """Slots a sparse call's index list is padded to a multiple of on SM100 (the head-64 kernels' B_TOPK).
@@ -57,16 +58,17 @@ published backward rates use). Source: NVIDIA/cudnn-frontend benchmark/dsa/READM
 gathered rows"). Derived: docs/formulas.md#compute.sparse_gather"""
 
 
-def fused_csa_priced(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> bool:
+def fused_csa_priced(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     """Whether the plan's DeepSeek-V4 attention is priced as Megatron-LM's fused CSA path runs it (the sparse
     gather calls and, in training, the indexer-loss kernels at their published rates): a model with compressed
     layers, fused attention, a GPU with a published sparse gather rate. Else the dense fused kernel's rate prices
     it. The launcher turns that path on with apply_dsa_kernel_fusion (dsa_kernel_backend "cudnn") and trains
     the indexer with the sparse KL loss. Source: NVIDIA/Megatron-LM transformer_config.py (apply_dsa_kernel_fusion
-    -> dsa_kernel_backend) and csa.py (_forward_fused_indexer_training) at 1e23526adc. One plan (the
-    export's question); cost.compute.attention_seconds prices the same condition over a batch of plans.
+    -> dsa_kernel_backend) and csa.py (_forward_fused_indexer_training) at 1e23526adc. A numpy bool for
+    one plan (the export's question), a bool array for plans whose flash_attention is an array (check_plan's
+    rule indexer_reference_rate asks it of either); cost.compute.attention_seconds prices the same condition.
     Derived: docs/formulas.md#compute.indexer_loss"""
-    return bool(m.compressed_layers) and plan.flash_attention and gpu.sparse_gather_efficiency is not None
+    return bool(m.compressed_layers) & as_bool(plan.flash_attention) & (gpu.sparse_gather_efficiency is not None)
 
 
 def asked_indexer_loss(m: ModelSpec, plan: ParallelPlan) -> str | None:

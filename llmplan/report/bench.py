@@ -41,7 +41,7 @@ def bench_tables(rows: list, cpu: bool = False) -> list[Table]:
 def bench_json(cfg, run, rows: list) -> dict[str, Any]:
     return {
         "schema": SCHEMA, "model": cfg.model.name, "hardware": cfg.cluster.system.name, "nproc": cfg.nproc,
-        "backend": cfg.backend, "seconds": run.seconds, "timed_out": run.timed_out,
+        "backend": cfg.backend, "seconds": run.seconds, "startup_s": run.startup_s, "timed_out": run.timed_out,
         "failures": [{"rank": f.rank, "phase": f.phase, "error": f.error} for f in run.failures],
         "device": run.ranks[0]["device_name"] if run.ranks else None,
         "host": run.ranks[0]["host"] if run.ranks else None,

@@ -44,6 +44,16 @@ def _finite(x: Any) -> Any:
 
 
 
+def flex_backend_shown(d: dict[str, Any]) -> dict[str, Any]:
+    """A plan's or switch setting's fields with moe_flex_backend null where moe_dispatcher is not deepep (the
+    flex dispatcher): Megatron-Core reads moe_flex_dispatcher_backend only in its flex dispatcher
+    (MoEFlexTokenDispatcher, NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py at d98e8a64dd),
+    so on an alltoall plan the key means nothing. The key stays (JSON contract: keys are not removed)."""
+    if "moe_flex_backend" in d and d.get("moe_dispatcher", "deepep") != "deepep":
+        return {**d, "moe_flex_backend": None}
+    return d
+
+
 def counted(n: int, one: str, many: str) -> str:
     """`n` and the noun in the number it takes: 1 micro-batch, 4 micro-batches."""
     return f"{n:,} {one if n == 1 else many}"

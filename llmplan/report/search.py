@@ -10,8 +10,8 @@ from rich.table import Table
 
 from llmplan.cost.budget import run_budget
 from llmplan.estimate import TrainingEstimate
-from llmplan.report.common import (CAPPED, ReportTable, SCHEMA, capped_note, capped_text, fabric_names, gib,
-                                   power_text)
+from llmplan.report.common import (CAPPED, ReportTable, SCHEMA, capped_note, capped_text, fabric_names,
+                                   flex_backend_shown, gib, power_text)
 from llmplan.advice import advice_json
 from llmplan.intervals import best_published_mfu, training_interval
 from llmplan.report.training import advice_table, estimate_json, memory_risk, split_text, tp_overlap_note
@@ -607,7 +607,8 @@ def hybrid_json(h: HybridChoice) -> dict[str, Any]:
 
 
 def switches_json(s: SwitchChoice) -> dict[str, Any]:
-    return {**s.chosen, "tried": [{**v, "score": score} for v, score in s.tried]}
+    return {**flex_backend_shown(s.chosen),
+            "tried": [{**flex_backend_shown(v), "score": score} for v, score in s.tried]}
 
 
 def search_view(console: Console, res: SearchResult, w: Workload, cluster: ClusterSpec, model: ModelSpec,

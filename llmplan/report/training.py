@@ -19,8 +19,8 @@ from llmplan.cost.step import StepTime, Throughput
 from llmplan.advice import advice_json
 from llmplan.estimate import TrainingEstimate
 from llmplan.intervals import training_interval
-from llmplan.report.common import (ReportTable, SCHEMA, billions, capped_text, counted, fabric_names, gib,
-                                   human_bytes, power_text)
+from llmplan.report.common import (ReportTable, SCHEMA, billions, capped_text, counted, fabric_names,
+                                   flex_backend_shown, gib, human_bytes, power_text)
 from llmplan.units import DAY, GIB
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
@@ -35,7 +35,7 @@ PLAN_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "sp", "zero", "recompute", "mi
 def plan_json(plan: ParallelPlan) -> dict[str, Any]:
     """The plan's fields, and only those (a tool rebuilds ParallelPlan(**plan) from them): etp resolved
     (etp_resolved), grad_prescale as the plan asks it (what runs is the estimate's top-level grad_prescaled)."""
-    d = plan.model_dump()
+    d = flex_backend_shown(plan.model_dump())  # null where the dispatcher has no backend (read back as default)
     return {**{k: d[k] for k in PLAN_KEYS}, "etp": plan.etp_resolved,
             **{k: d[k] for k in d if k not in PLAN_KEYS and k != "etp"}}
 

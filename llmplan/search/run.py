@@ -472,6 +472,30 @@ class NoPlanLeft(LlmplanError):
     """The rules leave no plan of a search (_pruned: none passes them, or none can use a switch the user named):
     a search on another share of each NVLink domain may still have some (cli.search.share_only)."""
 
+    def __init__(self, message: str, unused: UnusedSwitch | None = None) -> None:
+        super().__init__(message)
+        self.unused = unused
+        """For a switch no plan left can use (refuse_unused_switches): its flags, the count and the reason, so
+        that a refusal on two NVLink-domain shares can quote both counts (UnusedSwitch.on_shares)."""
+
+
+@dataclass(frozen=True)
+class UnusedSwitch:
+    """A named switch that none of the `plans` left by the rules can use (refuse_unused_switches)."""
+
+    flags: str
+    plans: int
+    why: str
+
+    def message(self) -> str:
+        return f"{self.flags}: none of the {self.plans:,} plans left by the rules can use it: {self.why}"
+
+    def on_shares(self, full: int, share: int, share_plans: int) -> str:
+        """The refusal where the search on `full` GPUs of each NVLink domain and the one on `share` GPUs of each
+        (which had `share_plans` left by the rules) both refused it: the counts of both searches."""
+        return (f"{self.flags}: none of the plans left by the rules can use it ({self.plans:,} on {full} GPUs of "
+                f"each NVLink domain, {share_plans:,} on {share} of each): {self.why}")
+
 
 def switches_break(rule: str, message: str) -> LlmplanError:
     """The one line for a workload whose switches break a check_plan rule whatever the axes (no pin mends it)."""
@@ -901,9 +925,9 @@ def refuse_unused_switches(m: ModelSpec, plans: PlanArrays, named: Collection[st
             why = cut_by(u) if cut_by is not None else ""
             flags = [f"--{'no-' if ParallelPlan.model_fields[f].default is True else ''}{f.replace('_', '-')}"
                      for f in u.fields if named is None or asks_for(plans.w, f, named)]
-            raise NoPlanLeft(f"{', '.join(flags)}: none of the {len(plans):,} plans left by the rules can use "
-                               "it: " + (why or f"{u.message(plans.plan(0, settled=False))} (or unpin the axis "
-                                         "it needs)"))
+            unused = UnusedSwitch(", ".join(flags), len(plans),
+                                  why or f"{u.message(plans.plan(0, settled=False))} (or unpin the axis it needs)")
+            raise NoPlanLeft(unused.message(), unused)
 
 
 def shown(res: SearchResult, top: int) -> SearchResult:

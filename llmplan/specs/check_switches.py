@@ -19,7 +19,7 @@ from llmplan.cost.muon import muon_unpriced
 from llmplan.cost.memory import inflight_microbatches
 from llmplan.cost.offload import fine_grained_host_bytes, host_offload_bytes
 from llmplan.cost.runtime_memory import tp_overlap_asked
-from llmplan.cost.sparse_gather import reference_dtype
+from llmplan.cost.sparse_gather import fused_csa_priced, reference_dtype
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.plan_choices import MOE_OFFLOAD_MODULES
@@ -603,11 +603,11 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "indexer (index_topk) to train; drop --indexer-loss"),
     # NVIDIA/Megatron-LM experimental_attention_variant/dsa.py at 1e23526adc: the reference indexer path's
     # matmuls run in fp32 (q.float(), query.float()), priced at the profile's tf32 or fp32 rate
-    # (cost.sparse_gather.reference_rate); a profile listing neither cannot price them.
+    # (cost.sparse_gather.reference_rate); a profile listing neither cannot price them, unless the fused CSA
+    # path prices the indexer instead (cost.sparse_gather.fused_csa_priced).
     Rule("indexer_reference_rate",
          lambda m, p, c: (not m.is_sparse_attention) | (reference_dtype(c.system.gpu) is not None)
-         | (bool(m.compressed_layers) & as_bool(p.flash_attention)
-            & (c.system.gpu.sparse_gather_efficiency is not None)),
+         | fused_csa_priced(m, p, c.system.gpu),
          lambda m, p, c: f"{m.name}'s DeepSeek Sparse Attention indexer runs Megatron-Core's reference path in fp32 "
                          f"(dsa.py), but GPU profile {c.system.gpu.name} lists no tf32 or fp32 rate (tflops: "
                          f"{', '.join(sorted(c.system.gpu.tflops))}) to price it; add tflops.fp32 (or tf32) "

@@ -636,8 +636,9 @@ class ParallelPlan(PlanQuantities, Spec):
     """Which kernels run the deepep dispatcher (Megatron's moe_flex_dispatcher_backend): deepep (DeepEP's normal
     kernels, bound by their SMs: docs/formulas.md#comm.ep_sms) or hybridep (NVIDIA's Hybrid-EP in DeepEP: TMA
     kernels whose NVLink time grows with the ranks of the domain, little with their SMs:
-    docs/formulas.md#comm.hybridep). Unused by alltoall. A full-iteration CUDA graph needs hybridep (check_plan
-    rule cuda_graphs_flex_backend: DeepEP's normal dispatch waits on the host)."""
+    docs/formulas.md#comm.hybridep). Unused by alltoall: the JSON writes it null there (report.common.
+    flex_backend_shown), and null reads back as the default. A full-iteration CUDA graph needs hybridep
+    (check_plan rule cuda_graphs_flex_backend: DeepEP's normal dispatch waits on the host)."""
     nvlink_domain_ranks: int = Field(default=0, ge=0, exclude=True)
     """Ranks of one NVLink domain as the job fills it (the cluster's domain_gpus / gpus_per_node nodes times the
     GPUs it uses a node), which the compute cost functions read without the cluster: estimate and search set it
@@ -718,6 +719,13 @@ class ParallelPlan(PlanQuantities, Spec):
     buckets kept until the queue passes max(1e9, two layers) elements, and under ZeRO-3 the weights it holds
     gathered, the layer in use, max(5e8, a layer) elements prefetched and the embedding and output layer whole.
     Off: DeepSpeed's / FSDP's (docs/formulas.md#mem.megatron_fsdp)."""
+
+    @field_validator("moe_flex_backend", mode="before")
+    @classmethod
+    def _null_flex_backend_is_the_default(cls, v: Any) -> Any:
+        """JSON null (what the output writes for an alltoall plan, whose backend means nothing) as the default,
+        so that ParallelPlan(**plan) rebuilds a plan from its JSON."""
+        return "deepep" if v is None else v
 
     @model_validator(mode="after")
     def _recipe_matches_dtype(self) -> "ParallelPlan":
