@@ -443,6 +443,23 @@ def optimizer_bytes_per_param(plan: ParallelPlan) -> Any:
     return 2 * plan.optimizer_bytes + 4 * plan.grad_bytes + stored_weight_bytes(plan)
 
 
+def optimizer_fp32_pass_bytes(plan: ParallelPlan) -> Any:
+    """HBM bytes per parameter of the optimizer shard that Megatron-LM's mixed-precision optimizer moves beyond
+    optimizer_bytes_per_param (plan.optimizer_fp32_passes; 0 without it): 16-bit gradients cast to new fp32 main
+    gradients (read grad_bytes, write 4), after which the norm's read, clipping's read and write and Adam's read
+    see 4-byte gradients (4 - grad_bytes more each); none where the gradients are fp32 (`.float()` returns the
+    tensor itself); with a grad scaler (fp16) `_amp_foreach_non_finite_check_and_unscale_` (read and write 4);
+    and the fp32 master read again by the multi-tensor copy to the model's weights (their write is priced).
+    Source: NVIDIA/Megatron-LM 6985e58938 megatron/optimizer/optimizer.py (_copy_model_grads_to_main_grads,
+    _unscale_main_grads_and_check_for_nan, _copy_main_params_to_model_params); core_r0.8.0
+    megatron/core/optimizer/distrib_optimizer.py (the same three on the shard).
+    Derived: docs/formulas.md#compute.optimizer_fp32_passes"""
+    g = plan.grad_bytes
+    cast = (g + 4.0) + 4 * (4.0 - g) if g < 4 else 0.0
+    unscale = 8.0 if plan.dtype == "fp16" else 0.0
+    return where(plan.optimizer_fp32_passes, cast + unscale + plan.master_bytes, 0.0)
+
+
 def optimizer_queued_share(plan: ParallelPlan) -> Any:
     """Share of optimizer_step_seconds still queued on the GPU when the host leaves the optimizer step: all but the
     gradient norm's read (1 x grad bytes of optimizer_bytes_per_param), which runs before get_grad_norm_fp32's
@@ -464,10 +481,12 @@ def optimizer_step_seconds(params_on_rank: Any, plan: ParallelPlan, gpu: GpuSpec
     write a bf16 copy, stored_kept_extra_bytes more each. The `muon` parameters (cost.muon.muon_params, sharded alike)
     read and
     write one momentum buffer instead of two moments (their Newton-Schulz GEMMs: cost.muon.newton_schulz_seconds).
+    Megatron-LM's own fp32 passes where the plan runs them: optimizer_fp32_pass_bytes more per parameter.
     Source: Megatron-LM megatron/core/parallel_state.py (expert data-parallel group).
-    Derived: docs/formulas.md#compute.optimizer, docs/formulas.md#mem.fp8_param_bf16_parts,
+    Derived: docs/formulas.md#compute.optimizer, docs/formulas.md#compute.optimizer_fp32_passes,
+    docs/formulas.md#mem.fp8_param_bf16_parts,
     docs/formulas.md#optim.muon_memory"""
-    per_param = optimizer_bytes_per_param(plan)
+    per_param = optimizer_bytes_per_param(plan) + optimizer_fp32_pass_bytes(plan)
 
     def shard(dense_and_expert: Any, expert: Any) -> Any:
         return optimizer_share(plan, RankParams(dense=dense_and_expert - expert, expert=expert))

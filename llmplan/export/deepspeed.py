@@ -32,10 +32,15 @@ def muon_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
 
 
 def grad_checks_refusal(p: ParallelPlan) -> tuple[str, bool, str]:
-    """Megatron-LM's gradient NaN check or pre-scaling, refused whatever else the plan sets (export.EVERY_PLAN)."""
-    return ("Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / grad_prescale)",
-            bool(p.grad_nan_check or p.grad_prescale),
-            "set grad_nan_check and grad_prescale false, or export to megatron")
+    """Megatron-LM's gradient NaN check, pre-scaling or its optimizer's fp32 passes, refused whatever else the plan
+    sets (export.EVERY_PLAN)."""
+    passes = bool(p.optimizer_fp32_passes)
+    checks = bool(p.grad_nan_check or p.grad_prescale)
+    checks_text = "Megatron-LM's gradient NaN check or 1/dp pre-scaling (grad_nan_check / grad_prescale)"
+    what = ([checks_text] * (checks or not passes)
+            + ["Megatron-LM's optimizer fp32 passes (optimizer_fp32_passes)"] * passes)
+    keys = ["grad_nan_check and grad_prescale"] * (checks or not passes) + ["optimizer_fp32_passes"] * passes
+    return ", and ".join(what), checks or passes, f"set {' and '.join(keys)} false, or export to megatron"
 
 
 def context_parallel_refusal(p: ParallelPlan) -> tuple[str, bool, str]:

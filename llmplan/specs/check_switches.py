@@ -577,6 +577,11 @@ SWITCH_RULES: tuple[Rule, ...] = (
          lambda m, p, c: f"grad_accumulation copy with zero {p.zero}: the copy into the reduce-scatter's bucket is "
                          "Megatron-FSDP's path for sharded gradients (zero 2 or 3); use --zero 3, or "
                          "--grad-accumulation add (or fused)"),
+    # Megatron-LM's Float16Optimizer / DistributedOptimizer: zero 0 or 1 (ZeRO 2 / 3 shard the gradients elsewhere)
+    Rule("optimizer_fp32_passes_zero", lambda m, p, c: (not p.optimizer_fp32_passes) | (p.zero <= 1),
+         lambda m, p, c: f"optimizer_fp32_passes with zero {p.zero}: Megatron-LM's mixed-precision optimizer runs "
+                         "them over an unsharded or ZeRO-1 (distributed optimizer) shard; use --zero 1, or set "
+                         "optimizer_fp32_passes false in the plan file"),
     Rule("recompute_layers", lambda m, p, c: True if p.recompute_layers is None else p.full,
          lambda m, p, c: f"recompute_layers ({p.recompute_layers}) recomputes whole layers (Megatron's block method), "
                          f"which needs recompute full (got {p.recompute}); use --recompute full or drop "

@@ -356,6 +356,17 @@ class ParallelPlan(PlanQuantities, Spec):
     BF16_Optimizer update_hp_grads) or copy (Megatron-FSDP without gradient accumulation fusion: each
     micro-batch's whole gradient copied into the unsharded bucket its reduce-scatter sends).
     docs/formulas.md#step.grad_accumulation"""
+    optimizer_fp32_passes: bool = False
+    """Megatron-LM's mixed-precision Adam (Float16OptimizerWithFloat16Params, DistributedOptimizer, without
+    --use-precision-aware-optimizer) runs its own passes over the rank's optimizer shard beside the update: each
+    16-bit gradient cast to a new fp32 main gradient (`main_param.grad = model_param.grad.float()`; none where
+    the gradients already are fp32), so the norm, clipping and Adam read 4-byte gradients; under fp16 the grad
+    scaler's unscale with its inf/nan check; and the fp32 master read again by the copy to the model's weights.
+    False: the update priced as one pass over the gradients in their own dtype that writes the weights itself
+    (cost.compute.optimizer_bytes_per_param). Plan-file only; Megatron-LM runs them by default, so its export
+    writes nothing for it, and torchtitan and DeepSpeed refuse it. Source: NVIDIA/Megatron-LM 6985e58938
+    megatron/optimizer/optimizer.py, core_r0.8.0 megatron/core/optimizer/distrib_optimizer.py.
+    docs/formulas.md#compute.optimizer_fp32_passes"""
     grad_nan_check: bool = False
     """Megatron-LM's NaN check of the gradients before each bucket's data-parallel reduction
     (--check-for-nan-in-loss-and-grad, on by default in Megatron-LM: DistributedDataParallelConfig
@@ -763,6 +774,22 @@ class ParallelPlan(PlanQuantities, Spec):
             raise ValueError(f"grad_reduce all-reduce with zero {self.zero}: ZeRO-2/3 keep only their gradient "
                              "shard, so they reduce-scatter; use zero 1 (or 0, which all-reduces anyway) or "
                              "grad_reduce reduce-scatter")
+        return self
+
+    @model_validator(mode="after")
+    def _optimizer_fp32_passes_need_fp32_states(self) -> "ParallelPlan":
+        # Megatron-LM's Float16Optimizer / DistributedOptimizer keep an fp32 master and fp32 moments; its
+        # precision-aware optimizer (16-bit states or remainders) and Megatron-FSDP update in their own kernels
+        if not self.optimizer_fp32_passes:
+            return self
+        bad = [f"{k} {v}" for k, v in (("dtype", self.dtype), ("optimizer_master_dtype", self.optimizer_master_dtype),
+                                       ("optimizer_moment_dtype", self.optimizer_moment_dtype))
+               if (v == "fp32") == (k == "dtype")]
+        bad += ["param_remainders"] * self.param_remainders + ["megatron_fsdp"] * self.megatron_fsdp
+        if bad:
+            raise ValueError(f"optimizer_fp32_passes with {', '.join(bad)}: Megatron-LM's mixed-precision "
+                             "optimizer runs them with 16-bit weights, an fp32 master and fp32 moments, without "
+                             "Megatron-FSDP; set optimizer_fp32_passes false or change those settings")
         return self
 
     @model_validator(mode="after")
