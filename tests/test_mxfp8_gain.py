@@ -39,3 +39,8 @@ def test_cross_release_pairs_are_found_and_carry_the_published_ratio(subset):
 def test_qwen3_235b_mxfp8_gain_is_priced_within_tolerance(subset):
     (pair,) = [p for p in G.all_pairs(subset) if (p["hi"], p["lo"]) == QWEN]
     assert pair["predicted"] / pair["measured"] == pytest.approx(1.0, abs=GOLDEN_TOLERANCE)
+
+
+def test_rows_fit_80_columns(subset):
+    for p in G.all_pairs(subset):
+        assert len(G.row(p)) <= 80
