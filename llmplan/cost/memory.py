@@ -131,13 +131,30 @@ megatron/core/tensor_parallel/cross_entropy.py from 55817ec9b9 (2022-09-27) to 9
 285068c810. Derived: docs/formulas.md#mem.activations"""
 
 
-def unfused_logit_bytes(plan: ParallelPlan) -> Any:
-    """Bytes per logit the unfused loss holds at its peak, by ParallelPlan.unfused_loss_impl: PyTorch's eager
-    cross_entropy (LOGIT_BYTES_UNFUSED) or Megatron's vocab-parallel one, in place or with its copy.
-    Derived: docs/formulas.md#mem.activations"""
-    impl = plan.unfused_loss_impl
+LOGIT_BYTES_EXP_VOCAB_PARALLEL = 14.0
+"""Bytes per logit at the forward peak of a vocabulary-parallel loss of eager ops with nothing in place
+(ParallelPlan.unfused_loss_impl eager-vocab-parallel at tp > 1): the 16-bit logits, their fp32 copy
+(`logits = vocab_parallel_logits.float()`), `logits - global_max` and its `torch.exp` at once (2 + 4 + 4 + 4); the
+exp is saved, and backward holds it beside `exp_logits / sum` and that gradient's 16-bit cast (4 + 4 + 2 = 10).
+Source: deepspeedai/DeepSpeed deepspeed/sequence/cross_entropy.py at a64a221ef (_VocabParallelCrossEntropy,
+backend torch). Derived: docs/formulas.md#mem.activations"""
+
+
+def logit_bytes_of(impl: Any, tp: Any) -> Any:
+    """Bytes per logit the unfused loss `impl` (ParallelPlan.unfused_loss_impl) holds at its peak at tensor
+    parallelism `tp`: PyTorch's eager cross_entropy (LOGIT_BYTES_UNFUSED), Megatron's vocab-parallel one in place
+    or with its copy, or the eager-op vocabulary-parallel one (eager at tp 1). Derived:
+    docs/formulas.md#mem.activations"""
+    exp = where(tp > 1, LOGIT_BYTES_EXP_VOCAB_PARALLEL, LOGIT_BYTES_UNFUSED)
     return where(impl == "vocab-parallel", LOGIT_BYTES_VOCAB_PARALLEL,
-                 where(impl == "vocab-parallel-copy", LOGIT_BYTES_VOCAB_PARALLEL_COPY, LOGIT_BYTES_UNFUSED))
+                 where(impl == "vocab-parallel-copy", LOGIT_BYTES_VOCAB_PARALLEL_COPY,
+                       where(impl == "eager-vocab-parallel", exp, LOGIT_BYTES_UNFUSED)))
+
+
+def unfused_logit_bytes(plan: ParallelPlan) -> Any:
+    """Bytes per logit the plan's unfused loss holds at its peak (logit_bytes_of its unfused_loss_impl and tp).
+    Derived: docs/formulas.md#mem.activations"""
+    return logit_bytes_of(plan.unfused_loss_impl, plan.tp)
 
 
 
