@@ -419,7 +419,7 @@ since #392, 2020-09; gradients too, is_grad_partitioned, since #1407, 2021-09)."
 
 
 FP32_LOGIT_LOSS = {"narayanan2021": "vocab-parallel", "megatron2020": "vocab-parallel",
-                   "korthikanti2022": "vocab-parallel", "megascale": "vocab-parallel-copy"}
+                   "korthikanti2022": "vocab-parallel", "megascale": "vocab-parallel-copy", "bloom": "vocab-parallel"}
 """Megatron-LM families whose loss ran unfused on fp32 logits (fused_loss off; ParallelPlan.unfused_loss_impl by
 the commit): post_language_model_processing calls vocab_parallel_cross_entropy(output.float(), labels) unless
 --fp16-lm-cross-entropy (off by default, set by none of the rows' scripts), and the Function's max, subtraction,
@@ -428,9 +428,13 @@ exp, sum and division, and its backward scaling, are each a kernel over the fp32
 at d73def35a3) run the in-place Function (sub_ since 57064fd6f2, 2020-03-10), as does korthikanti2022 (the
 paper's runs before 2022-05; e36cdd7936, 2022-07, still sub_); megascale's 285068c810 (2023-01) subtracts into a
 new fp32 tensor (megatron/core/tensor_parallel/cross_entropy.py from 55817ec9b9, 2022-09-27, until 9634c0e4a3,
-2024-06-13). Not bloom and mtnlg: Megatron-DeepSpeed's pipeline model casts the logits to fp32 in a layer of its
-own (GPTModelPipe's specs) and the pipeline engine holds that output until the backward, a memory reading not done
-here."""
+2024-06-13). bloom (docs/validation.md#edges-70): bigscience-workshop/Megatron-DeepSpeed's GPTModelPipe (gpt_model.py
+at 9f5f5d4c, 497aa1bf, 541b967f) casts the tied head's logits in a pipeline layer of its own (float16_to_fp32:
+`.float()`, the 16-bit logits then freed, ToCopyBackward saving nothing) and its CrossEntropy calls
+vocab_parallel_cross_entropy(output.contiguous().float(), labels), no-op casts on that fp32 output, so the Function's
+sub_, exp(out=) and div_ write into the very tensor the pipeline engine holds as the stage's output (no copy beside
+it): unfused, 2 + 4 at the cast, 4 + 2 backward, vocab-parallel. Not mtnlg: the Megatron-DeepSpeed commit MT-NLG ran
+(2021) is not established here (microsoft/Megatron-DeepSpeed 070c64bea is 2023)."""
 
 PP_BLOCKING_SENDS = ("narayanan2021", "korthikanti2022", "megascale")
 """Families whose pipeline exchanges all block (ParallelPlan.pp_blocking_sends): Megatron-LM from the interleaved
@@ -2497,7 +2501,8 @@ def grid_estimate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Gri
     m = trained_model(m, plan)  # the MTP modules the plan trains (--mtp-layers), as estimate_training prices them
     plan = on_cluster(plan, one)  # the NVLink domain's EP ranks, as estimate_training reads them (#moe-memory-leftovers)
     runs = with_fallbacks(plan, operator_uses(m, plan, one.system.gpu))
-    mem = training_memory(m, runs, gpu.hbm_bytes, None, gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability)
+    mem = training_memory(m, runs, gpu.hbm_bytes, None, gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability,
+                          gpu.sparse_gather_efficiency is not None)
     comm = comm_seconds(step_comm(m, runs, place(runs.degrees, one, DEFAULT_ORDER), one.system), one.system)
     st = step_time(m, runs, gpu, comm)
     return GridEstimate(mem, st, throughput(runs, gpu, st))

@@ -103,7 +103,11 @@ def _plan_file(tmp_path: Path, **plan: object) -> Path:
 
 
 def test_deepspeed_refuses_the_split_embedding_at_tp(cli, tmp_path):
-    r = cli("export", _plan_file(tmp_path, zero=2, tp=2, dp=8), "--to", "deepspeed", "-o", tmp_path / "a")
+    # the unfused loss at tp 2 priced as DeepSpeed's (export.common.UNFUSED_LOSS_RUNS), so the embedding is what
+    # the export meets
+    ds = "eager-vocab-parallel"
+    r = cli("export", _plan_file(tmp_path, zero=2, tp=2, dp=8, unfused_loss_impl=ds), "--to", "deepspeed", "-o",
+            tmp_path / "a")
     assert r.code == 2, r.out
     line = r.err.strip()
     # llama-3.1-8b: V 128,256 x h 4096 = 0.53 G whole, half of it a rank at tp 2 (128,256 is a multiple of 256)
@@ -111,8 +115,8 @@ def test_deepspeed_refuses_the_split_embedding_at_tp(cli, tmp_path):
     assert "keeps an untied embed_tokens whole on each rank, 0.53 G" in line
     assert "re-plan with --tp-whole-embedding, or search with --target deepspeed" in line
     assert not (tmp_path / "a").exists()
-    r = cli("export", _plan_file(tmp_path, zero=2, tp=2, dp=8, tp_whole_embedding=True), "--to", "deepspeed", "-o",
-            tmp_path / "b")
+    r = cli("export", _plan_file(tmp_path, zero=2, tp=2, dp=8, tp_whole_embedding=True, unfused_loss_impl=ds),
+            "--to", "deepspeed", "-o", tmp_path / "b")
     assert r.code == 0, r.err
     # Megatron splits it: the same plan is refused there, in one line naming the fix
     # (its unfused loss priced as the one Megatron-Core runs, export.common.UNFUSED_LOSS_RUNS)
@@ -129,7 +133,7 @@ def test_search_targeting_deepspeed_prices_the_whole_embedding(cli, tmp_path):
     # tp 2 pinned: the untargeted #1 splits the embedding and deepspeed refuses it; --target deepspeed searches
     # the whole embedding (export.WHOLE_EMBEDDING_TARGETS), its #1 exports and holds more than the split price
     common = ("--model", "llama-3.1-8b", "--hardware", "dgx-h100", "--tp", "2", "--pp", "1", "--no-sp",
-              "--no-overlap-param-gather", "--unfused-loss")
+              "--no-overlap-param-gather", "--unfused-loss", "--unfused-loss-impl", "eager-vocab-parallel")
     targeted_search_exports(cli, tmp_path, common, "tp_whole_embedding", False, True,
                             "re-plan with --tp-whole-embedding")
     r = cli("search", *common, "--vocab-parallel-embedding", "--target", "deepspeed")

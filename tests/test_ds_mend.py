@@ -23,9 +23,10 @@ from refusal import one_line
 SEARCH = ("-m", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "4", "--tp", "8", "--no-sp")
 """The reviewer's search: on main its --target deepspeed #1 was a tp 8 pipeline (pp 4 or pp 2), exported."""
 PLAN = ("estimate", "-m", "llama-3.1-70b", "--hardware", "dgx-h100", "--nodes", "4", "--tp", "8", "--zero", "1",
-        "--no-sp", "--grad-dtype", "bf16", "--unfused-loss", "--no-overlap-param-gather", "--tp-whole-embedding", "--global-batch", "64",
-        "--seq-len", "4096")
-"""A tp 8 plan that passes every other DeepSpeed rule (synchronous gather, unfused loss, whole embedding)."""
+        "--no-sp", "--grad-dtype", "bf16", "--unfused-loss", "--unfused-loss-impl", "eager-vocab-parallel",
+        "--no-overlap-param-gather", "--tp-whole-embedding", "--global-batch", "64", "--seq-len", "4096")
+"""A tp 8 plan that passes every other DeepSpeed rule (synchronous gather, unfused loss priced as DeepSpeed's,
+whole embedding)."""
 
 
 def test_search_targeting_deepspeed_at_tp8_ranks_an_exported_plan_first(cli, tmp_path):

@@ -347,12 +347,15 @@ def test_deepspeed_config_accepted_by_deepspeed(zero, tp, monkeypatch):
     # all-reduced (BF16_Optimizer), and without ZeRO they are kept in the model's bf16
     # and BF16_Optimizer casts each micro-batch's gradient to fp32 and adds it (cast-add); the weights gathered
     # inside the optimizer step (overlapped_gather_refusal) and, at tp 2, DeepSpeed's unfused vocab-parallel loss
+    # (priced as eager-vocab-parallel: export.common.UNFUSED_LOSS_RUNS)
     # and the untied embedding AutoTP keeps whole on each rank (split_embedding_refusal)
     grads = {0: {"grad_dtype": "bf16"}, 1: {"grad_reduce": "all-reduce", "grad_accumulation": "cast-add"}}.get(zero, {})
     pf = dataclasses.replace(base, plan=base.plan.model_copy(update={"zero": zero, "tp": tp, "dp": gpus // tp,
                                                                      "overlap_param_gather": False,
                                                                      "fused_loss": tp == 1,
-                                                                     "tp_whole_embedding": tp > 1, **grads}))
+                                                                     "tp_whole_embedding": tp > 1, **grads,
+                                                                     **({"unfused_loss_impl": "eager-vocab-parallel"}
+                                                                        if tp > 1 else {})}))
     cfg = json.loads(render_all(pf, "deepspeed")[0]["ds_config.json"])
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)  # as on rank 0 of a running job
 

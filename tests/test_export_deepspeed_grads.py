@@ -29,6 +29,9 @@ def plan_file(tmp_path: Path, **plan: object) -> Path:
     # and AutoTP keeps the untied embedding whole on each TP rank (deepspeed.split_embedding_refusal)
     if "tp_whole_embedding" not in plan:
         doc["plan"]["tp_whole_embedding"] = True
+    # and an unfused loss priced as DeepSpeed's (export.common.UNFUSED_LOSS_RUNS: eager at tp 1, its own above)
+    if "unfused_loss_impl" not in plan and not doc["plan"].get("fused_loss", True):
+        doc["plan"]["unfused_loss_impl"] = "eager-vocab-parallel"
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
     return path

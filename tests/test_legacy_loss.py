@@ -4,7 +4,12 @@ priced unfused (fused_loss off), with the memory of the Function at each family'
 Sources: NVIDIA/Megatron-LM megatron/model/gpt_model.py and megatron/mpu/cross_entropy.py at 50a4b5fa02 and
 6985e58938 (Narayanan et al. 2021), megatron/model/gpt2_model.py at d73def35a3 (2020), e36cdd7936 (2022-07,
 still sub_), megatron/core/tensor_parallel/cross_entropy.py at 285068c810 (MegaScale's baseline: the max
-subtracted into a new tensor, from 55817ec9b9). docs/validation.md#legacy-loss."""
+subtracted into a new tensor, from 55817ec9b9). BLOOM's Megatron-DeepSpeed (bigscience-workshop/Megatron-DeepSpeed
+megatron/model/gpt_model.py at 9f5f5d4c, 497aa1bf and 541b967f): GPTModelPipe's specs cast the tied head's logits
+with float16_to_fp32 (`.float()`) in a pipeline layer, and its CrossEntropy's vocab_parallel_cross_entropy(output.
+contiguous().float(), labels) works in place (mpu/cross_entropy.py sub_, exp out=, div_) on that fp32 output, which
+the pipeline engine holds as the stage's output: the same Function, unfused, one fp32 copy.
+docs/validation.md#legacy-loss, #edges-70."""
 
 from __future__ import annotations
 
@@ -14,7 +19,8 @@ import pytest
 ROWS = {"narayanan2021": ("narayanan2021-t1-1.7b", "vocab-parallel"),
         "megatron2020": (None, "vocab-parallel"),
         "korthikanti2022": (None, "vocab-parallel"),
-        "megascale": (None, "vocab-parallel-copy")}
+        "megascale": (None, "vocab-parallel-copy"),
+        "bloom": (None, "vocab-parallel")}
 
 
 def _first(published_runs, acc, fam):

@@ -164,7 +164,8 @@ def test_deepspeed_refuses_the_tp_synced_weights_it_reduces_otherwise(cli, tmp_p
     from llmplan.planfile import load_plan
 
     args = ("--hardware", "dgx-h100", "--nodes", "1", "--tp", "2", "--dp", "4", "--zero", "2", "--no-sp",
-            "--no-overlap-param-gather", "--unfused-loss", "--tp-whole-embedding")  # AutoTP: embed_tokens whole
+            "--no-overlap-param-gather", "--unfused-loss", "--unfused-loss-impl", "eager-vocab-parallel",
+            "--tp-whole-embedding")  # AutoTP: embed_tokens whole; the loss priced as DeepSpeed's
     for model, synced in (("qwen3-8b", True), ("llama-3.1-8b", False)):
         path = tmp_path / f"{model}.json"
         assert cli("estimate", "--model", model, *args, "--save", path).code == 0

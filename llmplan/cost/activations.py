@@ -23,6 +23,7 @@ from llmplan.cost.quantize import proj_saves_original_input, torchao_fp8_copy_sh
 from llmplan.cost.sparse_gather import asked_indexer_loss
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_a2a_group, cp_ring_size
+from llmplan.specs.rule import as_bool
 
 
 def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
@@ -677,8 +678,7 @@ def indexer_reference_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     (INDEXER_LOSS_SCORE_BYTES x a/t + INDEXER_LOSS_PAIR_BYTES per pair) and the backward through the scores
     (INDEXER_BACKWARD_SCORE_BYTES x H_I + INDEXER_BACKWARD_PAIR_BYTES per pair), over b x (s/cp) queries (the rank's
     rows; all-gather CP gathers the keys) x s keys. 0 for a model without an indexer and for DeepSeek-V4 (its
-    reference path runs only off the fused CSA path, which the memory model does not resolve; a gap, see
-    docs/validation.md#dsa-mend). Derived: docs/formulas.md#mem.indexer_reference"""
+    reference path: csa_reference_transient_bytes). Derived: docs/formulas.md#mem.indexer_reference"""
     if not m.is_sparse_attention or m.compressed_layers:
         return 0.0
     loss = asked_indexer_loss(m, plan) or "off"  # V4 (left by the guard above) is the only one it leaves None
@@ -687,3 +687,26 @@ def indexer_reference_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> Any:
     target = (INDEXER_LOSS_SCORE_BYTES * m.num_attention_heads / plan.tp + INDEXER_LOSS_PAIR_BYTES) * pairs
     backward = (INDEXER_BACKWARD_SCORE_BYTES * (m.index_n_heads or 0) + INDEXER_BACKWARD_PAIR_BYTES) * pairs
     return maximum(maximum(scores, target), backward) if loss != "off" else scores
+
+
+def csa_reference_transient_bytes(m: ModelSpec, plan: ParallelPlan, gather_rate: Any) -> Any:
+    """Peak bytes of one DeepSeek-V4 compressed sparse attention layer's indexer on Megatron-Core's reference path
+    (CompressedSparseAttention._forward_unfused_csa), a transient of the forward and the backward, one micro-batch:
+    where the fused CSA path is not priced (unfused attention, or `gather_rate` False: the GPU lists no
+    GpuSpec.sparse_gather_efficiency; the condition of cost.sparse_gather.fused_csa_priced). In training that path
+    calls FusedDSAIndexerLoss whatever dsa_indexer_loss_coeff is (the coefficient scales the loss; the KL target is
+    built anyway), so the larger of the index scores, the KL target and the backward through the scores as
+    indexer_reference_transient_bytes prices V3.2's with the loss on, over b x s/cp queries x s/compress_rate_csa
+    compressed keys, beside the fp32 causal mask [s/cp, n_compressed] the path builds first. 0 for a model without
+    CSA layers. Source: NVIDIA/Megatron-LM megatron/core/transformer/experimental_attention_variant/csa.py
+    (_forward_unfused_csa: causal_mask, FusedDSAIndexerLoss.apply) and dsa.py (fwd_fused_indexer_loss_naive,
+    compute_dsa_indexer_loss) at 1e23526adc. Derived: docs/formulas.md#mem.indexer_reference"""
+    if not m.is_sparse_attention or not m.count_layers("compressed_sparse_attention"):
+        return 0.0
+    queries, keys = plan.seq_len / plan.cp, plan.seq_len / m.compress_rate_csa
+    pairs = plan.micro_batch * queries * keys
+    scores = INDEXER_SCORE_COPIES * 4.0 * (m.index_n_heads or 0) * pairs
+    target = (INDEXER_LOSS_SCORE_BYTES * m.num_attention_heads / plan.tp + INDEXER_LOSS_PAIR_BYTES) * pairs
+    backward = (INDEXER_BACKWARD_SCORE_BYTES * (m.index_n_heads or 0) + INDEXER_BACKWARD_PAIR_BYTES) * pairs
+    fused = as_bool(plan.flash_attention) & bool(gather_rate)
+    return where(fused, 0.0, maximum(maximum(scores, target), backward) + 4.0 * queries * keys)

@@ -20,7 +20,7 @@ from llmplan.cost.activations import (  # noqa: F401  (re-exported: their home w
     SAVED_INPUT_BYTES, LayerActivationParts, LayerActivations, cp_comm_workspace_bytes, dispatched_rows,
     layer_activation_bytes,
     layer_activation_no_recompute, layer_activation_parts, layer_activations, linear_input_split,
-    indexer_reference_transient_bytes, moe_saved_input_bytes, op_checkpoint_bytes, paged_stash_transient_bytes, recomputed_module_bytes,
+    csa_reference_transient_bytes, indexer_reference_transient_bytes, moe_saved_input_bytes, op_checkpoint_bytes, paged_stash_transient_bytes, recomputed_module_bytes,
 )
 from llmplan.cost.breakdown import Breakdown
 from llmplan.cost.model_states import (  # noqa: F401  (re-exported: their home was this module)
@@ -131,13 +131,30 @@ megatron/core/tensor_parallel/cross_entropy.py from 55817ec9b9 (2022-09-27) to 9
 285068c810. Derived: docs/formulas.md#mem.activations"""
 
 
-def unfused_logit_bytes(plan: ParallelPlan) -> Any:
-    """Bytes per logit the unfused loss holds at its peak, by ParallelPlan.unfused_loss_impl: PyTorch's eager
-    cross_entropy (LOGIT_BYTES_UNFUSED) or Megatron's vocab-parallel one, in place or with its copy.
-    Derived: docs/formulas.md#mem.activations"""
-    impl = plan.unfused_loss_impl
+LOGIT_BYTES_EXP_VOCAB_PARALLEL = 14.0
+"""Bytes per logit at the forward peak of a vocabulary-parallel loss of eager ops with nothing in place
+(ParallelPlan.unfused_loss_impl eager-vocab-parallel at tp > 1): the 16-bit logits, their fp32 copy
+(`logits = vocab_parallel_logits.float()`), `logits - global_max` and its `torch.exp` at once (2 + 4 + 4 + 4); the
+exp is saved, and backward holds it beside `exp_logits / sum` and that gradient's 16-bit cast (4 + 4 + 2 = 10).
+Source: deepspeedai/DeepSpeed deepspeed/sequence/cross_entropy.py at a64a221ef (_VocabParallelCrossEntropy,
+backend torch). Derived: docs/formulas.md#mem.activations"""
+
+
+def logit_bytes_of(impl: Any, tp: Any) -> Any:
+    """Bytes per logit the unfused loss `impl` (ParallelPlan.unfused_loss_impl) holds at its peak at tensor
+    parallelism `tp`: PyTorch's eager cross_entropy (LOGIT_BYTES_UNFUSED), Megatron's vocab-parallel one in place
+    or with its copy, or the eager-op vocabulary-parallel one (eager at tp 1). Derived:
+    docs/formulas.md#mem.activations"""
+    exp = where(tp > 1, LOGIT_BYTES_EXP_VOCAB_PARALLEL, LOGIT_BYTES_UNFUSED)
     return where(impl == "vocab-parallel", LOGIT_BYTES_VOCAB_PARALLEL,
-                 where(impl == "vocab-parallel-copy", LOGIT_BYTES_VOCAB_PARALLEL_COPY, LOGIT_BYTES_UNFUSED))
+                 where(impl == "vocab-parallel-copy", LOGIT_BYTES_VOCAB_PARALLEL_COPY,
+                       where(impl == "eager-vocab-parallel", exp, LOGIT_BYTES_UNFUSED)))
+
+
+def unfused_logit_bytes(plan: ParallelPlan) -> Any:
+    """Bytes per logit the plan's unfused loss holds at its peak (logit_bytes_of its unfused_loss_impl and tp).
+    Derived: docs/formulas.md#mem.activations"""
+    return logit_bytes_of(plan.unfused_loss_impl, plan.tp)
 
 
 
@@ -247,8 +264,9 @@ class ActivationBytes(Breakdown):
 
 
 def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
-                     per_layer: LayerActivations | None = None) -> ActivationBytes:
-    """Activation bytes of pipeline rank `stage` at its peak.
+                     per_layer: LayerActivations | None = None, gather_rate: bool = False) -> ActivationBytes:
+    """Activation bytes of pipeline rank `stage` at its peak; `gather_rate`: whether the GPU lists a sparse gather
+    rate (GpuSpec.sparse_gather_efficiency), which puts DeepSeek-V4's CSA on its fused path.
 
     Source: Korthikanti et al. 2022, Table 2 and §4.3 (embedding / output layer); docs/formulas.md#mem.activations"""
     s, b, h, t = plan.seq_len / plan.cp, plan.micro_batch, m.hidden_size, plan.tp
@@ -301,7 +319,9 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: Any,
     # Derived: docs/formulas.md#mem.cp_comm
     cp_workspace = cp_comm_workspace_bytes(m, plan)
     # DSA's reference indexer path: one layer's fp32 score matrices. Derived: docs/formulas.md#mem.indexer_reference
-    indexer = where(n_dense + n_moe > 0, indexer_reference_transient_bytes(m, plan), 0.0)
+    # DeepSeek-V4's CSA off its fused path: the same over the compressed keys. Derived: the same section
+    indexer = where(n_dense + n_moe > 0, indexer_reference_transient_bytes(m, plan)
+                    + csa_reference_transient_bytes(m, plan, gather_rate), 0.0)
     return ActivationBytes(layers=held - offloaded - freed + overlap, recompute_working=working, embedding=embedding,
                            output=output, offloaded=offloaded + host, cp_workspace=cp_workspace,
                            stash_transient=stash, indexer_workspace=indexer)
@@ -392,9 +412,10 @@ def churned_bytes(activations: Any, fresh: Any, gathered: Any, gradients: Any) -
 
 def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: MemoryAllowance,
                  capacity: float, fp8_tn_only: bool = True, nccl_channels: int = 16,
-                 compute_capability: float | None = None) -> TrainingMemory:
+                 compute_capability: float | None = None, gather_rate: bool = False) -> TrainingMemory:
     """Memory of one rank of pipeline stage `stage`; `nccl_channels`, `compute_capability`: the GPU's
-    GpuSpec.nccl_sms and GpuSpec.compute_capability (the cuBLAS workspaces, docs/formulas.md#mem.runtime).
+    GpuSpec.nccl_sms and GpuSpec.compute_capability (the cuBLAS workspaces, docs/formulas.md#mem.runtime);
+    `gather_rate`: whether it lists GpuSpec.sparse_gather_efficiency (activation_bytes).
     Derived: docs/formulas.md#mem.total"""
     weight_b, grad_b, optim_b = stored_weight_bytes(plan), plan.grad_bytes, plan.optimizer_bytes
     fp32_shards = fp32_shards_are_master(plan)  # FSDP's fp32 shard: the master, no compute-dtype shard
@@ -414,7 +435,7 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: Any, allowance: Memory
 
     def stage_act(s: Any) -> ActivationBytes:
         return per_distinct(plan, ALL_BUT_ZERO, s, lambda p, s: activation_bytes(
-            m, p, s, memoized(p, ("layer_activations", m), lambda: layer_activations(m, p))))
+            m, p, s, memoized(p, ("layer_activations", m), lambda: layer_activations(m, p)), gather_rate))
     act = stage_act(stage)
     cache = low_precision_weight_cache(m, plan, stage, fp8_tn_only)
     if paired:
@@ -560,14 +581,16 @@ def class_key(m: ModelSpec, plan: ParallelPlan) -> Any:
 
 def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
                     allowance: MemoryAllowance | None = None, fp8_tn_only: bool = True,
-                    nccl_channels: int = 16, compute_capability: float | None = None) -> TrainingMemory:
+                    nccl_channels: int = 16, compute_capability: float | None = None,
+                    gather_rate: bool = False) -> TrainingMemory:
     """Memory per GPU of the most-loaded rank (elementwise for plan arrays); `fp8_tn_only`: the GPU's
     GpuSpec.fp8_tn_only (Hopper keeps transposed fp8 weight copies, Blackwell does not); `nccl_channels`:
-    its GpuSpec.nccl_sms; `compute_capability`: its GpuSpec.compute_capability."""
+    its GpuSpec.nccl_sms; `compute_capability`: its GpuSpec.compute_capability; `gather_rate`: whether it lists
+    GpuSpec.sparse_gather_efficiency (activation_bytes)."""
     allowance = allowance or MemoryAllowance()
     stages, classes = candidate_stages(m, plan), class_key(m, plan)
     results = each_stage(stages, lambda stage: stage_memory(m, plan, stage, allowance, capacity, fp8_tn_only,
-                                                            nccl_channels, compute_capability),
+                                                            nccl_channels, compute_capability, gather_rate),
                          None if classes is None else  # a class with as many micro-batches in flight
                          lambda stage: classes(stage) + (inflight_microbatches(plan, stage),))
     if classes is not None:  # one plan: the first stage with the largest total

@@ -76,6 +76,15 @@ GEMMs, activation and unpermute after the host's wait."""
 GRAPHED_LAYER_KERNELS = GRAPH_LAUNCHES + GRAPHED_MOE_EAGER
 """Launches left per MoE layer's forward under per-layer CUDA graphs."""
 
+FULL_GRAPH_LAUNCHES = 1
+"""Host launches at the start of a step under a full-iteration CUDA graph (cuda_graphs "full-iteration"), where
+eager and per-layer-graph steps launch their first layer: the graph's one replay. FullCudaGraphWrapper's data_read
+copies every micro-batch's inputs into the graph's static buffers before it (StaticBufferLoader: a copy_ per sample
+tensor between two wait_stream calls), but the host issues those right after the previous step's optimizer read
+the gradient norm back (clip_grads.py get_grad_norm_fp32 .item(), then step_with_ready_grads launches the update),
+while the GPU still runs that update: not priced. Source: NVIDIA/Megatron-LM megatron/core/full_cuda_graph.py,
+megatron/core/optimizer/optimizer.py and clip_grads.py at d98e8a6. Derived: docs/formulas.md#step.host_sync"""
+
 
 def straggler_seconds(plan: ParallelPlan, busy: Any) -> Any:
     """Time the job loses to its slowest GPU: every collective waits for the last rank to arrive, and the
@@ -257,7 +266,8 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
     each; with a pipeline, P2P_CHUNK_LAUNCHES per model chunk) take beyond the GPU's `per_mb`; plus the host
     waits of the MoE layers (host_sync_seconds, with
     `layer_gpu_s` one layer's forward on the GPU). Per-layer CUDA graphs leave 2 launches per dense layer
-    (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a full-iteration graph none inside the step.
+    (attention, MLP) and GRAPHED_LAYER_KERNELS per MoE layer; a full-iteration graph none inside the step, and
+    its start is its one replay (FULL_GRAPH_LAUNCHES), not a layer's launches.
     Every launch and eager op costs `host_factor` times its x86 time (GpuSpec.host_op_factor: Grace 2.75).
     With fused kernels and `layer_kernels` (cost.kernels.layer_launch_average: the model's structural launches
     per layer, forward and backward apart, graphed scopes as one launch), the layers' launches are those,
@@ -287,7 +297,9 @@ def host_seconds(plan: ParallelPlan, layers: Any, per_mb: Any, r: Any, moe_layer
         counted = (layer_kernels.fwd * (1 + r) + layer_kernels.bwd) * launch_s + extra * (3 + r) + mask * (1 + r)
         launches = where(plan.fused_kernels, counted * layers + p2p, launches)
         start = where(plan.fused_kernels, layer_kernels.fwd * launch_s + extra + mask, start)
-    launches = where(plan.cuda_graphs == "full-iteration", 0.0, launches)
+    full = plan.cuda_graphs == "full-iteration"
+    launches = where(full, 0.0, launches)
+    start = where(full, FULL_GRAPH_LAUNCHES * launch_s, start)
     ops = where(graphed, MOE_POST_SYNC_HOST_OPS + GRAPH_LAUNCHES, MOE_CYCLE_HOST_OPS + router_ops)
     sync = host_sync_seconds(moe_layers, r, syncs_per_layer, ops, layer_gpu_s, host_factor)
     queued = maximum(launches - per_mb, 0.0)

@@ -11,6 +11,7 @@ from llmplan.arith import where
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.compute import runs_per_expert
 from llmplan.cost.gemm import squared_relu_mlp
+from llmplan.cost.memory import logit_bytes_of
 from llmplan.errors import LlmplanError
 from llmplan.specs.rule import as_bool
 from llmplan.planfile import PlanFile
@@ -197,7 +198,7 @@ def jit_activation_refusal(p: Any) -> tuple[str, bool, str]:
 
 UNFUSED_LOSS_RUNS: dict[str, str] = {
     "megatron": "vocab-parallel", "megatron-bridge": "vocab-parallel",
-    "deepspeed": "eager", "torchtitan": "eager", "torchtitan-0.2": "eager"}
+    "deepspeed": "eager-vocab-parallel", "torchtitan": "eager", "torchtitan-0.2": "eager"}
 """Training target -> the ParallelPlan.unfused_loss_impl whose memory prices the loss it runs with fused_loss off,
 the one rule that both its export (unfused_loss_refusal) and a search for it (cli.search.train_search) read.
 Megatron-LM (d98e8a6) and Megatron-Bridge (its Megatron-Core, cd4afffa6) run Megatron-Core's
@@ -206,11 +207,14 @@ then -=, exp(out=), div_ and the backward's mul_ in place on that one fp32 copy)
 PyTorch's eager cross_entropy on the fp32-cast logits: eager. DeepSpeed runs the Hugging Face model's loss (eager
 cross_entropy on fp32 logits) at tp 1 and, at tp > 1, its AutoTP vocabulary-parallel loss
 (deepspeed/sequence/cross_entropy.py _VocabParallelCrossEntropy, backend torch, read at a64a221ef: logits.float(),
-then exp(logits - max) into new fp32 tensors, exp saved, backward exp / sum a new tensor): nothing in place, so
-eager's three fp32 copies, not Megatron's one (docs/validation.md#loss-mend)."""
+then exp(logits - max) into new fp32 tensors, exp saved, backward exp / sum a new tensor): nothing in place, 14 bytes
+a logit at its forward: eager-vocab-parallel, which is eager at tp 1 (docs/validation.md#loss-mend, #edges-70). A
+plan whose implementation is priced with the same bytes at its tp is not refused (eager at tp 1 for deepspeed)."""
 
 _UNFUSED_LOSS_CODE = {"vocab-parallel": "Megatron-Core's vocab_parallel_cross_entropy, in place on one fp32 copy",
-                      "eager": "PyTorch's cross_entropy on fp32 logits, with no in-place step"}
+                      "eager": "PyTorch's cross_entropy on fp32 logits, with no in-place step",
+                      "eager-vocab-parallel": "the model's eager cross_entropy at tp 1, at tp > 1 a "
+                                              "vocabulary-parallel loss of new fp32 tensors"}
 
 
 def unfused_loss_refusal(p: Any, target: str) -> tuple[str, Any, str]:
@@ -219,7 +223,7 @@ def unfused_loss_refusal(p: Any, target: str) -> tuple[str, Any, str]:
     runs = UNFUSED_LOSS_RUNS[target]
     return (f"the unfused loss priced as unfused_loss_impl {p.unfused_loss_impl} (fused_loss off), but this "
             f"launcher runs {runs} ({_UNFUSED_LOSS_CODE[runs]})",
-            ~as_bool(p.fused_loss) & as_bool(p.unfused_loss_impl != runs),
+            ~as_bool(p.fused_loss) & as_bool(logit_bytes_of(p.unfused_loss_impl, p.tp) != logit_bytes_of(runs, p.tp)),
             f"re-plan with --unfused-loss-impl {runs}, or --fused-loss")
 
 

@@ -41,7 +41,7 @@ def evaluate_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
                     allowance: MemoryAllowance | None = None) -> TrainingMemory:
     gpu = cluster.system.gpu
     return training_memory(m, plans.as_plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms,
-                           gpu.compute_capability)
+                           gpu.compute_capability, gpu.sparse_gather_efficiency is not None)
 
 
 SCREEN_STAGE = 2
@@ -74,7 +74,8 @@ def screened_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allow
     gpu = cluster.system.gpu
     stage = candidate_stages(m, plans.as_plan)[SCREEN_STAGE]
     bound = np.asarray(stage_memory(m, plans.as_plan, stage, allowance or MemoryAllowance(), gpu.hbm_bytes,
-                                    gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability).total, dtype=np.float64)
+                                    gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability,
+                                    gpu.sparse_gather_efficiency is not None).total, dtype=np.float64)
     maybe = np.flatnonzero(bound + headroom <= gpu.hbm_bytes)
     fits = np.zeros(len(plans), dtype=bool)
     known = np.full(len(plans), np.inf)  # exact memory where computed

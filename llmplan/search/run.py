@@ -1008,7 +1008,7 @@ def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance
                 continue
             gpu = cluster.system.gpu
             mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms,
-                                  gpu.compute_capability)
+                                  gpu.compute_capability, gpu.sparse_gather_efficiency is not None)
             if float(mem.headroom) >= min_headroom:
                 return estimate_training(m, cluster, plan, allowance, order, checkpoint)
     return None

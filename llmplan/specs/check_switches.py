@@ -792,6 +792,21 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "(--moe-expert-rank-capacity-factor) requires the hybridep backend (TransformerConfig "
                          "rule); set the plan key moe_flex_backend: hybridep (--moe-flex-backend hybridep where "
                          "the command takes it), or --train-cuda-graphs layers / none"),
+    # Megatron-Core TransformerConfig.__post_init__ (d98e8a6, transformer_config.py:2836-2852; cd4afffa6 2506-2520):
+    # per-layer graphs of moe_preprocess with the alltoall dispatcher and the routing map padded for fp8 / fp4
+    # (moe_router_padding_for_fp8, the alias of moe_router_padding_for_quantization) are refused, "DtoH copies and
+    # synchronizations in the preprocess step" (token_dispatcher.py preprocess: num_out_tokens is then summed on
+    # the GPU and synced before permutation 1); padded to capacity (--moe-pad-expert-input-to-capacity) the
+    # preprocess returns before that and the graph is allowed. The modules: cost.kernels.graph_scopes
+    Rule("cuda_graphs_moe_preprocess",
+         lambda m, p, c: (p.cuda_graphs != "layers") | (not m.is_moe) | (p.moe_dispatcher != "alltoall")
+         | (p.moe_capacity_factor is not None) | np.logical_not(p.moe_router_padding)
+         | as_bool(p.recomputes("moe")),
+         lambda m, p, c: f"cuda_graphs layers with the alltoall dispatcher and moe_router_padding ({m.name}): "
+                         "Megatron-Core graphs the MoE preprocess (cuda_graph_modules moe_preprocess) and refuses "
+                         "it where the padded routing map makes the preprocess copy token counts to the host and "
+                         "wait (TransformerConfig rule); drop --moe-router-padding, pad to capacity with "
+                         "--moe-capacity-factor, or use --train-cuda-graphs none"),
     # Megatron-Core TransformerConfig (d98e8a6): "full recompute is only supported with full iteration CUDA graph"
     Rule("cuda_graphs_recompute", lambda m, p, c: (p.cuda_graphs != "layers") | (p.full == 0),
          lambda m, p, c: "cuda_graphs layers with recompute full: Megatron-Core captures per-layer graphs only "

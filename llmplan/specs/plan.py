@@ -542,8 +542,11 @@ class ParallelPlan(PlanQuantities, Spec):
     and divides in place on its fp32 copy and scales that copy in place backward (6: the 16-bit logits beside
     the fp32 copy forward, the fp32 softmax beside its 16-bit cast backward; Megatron-LM 57064fd6f2 2020-03 ..
     55817ec9b9 2022-09, and from 9634c0e4a3 2024-06); vocab-parallel-copy, the same Function with the max
-    subtracted into a new fp32 tensor (10 forward; 55817ec9b9 .. 9634c0e4a3). The traffic is the same
-    UNFUSED_LOSS_BYTES for all three (docs/formulas.md#compute.loss)."""
+    subtracted into a new fp32 tensor (10 forward; 55817ec9b9 .. 9634c0e4a3); eager-vocab-parallel, eager at tp 1
+    and at tp > 1 a vocabulary-parallel loss that exponentiates into new fp32 tensors and divides into another
+    backward (14 at its forward: the 16-bit logits, their fp32 copy, the copy less the max and its exp; DeepSpeed's
+    _VocabParallelCrossEntropy, backend torch). The traffic is the same UNFUSED_LOSS_BYTES for all
+    (docs/formulas.md#compute.loss)."""
     tp_whole_embedding: bool = False
     """At tp > 1, every TP rank holds the input word embedding whole (V·h, unpadded) instead of its vocabulary
     shard (Megatron's VocabParallelEmbedding, V·h / t and one all-reduce of its output forward): DeepSpeed's

@@ -56,11 +56,12 @@ FUSED_LOSS_IMPLS: tuple[str, ...] = get_args(FusedLossImpl)
 """--fused-loss-impl values: which fused vocab-parallel cross-entropy runs under fused_loss (Megatron-Core
 cross_entropy_fusion_impl): native (Megatron-Core's fused_vocab_parallel_cross_entropy: two all-reduces over
 TP) or te (Transformer Engine's parallel_cross_entropy: one all-gather over TP; docs/formulas.md#comm.tp_edge)."""
-UnfusedLossImpl = Literal["eager", "vocab-parallel", "vocab-parallel-copy"]
+UnfusedLossImpl = Literal["eager", "vocab-parallel", "vocab-parallel-copy", "eager-vocab-parallel"]
 UNFUSED_LOSS_IMPLS: tuple[str, ...] = get_args(UnfusedLossImpl)
 """--unfused-loss-impl values: which loss runs with fused_loss off: eager (PyTorch's cross_entropy on fp32-cast
 logits), vocab-parallel (Megatron's _VocabParallelCrossEntropy, in place on its fp32 copy) or vocab-parallel-copy
-(the same with the max subtracted into a new fp32 tensor, Megatron-LM 2022-09 .. 2024-06;
+(the same with the max subtracted into a new fp32 tensor, Megatron-LM 2022-09 .. 2024-06) or eager-vocab-parallel
+(eager at tp 1; at tp > 1 a vocabulary-parallel loss of eager ops, nothing in place, as DeepSpeed's AutoTP runs;
 docs/formulas.md#mem.activations)."""
 CpImpl = Literal["te", "torch-allgather", "torch-alltoall"]
 CP_IMPLS: tuple[str, ...] = get_args(CpImpl)
