@@ -72,17 +72,17 @@ def _rewrite_tests_once(config: pytest.Config, processes: int) -> None:
     if not todo:
         return
     cache.mkdir(exist_ok=True)
-    children = []
-    for i in range(1, min(processes, len(todo))):
+    shares, children = min(processes, len(todo)) if hasattr(os, "fork") else 1, []
+    for i in range(1, shares):
         pid = os.fork()
         if pid == 0:  # a child: its share, then out without the parent's exit handlers
             try:
-                rewrite(todo[i::processes])
+                rewrite(todo[i::shares])
             finally:
                 os._exit(0)  # a file it could not rewrite is rewritten (or reported) by the worker that imports it
         children.append(pid)
     try:
-        rewrite(todo[0::processes])
+        rewrite(todo[0::shares])
     except Exception:  # noqa: BLE001 - a syntax error is reported where a worker collects the file
         pass
     finally:
