@@ -6,6 +6,7 @@ import contextlib
 import copy
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -34,6 +35,75 @@ def pytest_configure(config: pytest.Config) -> None:
         import compileall
 
         compileall.compile_dir(str(Path(__file__).resolve().parents[1] / "llmplan"), quiet=2)
+    if not hasattr(config, "workerinput"):
+        _rewrite_tests_once(config, max(len(getattr(config.option, "tx", None) or ()), 1))
+
+
+def _rewrite_tests_once(config: pytest.Config, processes: int) -> None:
+    """Rewrite the asserts of the test modules the command line names once, in the controller, into the files
+    pytest's import hook reads back (tests/__pycache__/*-pytest-*.pyc, git-ignored). Under xdist each worker
+    imports every test module to collect and rewrote all of them itself; with PYTHONDONTWRITEBYTECODE set pytest
+    never wrote them, so every worker of every run paid it again (-n 2 collection of the whole suite: 23.1 CPU-s,
+    18.1 with this, 7.0 on a rerun that finds the files; 2026-12-08). The hook checks each file's source hash, so
+    a stale or missing file is only rewritten again. The controller forks as many children as there are workers,
+    so the wall time stays about one worker's share. Uses pytest's own rewriting functions (the code a worker
+    would make); on a pytest without them the workers rewrite as before."""
+    try:
+        from _pytest.assertion.rewrite import PYC_TAIL, _rewrite_test, _write_pyc, assertstate_key
+
+        state = config.stash[assertstate_key]
+    except (ImportError, KeyError):
+        return
+    cache = Path(__file__).resolve().parent / "__pycache__"
+
+    def pyc(f: Path) -> Path:
+        return cache / (f.name[:-3] + PYC_TAIL)
+
+    def rewrite(files: list[Path]) -> None:
+        for f in files:
+            source_hash, code = _rewrite_test(f, config)
+            _write_pyc(state, code, source_hash, pyc(f))
+
+    named = set()  # the test files the command line names, itself or by a folder (testpaths when it names none)
+    for arg in config.args or [str(config.rootpath / "tests")]:
+        path = Path(str(arg).split("::")[0]).resolve()
+        named.update(path.glob("test_*.py") if path.is_dir() else [path])
+    todo = [f for f in sorted(cache.parent.glob("test_*.py")) if f in named and not _fresh_pyc(f, pyc(f))]
+    if not todo:
+        return
+    try:
+        cache.mkdir(exist_ok=True)
+    except OSError:  # a read-only checkout: the workers rewrite as before
+        return
+    shares, children = min(processes, len(todo)) if hasattr(os, "fork") else 1, []
+    for i in range(1, shares):
+        pid = os.fork()
+        if pid == 0:  # a child: its share, then out without the parent's exit handlers
+            try:
+                rewrite(todo[i::shares])
+            finally:
+                os._exit(0)  # a file it could not rewrite is rewritten (or reported) by the worker that imports it
+        children.append(pid)
+    try:
+        rewrite(todo[0::shares])
+    except Exception:  # noqa: BLE001 - a syntax error is reported where a worker collects the file
+        pass
+    finally:
+        for pid in children:
+            os.waitpid(pid, 0)
+
+
+def _fresh_pyc(source: Path, pyc: Path) -> bool:
+    """Whether pytest's rewritten pyc of `source` is there and was made from its current text (the hash-based
+    header pytest writes: magic, flags, the first 8 bytes of importlib's source hash)."""
+    import importlib.util
+
+    try:
+        with open(pyc, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return False
+    return len(head) == 16 and head[8:16] == importlib.util.source_hash(source.read_bytes())[:8]
 
 
 class CliResult:

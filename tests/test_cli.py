@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -188,12 +189,19 @@ def test_fp32_param_shards_option(cli):
     assert s.code == 0 and s.json()["plans"][0]["plan"]["fp32_param_shards"] is True
 
 
+@functools.cache
+def listing_at_80_columns(cmd: str) -> subprocess.CompletedProcess:
+    """`llmplan CMD` (a listing: read-only, the same output every time) in a child process on an 80-column
+    terminal, run once per test process for the tests that read it."""
+    env = {**os.environ, "COLUMNS": "80"}
+    return subprocess.run([sys.executable, "-m", "llmplan", cmd], capture_output=True, text=True, env=env, timeout=60)
+
+
 def test_listings_fit_80_columns_with_every_name_whole():
     # On an 80-column terminal `models` and `hardware` keep each name (what --model / --hardware take) on one
     # line and no line is wider than the terminal; `models` leaves the architecture column to --json there.
-    env = {**os.environ, "COLUMNS": "80"}
     for cmd, names in (("models", builtin_models()), ("hardware", builtin_systems())):
-        r = subprocess.run([sys.executable, "-m", "llmplan", cmd], capture_output=True, text=True, env=env, timeout=60)
+        r = listing_at_80_columns(cmd)
         assert r.returncode == 0, r.stderr
         lines = r.stdout.splitlines()
         assert max(len(line) for line in lines) <= 80
@@ -205,8 +213,7 @@ def test_models_listing_never_wraps_a_number_at_80_columns():
     # The models table at 80 columns keeps every number on its model's line: 10,485,760 (llama-4-scout's
     # context) and 128/128 (deepseek-v3's heads/kv) were cut over two lines (`10,485` / `,760`) once the
     # longest name (nemotron-3.5-lightning) and the 10M context arrived.
-    env = {**os.environ, "COLUMNS": "80"}
-    r = subprocess.run([sys.executable, "-m", "llmplan", "models"], capture_output=True, text=True, env=env, timeout=60)
+    r = listing_at_80_columns("models")
     assert r.returncode == 0, r.stderr
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()}
     for name, m in builtin_models().items():

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
+
 CLUSTER = "pools:\n  - {system: dgx-h100, nodes: 4}\n  - {system: dgx-a100, nodes: 4}\nfabric: {gb_per_s: 50}\n"
 """The mixed cluster of tests/test_hetero.py: 32 H100 and 32 A100 GPUs."""
 
@@ -27,15 +29,15 @@ def close(a: float, b: float) -> bool:
 
 
 def _search(folder: Path, *pins: str) -> tuple[dict, Path]:
-    """`llmplan search --json --save` of Llama-3.1-70B on CLUSTER, run as a command: the ranked row that was
-    saved (#1) and the file."""
+    """`llmplan search --json --save` of Llama-3.1-70B on CLUSTER, run as a command through the real entry point
+    (in-process: the saved file and the ranked row are the tests' input; the child-process run is
+    test_estimate_plan_as_a_subprocess_prints_the_pinned_pools): the ranked row that was saved (#1) and the file."""
     (folder / "cluster.yaml").write_text(CLUSTER)
     path = folder / "plan.json"
-    r = subprocess.run([sys.executable, "-m", "llmplan", "search", "--model", "llama-3.1-70b", "--hardware",
-                        str(folder / "cluster.yaml"), *pins, "--save", str(path), "--json"],
-                       capture_output=True, text=True, check=False)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)["plans"][0], path
+    r = run_cli("search", "--model", "llama-3.1-70b", "--hardware", folder / "cluster.yaml", *pins, "--save", path,
+                "--json")
+    assert r.code == 0, r.err
+    return r.json()["plans"][0], path
 
 
 @pytest.fixture(scope="module")
