@@ -8,7 +8,7 @@ from llmplan.estimate import estimate_training
 from llmplan.specs.check import check_plan
 from llmplan.specs.plan import ClusterSpec, ParallelPlan
 from llmplan.specs.registry import builtin_models, builtin_systems
-from llmplan.topology.placement import place
+from llmplan.topology.placement import DEFAULT_ORDER, place
 
 DSV3 = builtin_models()["deepseek-v3"]
 GB300 = builtin_systems()["gb300-nvl72"].with_options(domain_gpus=64)
@@ -65,3 +65,56 @@ def test_the_search_arrays_price_the_units_as_the_estimate():
     for p in (first_plan(), first_plan(zero=2), first_plan(megatron_fsdp=False)):
         vec, scalar = evaluate(DSV3, CLUSTER, from_plan(p)), estimate_training(DSV3, CLUSTER, p)
         assert float(vec.step.total[0]) == pytest.approx(float(scalar.time.total), rel=1e-9)
+
+
+def test_a_sharded_first_plan_without_a_pipeline_across_domains_is_set_beside_the_usual_kind():
+    # the search's explanation for an unusual #1 (report.search.usual_line): ZeRO-3 with no pipeline over 32
+    # NVLink domains against the best ZeRO-1 plan, with what each moves and how often
+    from llmplan.report.search import usual_line, usual_why
+    from llmplan.search.run import usual_kind
+    a = estimate_training(DSV3, CLUSTER, first_plan())
+    b = estimate_training(DSV3, CLUSTER, first_plan(tp=2, sp=True, dp=1024, ep=64, zero=1, megatron_fsdp=False))
+    assert usual_kind(a, CLUSTER, DEFAULT_ORDER) == "zero"
+    assert usual_kind(b, CLUSTER, DEFAULT_ORDER) is None  # ZeRO-1, EP fills the domain
+    why = usual_why(a, b, CLUSTER)
+    calls = 3 * (63 + 59)  # docs/formulas.md#comm.zero3_unit, one micro-batch a step
+    assert why[0].startswith(f"#1 shards its weights and gradients every micro-batch (ZeRO-3, no pipeline) over "
+                             f"dp x cp 2,048 on 32 NVLink domains: {calls:,} DP calls a step")
+    assert "it, ZeRO-1 pp 1" in why[0]
+    assert why[1] == "#1's ep 16 on 16 GPUs, NVLink over 4 nodes, its ep 64 on 64 GPUs, NVLink over 16 nodes"
+    line = usual_line(a, b, CLUSTER)
+    assert line.startswith("#1 vs best usual layout (tp2 sp pp1 dp1024 ep64/etp1 zero1 none mb2): ")
+    assert "exposed dp +" in line  # #1's per-unit gathers and reductions are what it pays
+
+
+def test_a_narrow_ep_group_is_set_beside_a_wider_one_in_its_domain():
+    from llmplan.search.run import usual_kind
+    p = first_plan(zero=1, megatron_fsdp=False, micro_batch=1)
+    e = estimate_training(DSV3, CLUSTER, p)
+    assert usual_kind(e, CLUSTER, DEFAULT_ORDER) == "ep"  # ep 16 of a 64-GPU domain, tp 1
+    wide = estimate_training(DSV3, CLUSTER, p.model_copy(update={"ep": 32}))
+    assert usual_kind(wide, CLUSTER, DEFAULT_ORDER) is None  # half the domain
+
+
+QWEN = ("search", "--model", "qwen3-30b-a3b", "--hardware", "gb200-nvl72", "--nodes", "18", "--global-batch", "512",
+        "--seq-len", "4096", "--top", "3")
+
+
+def test_search_says_why_a_narrow_ep_first_plan_wins(cli_once):
+    # Qwen3-30B-A3B on one GB200 NVL72 rack (64 of its 72 GPUs): #1 runs ep 16 in a 64-GPU NVLink domain, where
+    # the published MoE recipes fill the domain with EP; the output sets it beside the best plan with a wider EP
+    # in one domain and says where each EP group runs (text and JSON; added keys only)
+    text = cli_once(*QWEN, "--explain")
+    assert text.code == 0, text.err
+    first = cli_once(*QWEN, "--json").json()
+    p = first["plans"][0]["plan"]
+    assert p["tp"] == 1 and 4 * p["ep"] <= 64
+    usual = first["usual_layout"]["plan"]
+    assert usual["ep"] >= 2 * p["ep"] and usual["ep"] * usual["etp"] <= 64
+    assert set(first["explain"]["vs_usual_layout"]) >= {"throughput_ratio", "exposed_ep_s", "memory_bytes"}
+    why = first["usual_layout_why"]
+    assert any(w.startswith(f"#1's ep {p['ep']} on {p['ep']} GPUs, NVLink") for w in why)
+    flat = " ".join(text.out.split())
+    assert "#1 vs best usual layout (" in flat and f"#1's ep {p['ep']} on {p['ep']} GPUs, NVLink" in flat
+    assert "Why #1 (" in flat and "beats best usual layout" in flat
+    assert max(len(line) for line in text.out.splitlines()) <= 80
