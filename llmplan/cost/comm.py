@@ -1464,19 +1464,20 @@ deepspeed/runtime/zero/constants.py at v0.3.13)."""
 def zero3_units(m: ModelSpec, plan: ParallelPlan, stage: Any = 0) -> tuple[Any, Any]:
     """(dense, expert) collectives one ZeRO-3 gather (or per-micro-batch gradient reduction) of a rank of pipeline
     stage `stage` splits into, each its own NCCL call with its own ring latency (topology.collectives.nccl_ring).
-    Per tensor (plan.zero3_unit tensor): ZERO3_TENSORS_PER_LAYER per layer plus the input and output embeddings.
-    Per layer (FSDP units): one call per unit and parameter group, the stage's layers (an MTP module counted as
-    a layer, stage_weight_layers) plus the root unit (embedding, final norm, output layer) over the dense group,
-    and one per MoE layer over the expert group: Megatron-FSDP groups a unit's buckets by (unit, expert or
-    not) and coalesces each group into one all-gather / reduce-scatter on its own data-parallel group; FSDP2
-    runs one per fully_shard module. Source: microsoft/DeepSpeed v0.3.13 runtime/zero/partition_parameters.py
+    Per tensor (plan.zero3_unit tensor, ZeRO-3): ZERO3_TENSORS_PER_LAYER per layer plus the input and output
+    embeddings. Per layer (FSDP units; ZeRO-2's per-micro-batch reduction whatever the unit): one call per unit
+    and parameter group, the stage's layers (an MTP module counted as a layer, stage_weight_layers) plus the root
+    unit (embedding, final norm, output layer) over the dense group, and one per MoE layer over the expert group:
+    Megatron-FSDP groups a unit's buckets by (unit, expert or not) and coalesces each group into one all-gather /
+    reduce-scatter on its own data-parallel group; FSDP2 runs one per fully_shard module.
+    Source: microsoft/DeepSpeed v0.3.13 runtime/zero/partition_parameters.py
     (_allgather_param and _reduce_scatter_gradient: one torch.distributed call per parameter); NVIDIA/Megatron-LM
     d98e8a64dd megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py
     (_get_parameter_groups: bucket_group_map keyed (fsdp_unit_id, is_expert_param); AllGatherPipeline.
     all_gather_params and GradReducePipeline._bucket_group_gradient_reduce: one _coalescing_manager per bucket
     group); Zhao et al. 2023 (PyTorch FSDP) §3.2. Derived: docs/formulas.md#comm.zero3_unit"""
     dense, moe = stage_weight_layers(m, plan, stage)
-    tensor = plan.zero3_unit == "tensor"
+    tensor = (plan.zero3_unit == "tensor") & (plan.zero == 3)  # the unit acts at ZeRO-3 only (zero3_unit_zero)
     per_tensor = ZERO3_TENSORS_PER_LAYER * m.num_hidden_layers + 2
     return where(tensor, per_tensor, dense + moe + 1), where(tensor, per_tensor, maximum(moe, 1))
 
