@@ -68,9 +68,10 @@ def test_fsdp2_hsdp_all_reduces_across_the_replicas_every_micro_batch(n):
     p = ParallelPlan(tp=1, dp=16, micro_batch=1, global_batch=16 * n, seq_len=2048, zero=3, dp_replicate=2)
     assert not check_plan(m, p, c)
     e = estimate_training(m, c, p)
-    # per-layer units are priced as one call a gather / reduction (docs/formulas.md#comm.zero3_unit): n a step
-    assert _dp_calls(e, "reduce-scatter", False) == n
-    assert _dp_calls(e, "all-reduce", False) == n
+    # one call a unit (docs/formulas.md#comm.zero3_unit: 32 layers and the root unit): n x 33 a step
+    units = m.num_hidden_layers + 1
+    assert _dp_calls(e, "reduce-scatter", False) == n * units
+    assert _dp_calls(e, "all-reduce", False) == n * units
     assert _dp_calls(e, "all-reduce", True) == 0
     assert comm_seconds(e.comm, c.system).dp_outer_reduce == 0.0  # nothing in the once-a-step windows
 
@@ -82,8 +83,9 @@ def test_megatron_fsdp_hsdp_all_reduces_across_the_replicas_once_a_step():
                      megatron_fsdp=True)
     assert not check_plan(m, p, c)
     e = estimate_training(m, c, p)
-    assert _dp_calls(e, "reduce-scatter", False) == 4  # the shard group's, every micro-batch
-    assert _dp_calls(e, "all-reduce", True) == 1  # the replicas', once a step
+    units = m.num_hidden_layers + 1  # one call a unit and micro-batch (docs/formulas.md#comm.zero3_unit)
+    assert _dp_calls(e, "reduce-scatter", False) == 4 * units  # the shard group's, every micro-batch
+    assert _dp_calls(e, "all-reduce", True) == units  # the replicas', once a step (one per unit's bucket group)
     assert _dp_calls(e, "all-reduce", False) == 0
 
 

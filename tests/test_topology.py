@@ -105,12 +105,13 @@ def test_grad_reduce_all_reduce_needs_zero_below_2():
 
 
 def test_zero3_under_a_pipeline_gathers_and_reduces_once_per_step():
-    """ZeRO-3 alone: 2 all-gathers and 1 reduce-scatter per micro-batch; under a pipeline the stage stays
+    """ZeRO-3 alone: 2 all-gathers and 1 reduce-scatter per micro-batch and unit; under a pipeline the stage stays
     gathered and its gradients unsharded until the last micro-batch (PyTorch pipelining with FSDP2), so one
     of each per step, as ZeRO-1."""
     m = M["llama-3.1-8b"]
     cluster = ClusterSpec(system=SYS["dgx-h100"], num_nodes=2)
-    for pp, gathers, reduces in ((1, 2 * 4, 4), (2, 1, 1)):
+    units = m.num_hidden_layers + 1  # without a pipeline one call a FSDP unit (docs/formulas.md#comm.zero3_unit)
+    for pp, gathers, reduces in ((1, 2 * 4 * units, 4 * units), (2, 1, 1)):
         plan = ParallelPlan(tp=2, pp=pp, dp=8 // pp, zero=3, micro_batch=1, global_batch=4 * (8 // pp))
         assert plan.num_microbatches == 4
         spans = place(plan.degrees, cluster)

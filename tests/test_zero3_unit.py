@@ -63,13 +63,13 @@ def _zero3(dp: int, unit: str, recompute: str = "full", gb: int = 1536) -> Paral
 @pytest.mark.parametrize("unit,recompute,gathers", [("tensor", "full", 2 + (1 - 4 / 12)), ("tensor", "none", 2),
                                                      ("layer", "full", 2)])
 def test_zero3_calls_per_unit_and_recompute_regather(unit, recompute, gathers):
-    """Per micro-batch, each unit is gathered in forward and backward and reduced once (FSDP priced as one
-    unit, docs/formulas.md#comm.zero3_unit); per tensor
+    """Per micro-batch, each unit is gathered in forward and backward and reduced once (FSDP: one call per
+    layer and one for the root unit, docs/formulas.md#comm.zero3_unit); per tensor
     (DeepSpeed stage 3, v0.3.13: weights released after each forward) the recompute forward gathers again,
     and the backward gathers all but the weight kept since the recompute forward."""
     m = M["gpt3-175b"]
     L = m.num_hidden_layers
-    units = ZERO3_TENSORS_PER_LAYER * L + 2 if unit == "tensor" else 1  # FSDP's units: one call priced
+    units = ZERO3_TENSORS_PER_LAYER * L + 2 if unit == "tensor" else L + 1  # FSDP's units: layers + root
     plan = _zero3(384, unit, recompute)
     spans = place(plan.degrees, ClusterSpec(system=SYS["dgx-a100"], num_nodes=48))
     calls = {x.collective: x.calls for x in dp_transfers(m, plan, spans["dpcp"], spans["edp"])[:3]}

@@ -1114,10 +1114,10 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     kept = bf16_gathered_params(m, plan, stage)  # gathered at 2 B under fp8_params (torchao: the experts too)
     per_mb, gathered = plan.sharded_per_microbatch, plan.gathered_per_microbatch
     whole = (z == 0) | ((z == 1) & (plan.grad_reduce == "all-reduce"))  # every rank gets the whole gradient
-    u = where(gathered, zero3_units(m, plan), 1)  # ZeRO-3: one collective per unit (zero3_units)
-    # sharded gradients: every backward
-    reduce_calls = where(per_mb, n * u, where((z >= 1) & np.logical_not(whole), 1, 0))
-    gather_calls = where(gathered, zero3_gathers(plan, m.num_hidden_layers, m) * n * u, where(z >= 1, 1, 0))
+    # ZeRO-2/3 per micro-batch: one collective per unit and group (zero3_units); once a step: one
+    units = zero3_units(m, plan, stage)
+    ur = [where(per_mb, x, 1) for x in units]
+    ug = [where(gathered, x, 1) for x in units]
     host = where(gathered, zero3_host_seconds(plan), 0.0)
     per_tensor = gathered & (plan.zero3_unit == "tensor")  # ZERO3_GATHER_COPIES
     megatron = z <= 1  # Megatron-Core's DDP and distributed optimizer: per bucket (dp_step_calls)
@@ -1128,10 +1128,13 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
     out: list[Transfer[G]] = []
     # NeMo 1.x / Apex: the embeddings' fp32 buckets reduce-scattered in fp32 (comm.fp32_embedding_grads)
     emb32 = fp32_embedding_grad_bytes(m, plan, stage)
-    groups = ((rp.dense, kept.dense, dense_group, plan.zero_shard, emb32),
-              (rp.expert, kept.expert, expert_group, plan.expert_shard, 0.0))
+    groups = ((rp.dense, kept.dense, dense_group, plan.zero_shard, emb32, ur[0], ug[0]),
+              (rp.expert, kept.expert, expert_group, plan.expert_shard, 0.0, ur[1], ug[1]))
     cast = torchao_fp8_gather_cast_bytes(m, plan, stage)  # per gather call, before the dense all-gather
-    for params, bf16, group, ranks, wide in groups:
+    for params, bf16, group, ranks, wide, u_r, u_g in groups:
+        # sharded gradients: every backward
+        reduce_calls = where(per_mb, n * u_r, where((z >= 1) & np.logical_not(whole), 1, 0))
+        gather_calls = where(gathered, zero3_gathers(plan, m.num_hidden_layers, m) * n * u_g, where(z >= 1, 1, 0))
         reduced_b, gathered_b = sync_bytes(plan, params, bf16)
         reduced_b = reduced_b + wide
         copies = per_tensor & (ranks > 1)  # a group of one rank runs no collective, so copies nothing
@@ -1147,19 +1150,19 @@ def dp_transfers(m: ModelSpec, plan: ParallelPlan, dense_group: G, expert_group:
         # on each rank (comm.fp32_sum); a group of one rank runs no collective
         a2a = fp32_sum_reduction(plan) & (ranks > 1)
         out += [Transfer("all-reduce", where(whole, b_r, 0), reduced_b / b_r, group, copy_bytes=cast_b / b_r),
-                Transfer("reduce-scatter", where(a2a, 0, reduce_calls * b_r), reduced_b / u / b_r, group,
+                Transfer("reduce-scatter", where(a2a, 0, reduce_calls * b_r), reduced_b / u_r / b_r, group,
                          host_s=where(params > 0, host, 0.0),
-                         copy_bytes=where(copies, ZERO3_REDUCE_COPIES * reduced_b / u, 0.0)),
-                Transfer("all-gather", gather_calls * b_g, gathered_b / u / b_g, group,
+                         copy_bytes=where(copies, ZERO3_REDUCE_COPIES * reduced_b / u_r, 0.0)),
+                Transfer("all-gather", gather_calls * b_g, gathered_b / u_g / b_g, group,
                          host_s=where(params > 0, host, 0.0),
-                         copy_bytes=where(copies, ZERO3_GATHER_COPIES * gathered_b / u, 0.0) + cast / u),
-                Transfer("all-to-all", where(a2a, reduce_calls * b_r, 0), reduced_b / u / b_r, group,
-                         copy_bytes=where(a2a, fp32_sum_copy_bytes(plan, reduced_b / u / b_r, ranks), 0.0))]
+                         copy_bytes=where(copies, ZERO3_GATHER_COPIES * gathered_b / u_g, 0.0) + cast / u_g),
+                Transfer("all-to-all", where(a2a, reduce_calls * b_r, 0), reduced_b / u_r / b_r, group,
+                         copy_bytes=where(a2a, fp32_sum_copy_bytes(plan, reduced_b / u_r / b_r, ranks), 0.0))]
         cast = 0.0  # the dense gather only: torchao's Float8Linear weights (no routed expert)
     if dense_outer is not None and expert_outer is not None:
-        out += hsdp_transfers(plan, rp.dense / plan.zero_shard, dense_outer, u, whole,
+        out += hsdp_transfers(plan, rp.dense / plan.zero_shard, dense_outer, ur[0], whole,
                               kept.dense / plan.zero_shard) \
-            + hsdp_transfers(plan, rp.expert / plan.expert_shard, expert_outer, u, whole,
+            + hsdp_transfers(plan, rp.expert / plan.expert_shard, expert_outer, ur[1], whole,
                              kept.expert / plan.expert_shard)
     return out
 
@@ -1458,14 +1461,25 @@ fused query_key_value, the attention output dense, dense_h_to_4h and dense_4h_to
 deepspeed/runtime/zero/constants.py at v0.3.13)."""
 
 
-def zero3_units(m: ModelSpec, plan: ParallelPlan) -> Any:
-    """Collectives one ZeRO-3 gather (or gradient reduction) of the whole model splits into, each its own NCCL
-    call with its own ring latency (topology.collectives.nccl_ring): per tensor (plan.zero3_unit),
-    ZERO3_TENSORS_PER_LAYER per layer plus the input and output embeddings; per layer (FSDP units) priced as
-    one call, the units' latencies not counted (docs/formulas.md#comm.zero3_unit says why). Source:
-    microsoft/DeepSpeed v0.3.13 runtime/zero/partition_parameters.py (_allgather_param and
-    _reduce_scatter_gradient: one torch.distributed call per parameter). Derived: docs/formulas.md#comm.zero3_unit"""
-    return where(plan.zero3_unit == "tensor", ZERO3_TENSORS_PER_LAYER * m.num_hidden_layers + 2, 1)
+def zero3_units(m: ModelSpec, plan: ParallelPlan, stage: Any = 0) -> tuple[Any, Any]:
+    """(dense, expert) collectives one ZeRO-3 gather (or per-micro-batch gradient reduction) of a rank of pipeline
+    stage `stage` splits into, each its own NCCL call with its own ring latency (topology.collectives.nccl_ring).
+    Per tensor (plan.zero3_unit tensor, ZeRO-3): ZERO3_TENSORS_PER_LAYER per layer plus the input and output
+    embeddings. Per layer (FSDP units; ZeRO-2's per-micro-batch reduction whatever the unit): one call per unit
+    and parameter group, the stage's layers (an MTP module counted as a layer, stage_weight_layers) plus the root
+    unit (embedding, final norm, output layer) over the dense group, and one per MoE layer over the expert group:
+    Megatron-FSDP groups a unit's buckets by (unit, expert or not) and coalesces each group into one all-gather /
+    reduce-scatter on its own data-parallel group; FSDP2 runs one per fully_shard module.
+    Source: microsoft/DeepSpeed v0.3.13 runtime/zero/partition_parameters.py
+    (_allgather_param and _reduce_scatter_gradient: one torch.distributed call per parameter); NVIDIA/Megatron-LM
+    d98e8a64dd megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py
+    (_get_parameter_groups: bucket_group_map keyed (fsdp_unit_id, is_expert_param); AllGatherPipeline.
+    all_gather_params and GradReducePipeline._bucket_group_gradient_reduce: one _coalescing_manager per bucket
+    group); Zhao et al. 2023 (PyTorch FSDP) §3.2. Derived: docs/formulas.md#comm.zero3_unit"""
+    dense, moe = stage_weight_layers(m, plan, stage)
+    tensor = (plan.zero3_unit == "tensor") & (plan.zero == 3)  # the unit acts at ZeRO-3 only (zero3_unit_zero)
+    per_tensor = ZERO3_TENSORS_PER_LAYER * m.num_hidden_layers + 2
+    return where(tensor, per_tensor, dense + moe + 1), where(tensor, per_tensor, maximum(moe, 1))
 
 
 def cp_transfers(m: ModelSpec, plan: ParallelPlan, group: G, a2a_group: G | None = None,

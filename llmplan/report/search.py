@@ -229,6 +229,47 @@ def wide_ep_line(a: TrainingEstimate, b: TrainingEstimate, cluster: ClusterSpec)
     return explain_line(a, b, "best with wider EP") + f" ({'; '.join(why)})"
 
 
+def usual(res: SearchResult) -> TrainingEstimate | None:
+    """The best plan of the kind the published recipes run, where #1 differs from it on a structural axis
+    (SearchResult.usual)."""
+    return res.usual if res.ranked else None
+
+
+def dp_calls(e: TrainingEstimate) -> float:
+    """Data-parallel collectives one GPU issues per step (every call of the dp axis's transfers)."""
+    a = e.comm.axes.get("dp")
+    return float(sum(float(t.calls) for t in a.transfers)) if a is not None else 0.0
+
+
+def usual_why(a: TrainingEstimate, b: TrainingEstimate, cluster: ClusterSpec) -> list[str]:
+    """Why #1's unusual layout stands against the usual one (usual_line), as short clauses: for a sharded #1
+    without a pipeline across NVLink domains, what it moves and how often against the usual plan's once-a-step
+    reduction; for a narrow EP group, where each EP group runs; and the micro-batches per pipeline."""
+    up, down = fabric_names(cluster.system)
+    p, q = a.plan, b.plan
+    mine, its = place(p.degrees, cluster), place(q.degrees, cluster)
+    why = []
+    if p.zero >= 2 and p.pp == 1 and mine["dpcp"].uses_nic:
+        what = "weights and gradients" if p.zero == 3 else "gradients"
+        why.append(f"#1 shards its {what} every micro-batch (ZeRO-{p.zero}, no pipeline) over dp x cp "
+                   f"{p.dp * p.cp:,} on {mine['dpcp'].domains} NVLink domains: {dp_calls(a):,.0f} DP calls a "
+                   f"step, {moved_gb(a, 'dp')}, {float(a.time.exposed['dp']):.3g} s exposed; it, ZeRO-{q.zero} "
+                   f"pp {q.pp}, {dp_calls(b):,.0f} calls, {moved_gb(b, 'dp')}")
+    if p.ep != q.ep and p.ep > 1:
+        why.append(f"#1's ep {p.ep} on {mine['ep'].describe(up, down)}, its ep {q.ep} on "
+                   f"{its['ep'].describe(up, down)}")
+    if a.plan.num_microbatches != q.num_microbatches and q.pp > 1:
+        why.append(f"#1 runs {p.num_microbatches} micro-batches per pipeline, it {q.num_microbatches}")
+    return why
+
+
+def usual_line(a: TrainingEstimate, b: TrainingEstimate, cluster: ClusterSpec) -> str:
+    """Why #1 runs a layout the published recipes do not (ZeRO-3 without a pipeline over NVLink domains, or an
+    EP group narrower than its domain): explain_line against the best plan of the usual kind, and usual_why."""
+    why = usual_why(a, b, cluster)
+    return explain_line(a, b, "best usual layout") + (f" ({'; '.join(why)})" if why else "")
+
+
 def explain_table(a: TrainingEstimate, b: TrainingEstimate, what: str) -> Table:
     t = ReportTable(title=f"Why #1 ({plan_label(a.plan)}) beats {what} ({plan_label(b.plan)})")
     t.add_column("part")
@@ -469,12 +510,15 @@ def search_json(res: SearchResult, w: Workload, cluster: ClusterSpec, model: Mod
         **({"without_cp": estimate_json(without)} if (without := without_cp(res)) is not None else {}),
         **({"with_ep": estimate_json(ep_best)} if (ep_best := with_ep(res)) is not None else {}),
         **({"wide_ep": estimate_json(wider)} if (wider := wide_ep(res)) is not None else {}),
+        **({"usual_layout": estimate_json(usual_e), "usual_layout_why": usual_why(res.ranked[0], usual_e, cluster)}
+           if (usual_e := usual(res)) is not None else {}),
         **({"advice": advice_json(advice)} if advice is not None else {}),
         **({"explain": {**({"vs_second": explain(res.ranked[0], res.ranked[1])} if len(res.ranked) > 1 else {}),
                         **({"vs_conventional": explain(res.ranked[0], res.conventional)} if res.conventional else {}),
                         **({"vs_without_cp": explain(res.ranked[0], without)} if without is not None else {}),
                         **({"vs_with_ep": explain(res.ranked[0], ep_best)} if ep_best is not None else {}),
-                        **({"vs_wide_ep": explain(res.ranked[0], wider)} if wider is not None else {})}}
+                        **({"vs_wide_ep": explain(res.ranked[0], wider)} if wider is not None else {}),
+                        **({"vs_usual_layout": explain(res.ranked[0], usual_e)} if usual_e is not None else {})}}
            if res.ranked else {}),
         "pareto": [estimate_json(e) for e in res.pareto],
         **({"domain": domain_json(res.domain)} if res.domain is not None else {}),
@@ -657,6 +701,9 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
         wider = wide_ep(res)
         if wider is not None:
             console.print(wide_ep_line(best, wider, cluster))
+        usual_e = usual(res)
+        if usual_e is not None:
+            console.print(usual_line(best, usual_e, cluster))
         if res.sides is not None and res.target is not None:  # a comparison with no plan the target accepts
             for what, side in (("conventional plan", res.sides.conventional), ("without CP", res.sides.without_cp),
                                ("with EP", res.sides.with_ep)):
@@ -676,6 +723,8 @@ def search_view(console: Console, res: SearchResult, w: Workload, cluster: Clust
                 console.print(explain_table(best, ep_best, "best with EP"))
             if wider is not None:
                 console.print(explain_table(best, wider, "best with wider EP"))
+            if usual_e is not None:
+                console.print(explain_table(best, usual_e, "best usual layout"))
             if advice:
                 console.print(advice_table(advice, float(best.throughput.tokens_per_s)))
         console.print(ranked_table("Pareto front: throughput vs memory headroom (plans within 2x of the best)",

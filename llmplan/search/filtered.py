@@ -487,8 +487,9 @@ def keep_sides(kept: Any, lp: LayoutPlans | None, refused: Callable[[Candidate],
         asked += a
         if cap:
             capped.append(k)
-    # the wider-EP comparison (search.run.wide_ep_index) is not walked: shown only without a target
+    # the wider-EP and usual-layout comparisons (search.run.wide_ep_index, usual_index) are not walked: shown
+    # only without a target
     out = dataclasses.replace(kept, pareto=front, conventional=conventional, without_cp=no_cp, with_ep=ep,
-                              wide_ep=None, equivalents=equivalents, variants=variants)
+                              wide_ep=None, usual=None, equivalents=equivalents, variants=variants)
     return out, Sides(front_checked, front_complete, conv, cp_side, ep_side, asked, tuple(capped),
                       time.perf_counter() - t0)

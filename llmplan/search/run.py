@@ -85,6 +85,11 @@ class SearchResult:
     wide_ep: TrainingEstimate | None = None
     """The best plan that fits with a smaller TP and a wider EP than #1, where #1 runs TP beside an EP group
     that stays inside one NVLink domain (wide_ep_index): the published MoE runs' kind, and what it costs here."""
+    usual: TrainingEstimate | None = None
+    """The best plan that fits of the kind the published recipes run, where #1 differs from it on a structural
+    axis (usual_index): ZeRO <= 1 where #1 shards its weights or gradients every micro-batch over more than one
+    NVLink domain without a pipeline; a wider EP inside one domain where #1's EP group leaves most of its domain
+    to data parallelism. What the unusual #1 wins by, and why (report.search.usual_line)."""
     cloud: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     """(tokens/s, headroom bytes) of up to CLOUD_POINTS plans that fit, spread evenly over the enumeration
     (for the report's scatter)."""
@@ -160,6 +165,7 @@ class SidePlans:
     with_ep: int | None
     wide_ep: int | None
     conventional: Callable[[], TrainingEstimate | None]
+    usual: int | None = None
     merge: Callable[[list[TrainingEstimate]], list[TrainingEstimate]] | None = None
     """The layout pass's merge of its plans that fit into the front, where it ran (layouts.layout_pass)."""
 
@@ -186,7 +192,7 @@ def complete_sides(res: SearchResult) -> SearchResult:
     at = lambda i: None if i is None else s.price(i)  # noqa: E731
     return dataclasses.replace(res, pareto=s.merge(pareto) if s.merge is not None else pareto,
                                conventional=s.conventional(), without_cp=at(s.without_cp),
-                               with_ep=at(s.with_ep), wide_ep=at(s.wide_ep), pending=None,
+                               with_ep=at(s.with_ep), wide_ep=at(s.wide_ep), usual=at(s.usual), pending=None,
                                seconds=res.seconds + time.perf_counter() - t0)
 
 
@@ -827,19 +833,58 @@ def _finished(job: _Job, r: _Rows, res: SearchResult, pins: LayoutPins, keep_pla
                                        r.tokens, fitted)
     res = layouts.rank(res, r.pool)
     wide_i = wide_ep_index(res.ranked[0], r.plans, r.score, job.cluster, job.order) if res.ranked else None
+    usual_i = usual_index(res.ranked[0], r.plans, r.score, job.cluster, job.order) if res.ranked else None
     return dataclasses.replace(res, wide_ep=r.est(wide_i) if sides and wide_i is not None else None,
-                               pending=pending_rows(res.pending, r.side_rows, r.plans, wide_i))
+                               usual=r.est(usual_i) if sides and usual_i is not None else None,
+                               pending=pending_rows(res.pending, r.side_rows, r.plans, wide_i, usual_i))
 
 
 def pending_rows(pending: SidePlans | None, rows: dict[int, Any], plans: PlanArrays,
-                 wide_i: int | None) -> SidePlans | None:
-    """The pending side outputs with the wide-EP row set, and the plans they price copied out of the plan arrays
-    into `rows` (their pricer's), so that the result holds those few plans, not the arrays."""
+                 wide_i: int | None, usual_i: int | None = None) -> SidePlans | None:
+    """The pending side outputs with the wide-EP and usual-layout rows set, and the plans they price copied out
+    of the plan arrays into `rows` (their pricer's), so that the result holds those few plans, not the arrays."""
     if pending is None:
         return None
-    p = dataclasses.replace(pending, wide_ep=wide_i)
-    rows.update({i: plans.plan(i) for i in (*p.front, p.without_cp, p.with_ep, p.wide_ep) if i is not None})
+    p = dataclasses.replace(pending, wide_ep=wide_i, usual=usual_i)
+    rows.update({i: plans.plan(i) for i in (*p.front, p.without_cp, p.with_ep, p.wide_ep, p.usual)
+                 if i is not None})
     return p
+
+
+def usual_kind(first: TrainingEstimate, cluster: ClusterSpec, order: tuple[str, ...]) -> str | None:
+    """On which structural axis `first` differs from the layouts the published recipes run at scale, or None:
+    'zero' where it shards its weights or gradients every micro-batch (ZeRO 2-3 without a pipeline) over a
+    data-parallel group that leaves its NVLink domain (the recipes run the distributed optimizer, ZeRO-1, with a
+    pipeline: NVIDIA-NeMo/Megatron-Bridge perf_recipes, e.g. DeepSeek-V3 GB300 tp1 pp2 vp8 ep32); 'ep' where an
+    MoE #1's EP group stays inside a domain it fills a quarter of or less, at tp 1 (the recipes' EP fills
+    the domain: EP 32-64 on NVL72, DeepSeek-V3 report arXiv:2412.19437 sec. 3.2: EP 64)."""
+    p = first.plan
+    spans = place(p.degrees, cluster, order)
+    if p.zero >= 2 and p.pp == 1 and spans["dpcp"].uses_nic:
+        return "zero"
+    domain = cluster.system.domain_gpus
+    if p.ep > 1 and p.tp == 1 and not spans["ep"].uses_nic and 4 * p.ep * p.etp_resolved <= domain:
+        return "ep"
+    return None
+
+
+def usual_index(first: TrainingEstimate, plans: PlanArrays, score: np.ndarray, cluster: ClusterSpec,
+                order: tuple[str, ...]) -> int | None:
+    """The index of the best-scoring plan of the usual kind where `first` differs from it (usual_kind): ZeRO <= 1
+    ('zero'), or an EP at least twice #1's whose group fits one NVLink domain ('ep'); None otherwise
+    (SearchResult.usual)."""
+    kind = usual_kind(first, cluster, order)
+    if kind is None:
+        return None
+    if kind == "zero":
+        keep = np.asarray(plans.zero) <= 1
+    else:
+        span = np.asarray(plans.ep) * np.asarray(plans.etp_resolved)
+        keep = (np.asarray(plans.ep) >= 2 * first.plan.ep) & (span <= cluster.system.domain_gpus)
+    idx = np.flatnonzero(keep)
+    if not len(idx):
+        return None
+    return int(idx[int(np.argmax(np.asarray(score, dtype=float)[idx]))])
 
 
 DISPATCH_FIELDS = ("moe_dispatcher", "moe_flex_backend")
