@@ -58,6 +58,40 @@ def test_memory_of_many_plans_is_exactly_the_scalar_memory(name, system, nodes, 
             assert float(getattr(vec, f)[j]) == float(getattr(one, f)), (f, plans.plan(i))
 
 
+def test_repeated_candidate_stages_are_priced_once_with_the_same_pick(monkeypatch):
+    """training_memory on plan arrays prices a candidate stage only where it is a new stage of the plan (pp 1:
+    one stage, pp 2: two), and picks what pricing all four on every plan picks, field for field."""
+    import llmplan.cost.memory as mem
+    m, cluster = M["deepseek-v3"], ClusterSpec(system=S["dgx-h800"], num_nodes=32)
+    w = Workload(global_batch=1024, seq_len=4096)
+    plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
+    rng = np.random.default_rng(7)
+    idx = [int(i) for i in rng.permutation(len(plans))[:3000] if not check_plan(m, plans.plan(int(i)), cluster)][:300]
+    sub = plans.take(np.asarray(idx))
+    assert {1, 2} <= set(sub.pp.tolist()) and sub.pp.max() > 2  # every kind of repeat
+    gpu = cluster.system.gpu
+    every = [mem.stage_memory(m, sub, s, mem.MemoryAllowance(), gpu.hbm_bytes, gpu.fp8_tn_only, gpu.nccl_sms,
+                              gpu.compute_capability) for s in mem.candidate_stages(m, sub)]
+    want = _choose(np.argmax(np.stack([np.broadcast_to(r.total, (len(sub),)) for r in every]), axis=0), every)
+    priced = []
+    real = mem.stage_memory
+    monkeypatch.setattr(mem, "stage_memory", lambda m_, p, *a: priced.append(len(p)) or real(m_, p, *a))
+    got = training_memory(m, sub, gpu.hbm_bytes, None, gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability)
+    pp = sub.pp
+    assert sum(priced) < 4 * len(sub)
+    assert sum(priced) >= len(sub) + int((pp > 1).sum()) + int((pp > 2).sum())  # stage 0, second, last at least
+    for f in dataclasses.fields(TrainingMemory):
+        a, b = getattr(got, f.name), getattr(want, f.name)
+        if dataclasses.is_dataclass(a):
+            for g in dataclasses.fields(a):
+                assert np.array_equal(np.broadcast_to(getattr(a, g.name), (len(sub),)),
+                                      np.broadcast_to(getattr(b, g.name), (len(sub),))), (f.name, g.name)
+        elif a is None or f.name == "capacity":
+            assert a == b, f.name
+        else:
+            assert np.array_equal(np.broadcast_to(a, (len(sub),)), np.broadcast_to(b, (len(sub),))), f.name
+
+
 def _memory(rng: np.random.Generator, n: int, ties: np.ndarray, stage: int) -> TrainingMemory:
     v = lambda: np.where(ties, 1.0, rng.integers(0, 4, n).astype(float))  # noqa: E731  (small values: many ties)
     return TrainingMemory(stage=np.full(n, stage), params_on_rank=v(), weights=v(), gradients=v(), optimizer=v(),

@@ -582,17 +582,26 @@ def class_key(m: ModelSpec, plan: ParallelPlan) -> Any:
 def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
                     allowance: MemoryAllowance | None = None, fp8_tn_only: bool = True,
                     nccl_channels: int = 16, compute_capability: float | None = None,
-                    gather_rate: bool = False) -> TrainingMemory:
+                    gather_rate: bool = False,
+                    known: dict[int, TrainingMemory] | None = None) -> TrainingMemory:
     """Memory per GPU of the most-loaded rank (elementwise for plan arrays); `fp8_tn_only`: the GPU's
     GpuSpec.fp8_tn_only (Hopper keeps transposed fp8 weight copies, Blackwell does not); `nccl_channels`:
     its GpuSpec.nccl_sms; `compute_capability`: its GpuSpec.compute_capability; `gather_rate`: whether it lists
-    GpuSpec.sparse_gather_efficiency (activation_bytes)."""
+    GpuSpec.sparse_gather_efficiency (activation_bytes). `known`: stage_memory of some candidate stages (by
+    their index in candidate_stages) on these plan arrays, already priced (the search's memory screen,
+    search.evaluate.screened_memory)."""
     allowance = allowance or MemoryAllowance()
     stages, classes = candidate_stages(m, plan), class_key(m, plan)
-    results = each_stage(stages, lambda stage: stage_memory(m, plan, stage, allowance, capacity, fp8_tn_only,
-                                                            nccl_channels, compute_capability, gather_rate),
-                         None if classes is None else  # a class with as many micro-batches in flight
-                         lambda stage: classes(stage) + (inflight_microbatches(plan, stage),))
+
+    def one(p: ParallelPlan, stage: Any) -> TrainingMemory:
+        return stage_memory(m, p, stage, allowance, capacity, fp8_tn_only, nccl_channels, compute_capability,
+                            gather_rate)
+    if getattr(type(plan), "take", None) is not None:  # plan arrays: each stage where it is a new one
+        results = _new_stages(plan, stages, one, known or {})
+    else:
+        results = each_stage(stages, lambda stage: one(plan, stage),
+                             None if classes is None else  # a class with as many micro-batches in flight
+                             lambda stage: classes(stage) + (inflight_microbatches(plan, stage),))
     if classes is not None:  # one plan: the first stage with the largest total
         top = 0
         for i in range(1, len(results)):
@@ -605,6 +614,43 @@ def training_memory(m: ModelSpec, plan: ParallelPlan, capacity: float,
     for r in results[1:]:
         best = _pick(r.total > best.total, r, best)
     return best
+
+
+def _new_stages(plans: Any, stages: tuple[Any, ...], one: Any, known: dict[int, TrainingMemory]) -> list[Any]:
+    """one(plans, stage) of each candidate stage of plan arrays (`known`: those already priced), priced only on
+    the plans where the stage is none of the earlier candidates (pp 1: all four are stage 0; pp 2: the second is
+    the last); elsewhere the first candidate's values stand in. training_memory picks the first stage with the
+    largest total: a stage equal to an earlier one is never that stage, and the stand-ins are a candidate's own
+    values, so the pick and its values are those of pricing every stage on every plan."""
+    n = len(plans)
+    results: list[TrainingMemory] = []
+    for k, stage in enumerate(stages):
+        s = np.broadcast_to(stage, (n,))
+        new = np.ones(n, dtype=bool)
+        for earlier in stages[:k]:
+            new &= s != np.broadcast_to(earlier, (n,))
+        if k in known:
+            results.append(known[k])
+        elif new.all():
+            results.append(one(plans, stage))
+        elif not new.any():
+            results.append(results[0])
+        else:
+            at = np.flatnonzero(new)
+            results.append(_put_memory(results[0], one(plans.take(at).as_plan, s[at]), at, n))
+    return results
+
+
+def _put_memory(full: TrainingMemory, sub: TrainingMemory, at: np.ndarray, n: int) -> TrainingMemory:
+    """`full` (a breakdown over n plans) with the plans at `at` given `sub`'s values (a breakdown over those)."""
+    def put(get: Any) -> Any:
+        a, b = get(full), get(sub)
+        if not isinstance(a, np.ndarray) and not isinstance(b, np.ndarray) and a == b:
+            return a
+        out = np.array(np.broadcast_to(a, (n,)), dtype=np.result_type(a, b))
+        out[at] = b
+        return out
+    return _fieldwise(put, full, full.runtime is not None and sub.runtime is not None)
 
 
 def _field_names(cls: type, *skip: str) -> tuple[str, ...]:

@@ -38,10 +38,12 @@ class Evaluation:
 
 
 def evaluate_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
-                    allowance: MemoryAllowance | None = None) -> TrainingMemory:
+                    allowance: MemoryAllowance | None = None,
+                    known: dict[int, TrainingMemory] | None = None) -> TrainingMemory:
+    """training_memory of the plan arrays on the cluster's GPU (`known`: training_memory's)."""
     gpu = cluster.system.gpu
     return training_memory(m, plans.as_plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms,
-                           gpu.compute_capability, gpu.sparse_gather_efficiency is not None)
+                           gpu.compute_capability, gpu.sparse_gather_efficiency is not None, known)
 
 
 SCREEN_STAGE = 2
@@ -73,15 +75,18 @@ def screened_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allow
     where their screening stage is below the least found (tests/test_search_fast_paths.py)."""
     gpu = cluster.system.gpu
     stage = candidate_stages(m, plans.as_plan)[SCREEN_STAGE]
-    bound = np.asarray(stage_memory(m, plans.as_plan, stage, allowance or MemoryAllowance(), gpu.hbm_bytes,
-                                    gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability,
-                                    gpu.sparse_gather_efficiency is not None).total, dtype=np.float64)
+    screen = stage_memory(m, plans.as_plan, stage, allowance or MemoryAllowance(), gpu.hbm_bytes, gpu.fp8_tn_only,
+                          gpu.nccl_sms, gpu.compute_capability, gpu.sparse_gather_efficiency is not None)
+    bound = np.asarray(screen.total, dtype=np.float64)
     maybe = np.flatnonzero(bound + headroom <= gpu.hbm_bytes)
     fits = np.zeros(len(plans), dtype=bool)
     known = np.full(len(plans), np.inf)  # exact memory where computed
     memory = None
+
+    def full(at: np.ndarray) -> TrainingMemory:  # the full model on the plans at `at`, the screened stage reused
+        return evaluate_memory(m, cluster, plans.take(at), allowance, {SCREEN_STAGE: take_tree(screen, at, len(plans))})
     if len(maybe):
-        mem = evaluate_memory(m, cluster, plans.take(maybe), allowance)
+        mem = full(maybe)
         total = np.asarray(mem.total, dtype=np.float64)
         ok = total + headroom <= mem.capacity
         fits[maybe[ok]] = True
@@ -90,7 +95,7 @@ def screened_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allow
     least_seen = float(np.min(known[~fits])) if (~fits).any() else np.inf
     rivals = np.flatnonzero(~fits & np.isinf(known) & (bound <= least_seen))
     if len(rivals):
-        known[rivals] = np.asarray(evaluate_memory(m, cluster, plans.take(rivals), allowance).total, dtype=np.float64)
+        known[rivals] = np.asarray(full(rivals).total, dtype=np.float64)
     if fits.all():
         return Screened(fits, memory, None, 0.0)
     least = int(np.argmin(np.where(~fits, known, np.inf)))
