@@ -203,3 +203,21 @@ def test_fused_csa_priced_on_arrays_equals_it_on_each_plan_and_the_rule_asks_it(
     # the fused path priced on GB200 only with fused attention; the rule then passes without an fp32 rate
     assert [bool(x) for x in fused_csa_priced(builtin_models()["deepseek-v4-flash"], batch, no_fp32)] \
         == [True, False, True, False]
+
+
+def test_fused_csa_priced_of_one_plan_is_a_python_bool_and_hydra_writes_it_lowercase() -> None:
+    # docs/validation.md#mend-70a: a numpy bool for one plan reached export.bridge.hydra_value, whose
+    # isinstance(value, bool) missed it, so the Bridge export wrote True/False (Hydra's grammar: true/false)
+    import numpy as np
+
+    from llmplan.cost.sparse_gather import fused_csa_priced
+    from llmplan.export.bridge import hydra_value
+    from llmplan.specs.plan import ParallelPlan
+    from llmplan.specs.registry import builtin_models
+    flash = builtin_models()["deepseek-v4-flash"]
+    fused = ParallelPlan(ep=8, dp=8, seq_len=4096)
+    unfused = fused.model_copy(update={"flash_attention": False})
+    assert fused_csa_priced(flash, fused, GPUS["gb200"]) is True
+    assert fused_csa_priced(flash, unfused, GPUS["gb200"]) is False
+    assert fused_csa_priced(flash, fused, GPUS["h100-sxm"]) is False
+    assert hydra_value(np.bool_(True)) == "true" and hydra_value(np.bool_(False)) == "false"

@@ -64,11 +64,13 @@ def fused_csa_priced(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     layers, fused attention, a GPU with a published sparse gather rate. Else the dense fused kernel's rate prices
     it. The launcher turns that path on with apply_dsa_kernel_fusion (dsa_kernel_backend "cudnn") and trains
     the indexer with the sparse KL loss. Source: NVIDIA/Megatron-LM transformer_config.py (apply_dsa_kernel_fusion
-    -> dsa_kernel_backend) and csa.py (_forward_fused_indexer_training) at 1e23526adc. A numpy bool for
-    one plan (the export's question), a bool array for plans whose flash_attention is an array (check_plan's
-    rule indexer_reference_rate asks it of either); cost.compute.attention_seconds prices the same condition.
+    -> dsa_kernel_backend) and csa.py (_forward_fused_indexer_training) at 1e23526adc. A Python bool
+    for one plan (the export's question, which Hydra writes as true/false), a bool array for plans whose
+    flash_attention is an array (check_plan's rule indexer_reference_rate asks it of either);
+    cost.compute.attention_seconds prices the same condition.
     Derived: docs/formulas.md#compute.indexer_loss"""
-    return bool(m.compressed_layers) & as_bool(plan.flash_attention) & (gpu.sparse_gather_efficiency is not None)
+    r = bool(m.compressed_layers) & as_bool(plan.flash_attention) & (gpu.sparse_gather_efficiency is not None)
+    return bool(r) if np.ndim(r) == 0 else r
 
 
 def asked_indexer_loss(m: ModelSpec, plan: ParallelPlan) -> str | None:

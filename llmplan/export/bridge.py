@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from llmplan.cost.params import stage_layer_list
 from llmplan.cost.model_states import grad_prescaled
 from llmplan.cost.muon import MUON_NS_STEPS
@@ -728,8 +730,8 @@ def hydra_value(value: object) -> str:
     """A value in Hydra's override grammar: null, true/false, numbers as written, text as is."""
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value)).lower()
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
