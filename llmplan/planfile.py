@@ -17,6 +17,7 @@ from llmplan import __version__
 from llmplan.errors import LlmplanError
 from llmplan.estimate import TrainingEstimate
 from llmplan.fileio import excerpt, exists, write_atomic
+from llmplan.report.common import flex_backend_shown
 from llmplan.specs.hardware import SystemSpec
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ETP_SAME_AS_TP, PLAN_FILE_ONLY, ClusterSpec, MemoryAllowance, ParallelPlan, trained_model
@@ -188,7 +189,7 @@ def plan_document(e: TrainingEstimate, allowance: MemoryAllowance, order: tuple[
         "nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node_used,
         "axis_order": "-".join(order),
         "allowance": allowance.model_dump(mode="json"),
-        "plan": _saved_plan(e.model, e.plan).model_dump(mode="json"),
+        "plan": flex_backend_shown(_saved_plan(e.model, e.plan).model_dump(mode="json")),
         "checkpoint": e.checkpoint.model_dump(mode="json"),
         "predictions": predictions,
     }

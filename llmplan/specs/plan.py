@@ -739,7 +739,7 @@ class ParallelPlan(PlanQuantities, Spec):
     def _null_flex_backend_is_the_default(cls, v: Any) -> Any:
         """JSON null (what the output writes for an alltoall plan, whose backend means nothing) as the default,
         so that ParallelPlan(**plan) rebuilds a plan from its JSON."""
-        return "deepep" if v is None else v
+        return cls.model_fields["moe_flex_backend"].default if v is None else v
 
     @model_validator(mode="after")
     def _recipe_matches_dtype(self) -> "ParallelPlan":
