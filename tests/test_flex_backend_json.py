@@ -39,10 +39,13 @@ def test_estimate_json_null_on_alltoall_and_the_backend_on_the_flex_dispatcher(c
     assert flex.json()["plan"]["moe_flex_backend"] == "hybridep"
 
 
-def test_estimate_of_a_backend_alone_is_refused_with_the_fix(cli) -> None:  # noqa: ANN001
-    # estimate prices the plan as given: the backend on the alltoall dispatcher is one line naming the fix
-    r = cli(*ESTIMATE, "--moe-flex-backend", "hybridep")
+@pytest.mark.parametrize("backend", ["hybridep", "deepep"])
+def test_estimate_of_a_backend_alone_is_refused_with_the_fix(cli, backend: str) -> None:  # noqa: ANN001
+    # estimate prices the plan as given: a backend named on the alltoall dispatcher, its default value included
+    # (review-70a: deepep alone priced alltoall with exit 0), is one line naming the fix
+    r = cli(*ESTIMATE, "--moe-flex-backend", backend)
     assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    assert f"moe_flex_backend {backend} with moe_dispatcher alltoall" in r.err
     assert "add --moe-dispatcher deepep" in r.err
 
 

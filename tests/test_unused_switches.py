@@ -85,7 +85,8 @@ ON = {"overlap_param_gather_with_optimizer_step": True, "zero3_unit": "tensor", 
       "tp_overlap_sms": (8.0, 8.0, 8.0, 8.0), "tp_overlap_margin_sms": (0.0, 16.0, 16.0, 16.0),
       "kept_grad_shards": True, "fp32_embedding_grads": True, "moe_router_padding": True, "delay_wgrad": True,
       "torchao_saves_hp_input": False, "fused_loss_impl": "te", "unfused_loss_impl": "vocab-parallel",
-      "jit_activation": True, "megatron_fsdp": True, "grad_reduce_dtype": "bf16", "grad_reduce_fp32_sum": True}
+      "jit_activation": True, "megatron_fsdp": True, "grad_reduce_dtype": "bf16", "grad_reduce_fp32_sum": True,
+      "moe_flex_backend": "hybridep"}
 """A value away from the default for every field of SWITCH_USES."""
 BASES = [("llama-3.1-8b", 2, dict(tp=1, pp=1, dp=16, zero=1)), ("llama-3.1-8b", 2, dict(tp=2, pp=2, dp=4, sp=True)),
          ("llama-3.1-8b", 2, dict(tp=2, pp=1, dp=8, sp=False, zero=2)), ("llama-3.1-8b", 2, dict(tp=1, pp=2, dp=8)),

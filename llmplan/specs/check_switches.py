@@ -252,6 +252,14 @@ def _fp8_tensorwise(p: Any) -> bool:
 
 
 SWITCH_USES: tuple[SwitchUse, ...] = (
+    # the flex backend is the kernels of the deepep (flex) dispatcher: Megatron-Core reads
+    # moe_flex_dispatcher_backend only in MoEFlexTokenDispatcher (NVIDIA/Megatron-LM d98e8a64dd
+    # megatron/core/transformer/moe/token_dispatcher.py); named on an alltoall plan it asks for nothing
+    SwitchUse("moe_flex_backend_deepep", ("moe_flex_backend",), lambda p: p.moe_dispatcher == "deepep",
+              lambda p: f"moe_flex_backend {p.moe_flex_backend} with moe_dispatcher {p.moe_dispatcher}: the "
+                        "backend is the kernels of the deepep (flex) dispatcher (Megatron "
+                        "moe_flex_dispatcher_backend); the alltoall dispatcher runs NCCL's all-to-all; add "
+                        "--moe-dispatcher deepep or drop --moe-flex-backend", moe=True),
     # NVIDIA/Megatron-LM core_v0.14.0 megatron/training/arguments.py validate_args (and megatron/core/optimizer
     # at d98e8a6): the flag asserts the distributed optimizer, --overlap-param-gather and interleaving
     SwitchUse("param_gather_optstep_interleaved", ("overlap_param_gather_with_optimizer_step",),
@@ -940,12 +948,6 @@ SWITCH_RULES: tuple[Rule, ...] = (
                          "those of the deepep dispatch and combine kernels (Megatron moe_flex_dispatcher_num_sms); "
                          "the alltoall dispatcher runs NCCL's all-to-all; add --moe-dispatcher deepep or drop "
                          "--moe-dispatch-sms"),
-    Rule("moe_flex_backend_deepep", lambda m, p, c: (p.moe_flex_backend == "deepep") | (p.moe_dispatcher == "deepep")
-         | (not m.is_moe),
-         lambda m, p, c: f"moe_flex_backend {p.moe_flex_backend} with moe_dispatcher {p.moe_dispatcher}: the backend "
-                         "is the kernels of the deepep (flex) dispatcher (Megatron moe_flex_dispatcher_backend); the "
-                         "alltoall dispatcher runs NCCL's all-to-all; add --moe-dispatcher deepep or drop "
-                         "--moe-flex-backend"),
     # DeepSeek-V3 report §3.3.2 quantises the dispatch for its FP8 up-projection; DeepEP's dispatch takes the
     # (fp8, scales) tuple (deepseek-ai/DeepEP README); Megatron-LM d98e8a6 fused_a2a.py hands DeepEP bf16 and
     # init_hybrid_ep_buffer asserts fp8 dispatch off, the alltoall dispatcher permutes bf16 tokens
