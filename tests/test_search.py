@@ -44,8 +44,11 @@ fixed, not drawn, so no case or type rests on the draws."""
 def valid_plan(draw, case, cp_comm_type, dtype):
     name, system, nodes = case
     m, cluster = M[name], ClusterSpec(system=S[system], num_nodes=nodes)
-    # low-precision primary weights and bf16 gradient buffers both ways
-    w = Workload(global_batch=draw(st.sampled_from([64, 256, 1024])), seq_len=draw(st.sampled_from([2048, 4096])),
+    # low-precision primary weights and bf16 gradient buffers both ways; Megatron's fp32 optimizer passes
+    # (optimizer_fp32_passes, plan-file only) both ways where the plan allows them (not with Megatron-FSDP)
+    fsdp = draw(st.booleans())  # the search sets it per setting (cli.search as_run)
+    w = Workload(optimizer_fp32_passes=draw(st.booleans()) and not fsdp,
+                 global_batch=draw(st.sampled_from([64, 256, 1024])), seq_len=draw(st.sampled_from([2048, 4096])),
                  dtype=dtype, recipe="nvfp4" if dtype == "fp4" else "tensorwise",
                  fp8_params=draw(st.booleans()), grad_dtype=draw(st.sampled_from(["fp32", "bf16"])),
                  flash_attention=draw(st.booleans()), tp_comm_overlap=draw(st.booleans()),
@@ -54,7 +57,7 @@ def valid_plan(draw, case, cp_comm_type, dtype):
                  tp_impl=draw(st.sampled_from(["megatron", "dtensor"])), fp32_param_shards=draw(st.booleans()),
                  moe_dispatcher=draw(st.sampled_from(["alltoall", "deepep"])),
                  moe_routing=draw(st.sampled_from(["random", "contiguous"])), cp_comm_type=cp_comm_type,
-                 megatron_fsdp=draw(st.booleans()))  # the search sets it per setting (cli.search as_run)
+                 megatron_fsdp=fsdp)
     plans = enumerate_plans(default_space(m, cluster, w), cluster, w)
     keep = np.ones(len(plans), dtype=bool)
     for _, ok in rule_cuts(m, plans, cluster):  # the rules the search prunes by, on the arrays (check_plan below)
