@@ -19,6 +19,7 @@ from llmplan.search.grid import Workload, default_space, distinct_rows, enumerat
 from llmplan.search.run import rule_cuts, search
 from llmplan.specs.check import check_plan
 from llmplan.specs.plan import ClusterSpec
+from llmplan.specs.plan_choices import UNFUSED_LOSS_IMPLS
 from llmplan.specs.registry import builtin_models, builtin_systems
 
 M = builtin_models()
@@ -47,7 +48,10 @@ def valid_plan(draw, case, cp_comm_type, dtype):
     # low-precision primary weights and bf16 gradient buffers both ways; Megatron's fp32 optimizer passes
     # (optimizer_fp32_passes, plan-file only) both ways where the plan allows them (not with Megatron-FSDP)
     fsdp = draw(st.booleans())  # the search sets it per setting (cli.search as_run)
-    w = Workload(optimizer_fp32_passes=draw(st.booleans()) and not fsdp,
+    # the unfused loss and each implementation of it (its bytes a logit depend on tp: eager-vocab-parallel)
+    fused = draw(st.booleans())
+    w = Workload(optimizer_fp32_passes=draw(st.booleans()) and not fsdp, fused_loss=fused,
+                 unfused_loss_impl="eager" if fused else draw(st.sampled_from(UNFUSED_LOSS_IMPLS)),
                  global_batch=draw(st.sampled_from([64, 256, 1024])), seq_len=draw(st.sampled_from([2048, 4096])),
                  dtype=dtype, recipe="nvfp4" if dtype == "fp4" else "tensorwise",
                  fp8_params=draw(st.booleans()), grad_dtype=draw(st.sampled_from(["fp32", "bf16"])),
