@@ -20,10 +20,9 @@ from llmplan.cost.memo import ALL_BUT_ZERO, memoized, per_distinct
 from llmplan.cost.mixers import attention_share, dense_mlp_share, mean_recurrent_activation_bytes, norms_per_layer
 from llmplan.cost.params import kv_heads_per_rank, token_ffn_width
 from llmplan.cost.quantize import proj_saves_original_input, torchao_fp8_copy_share, torchao_hp_saved_share
-from llmplan.cost.sparse_gather import asked_indexer_loss
+from llmplan.cost.sparse_gather import asked_indexer_loss, fused_csa
 from llmplan.specs.model import ModelSpec
 from llmplan.specs.plan import ParallelPlan, cp_a2a_group, cp_ring_size
-from llmplan.specs.rule import as_bool
 
 
 def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, moe: bool) -> Any:
@@ -708,5 +707,4 @@ def csa_reference_transient_bytes(m: ModelSpec, plan: ParallelPlan, gather_rate:
     scores = INDEXER_SCORE_COPIES * 4.0 * (m.index_n_heads or 0) * pairs
     target = (INDEXER_LOSS_SCORE_BYTES * m.num_attention_heads / plan.tp + INDEXER_LOSS_PAIR_BYTES) * pairs
     backward = (INDEXER_BACKWARD_SCORE_BYTES * (m.index_n_heads or 0) + INDEXER_BACKWARD_PAIR_BYTES) * pairs
-    fused = as_bool(plan.flash_attention) & bool(gather_rate)
-    return where(fused, 0.0, maximum(maximum(scores, target), backward) + 4.0 * queries * keys)
+    return where(fused_csa(m, plan, gather_rate), 0.0, maximum(maximum(scores, target), backward) + 4.0 * queries * keys)

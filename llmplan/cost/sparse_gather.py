@@ -69,7 +69,14 @@ def fused_csa_priced(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     flash_attention is an array (check_plan's rule indexer_reference_rate asks it of either);
     cost.compute.attention_seconds prices the same condition.
     Derived: docs/formulas.md#compute.indexer_loss"""
-    r = bool(m.compressed_layers) & as_bool(plan.flash_attention) & (gpu.sparse_gather_efficiency is not None)
+    return fused_csa(m, plan, gpu.sparse_gather_efficiency is not None)
+
+
+def fused_csa(m: ModelSpec, plan: ParallelPlan, gather_rate: bool) -> Any:
+    """fused_csa_priced's condition given whether the GPU lists GpuSpec.sparse_gather_efficiency (`gather_rate`:
+    what the memory functions receive): a Python bool for one plan, a bool array for plan arrays.
+    Derived: docs/formulas.md#compute.indexer_loss"""
+    r = bool(m.compressed_layers) & as_bool(plan.flash_attention) & bool(gather_rate)
     return bool(r) if np.ndim(r) == 0 else r
 
 
