@@ -126,7 +126,8 @@ UNFUSED_LOSS_IMPL = typer.Option(_plan("unfused_loss_impl"), "--unfused-loss-imp
                                  help="With --unfused-loss, for its memory: eager (PyTorch's cross_entropy, three "
                                       "fp32 copies) | vocab-parallel (Megatron's, in place on one fp32 copy) | "
                                       "vocab-parallel-copy (Megatron-LM 2022-09 .. 2024-06: two fp32 copies) | "
-                                      "eager-vocab-parallel (DeepSpeed's: eager at tp 1, nothing in place at tp > 1).")
+                                      "eager-vocab-parallel (DeepSpeed AutoTP's with a vocabulary-parallel head: eager at tp "
+                                      "1; at tp > 1 its own Function, 14 bytes a logit, nothing in place).")
 TP_IMPL = typer.Option(_plan("tp_impl"), "--tp-impl",
                        help="How TP+SP keeps the linears' inputs: megatron (saves the sequence shard, re-gathers "
                             "in backward) | dtensor (PyTorch DTensor / torchtitan: saves the gathered input).")
