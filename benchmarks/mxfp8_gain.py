@@ -16,7 +16,7 @@ import statistics
 from typing import Any
 
 import accuracy as A
-from precision_pairs import LAYOUT, precision, scored
+from precision_pairs import LAYOUT, grouped, precision
 from runs import load_runs
 
 ORDER = ("bf16", "tensorwise", "current", "delayed", "blockwise", "mxfp8", "nvfp4")
@@ -32,13 +32,8 @@ def key(rec: dict, plan: Any) -> tuple:
 
 def all_pairs(records: list[dict]) -> list[dict[str, Any]]:
     """Every (wider, narrower precision) pair of records sharing `key`, with both ratios."""
-    groups: dict[tuple, list[tuple[dict, Any, float, float]]] = {}
-    for rec in records:
-        got = scored(rec)
-        if got is not None and (got[0].low_precision or got[0].dtype == "bf16"):
-            groups.setdefault(key(rec, got[0]), []).append((rec, *got))
     out = []
-    for rows in groups.values():
+    for rows in grouped(records, key):
         for hi in rows:
             for lo in rows:
                 a, b = precision(hi[1]), precision(lo[1])

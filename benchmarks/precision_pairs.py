@@ -60,15 +60,21 @@ def scored(rec: dict) -> tuple[Any, float, float] | None:
     return (setup[2], float(got[0][1]), float(got[0][2])) if got else None
 
 
-def pairs(records: list[dict]) -> list[dict[str, Any]]:
-    """Every (BF16 row, low-precision row) pair of the records, with both ratios."""
+def grouped(records: list[dict], key: Any) -> list[list[tuple[dict, Any, float, float]]]:
+    """The scored BF16 and low-precision records (record, plan, predicted, measured) in groups of one `key`
+    (record, plan -> what paired records share)."""
     groups: dict[tuple, list[tuple[dict, Any, float, float]]] = {}
     for rec in records:
         got = scored(rec)
         if got is not None and (got[0].low_precision or got[0].dtype == "bf16"):
-            groups.setdefault(pair_key(rec, got[0]), []).append((rec, *got))
+            groups.setdefault(key(rec, got[0]), []).append((rec, *got))
+    return list(groups.values())
+
+
+def pairs(records: list[dict]) -> list[dict[str, Any]]:
+    """Every (BF16 row, low-precision row) pair of the records, with both ratios."""
     out = []
-    for rows in groups.values():
+    for rows in grouped(records, pair_key):
         for hi in (r for r in rows if precision(r[1]) == "bf16"):
             for lo in (r for r in rows if precision(r[1]) != "bf16"):
                 out.append({"bf16": hi[0]["id"], "low": lo[0]["id"], "recipe": precision(lo[1]),
