@@ -96,6 +96,17 @@ def test_a_narrow_ep_group_is_set_beside_a_wider_one_in_its_domain():
     assert usual_kind(wide, CLUSTER, DEFAULT_ORDER) is None  # half the domain
 
 
+def test_a_dense_fsdp_across_nodes_is_not_unusual():
+    # review-70c: llama-3.1-8b on 2 DGX A100 put first dp16 ZeRO-2, the FSDP layout the PyTorch-native stacks
+    # publish (torchtitan, LLM Foundry), and the line called it unusual; the 'zero' kind is for MoE models
+    from llmplan.search.run import usual_kind
+    cluster = ClusterSpec(system=builtin_systems()["dgx-a100"], num_nodes=2)
+    plan = ParallelPlan(tp=1, pp=1, dp=16, zero=2, recompute="none", micro_batch=2, global_batch=64, seq_len=8192)
+    m = builtin_models()["llama-3.1-8b"]
+    assert not check_plan(m, plan, cluster) and place(plan.degrees, cluster, DEFAULT_ORDER)["dpcp"].uses_nic
+    assert usual_kind(estimate_training(m, cluster, plan), cluster, DEFAULT_ORDER) is None
+
+
 QWEN = ("search", "--model", "qwen3-30b-a3b", "--hardware", "gb200-nvl72", "--nodes", "18", "--global-batch", "512",
         "--seq-len", "4096", "--top", "3")
 

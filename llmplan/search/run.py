@@ -853,14 +853,16 @@ def pending_rows(pending: SidePlans | None, rows: dict[int, Any], plans: PlanArr
 
 def usual_kind(first: TrainingEstimate, cluster: ClusterSpec, order: tuple[str, ...]) -> str | None:
     """On which structural axis `first` differs from the layouts the published recipes run at scale, or None:
-    'zero' where it shards its weights or gradients every micro-batch (ZeRO 2-3 without a pipeline) over a
-    data-parallel group that leaves its NVLink domain (the recipes run the distributed optimizer, ZeRO-1, with a
-    pipeline: NVIDIA-NeMo/Megatron-Bridge perf_recipes, e.g. DeepSeek-V3 GB300 tp1 pp2 vp8 ep32); 'ep' where an
+    'zero' where an MoE model shards its weights or gradients every micro-batch (ZeRO 2-3 without a pipeline)
+    over a data-parallel group that leaves its NVLink domain (Megatron's MoE recipes run the distributed
+    optimizer, ZeRO-1, with a pipeline: NVIDIA-NeMo/Megatron-Bridge perf_recipes, e.g. DeepSeek-V3 GB300 tp1 pp2
+    vp8 ep32; a dense model's FSDP / ZeRO-2 across nodes is what the PyTorch-native stacks publish, torchtitan and
+    LLM Foundry, so not unusual, review-70c); 'ep' where an
     MoE #1's EP group stays inside a domain it fills a quarter of or less, at tp 1 (the recipes' EP fills
     the domain: EP 32-64 on NVL72, DeepSeek-V3 report arXiv:2412.19437 sec. 3.2: EP 64)."""
     p = first.plan
     spans = place(p.degrees, cluster, order)
-    if p.zero >= 2 and p.pp == 1 and spans["dpcp"].uses_nic:
+    if first.model.is_moe and p.zero >= 2 and p.pp == 1 and spans["dpcp"].uses_nic:
         return "zero"
     domain = cluster.system.domain_gpus
     if p.ep > 1 and p.tp == 1 and not spans["ep"].uses_nic and 4 * p.ep * p.etp_resolved <= domain:
