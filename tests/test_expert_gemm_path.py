@@ -189,7 +189,8 @@ def test_cli_switch_reaches_the_plan_and_the_step(cli):
 
 
 def test_search_conventional_ep1_plan_pays_per_expert_calls_once_per_pass_and_weights_once():
-    # The search's "conventional" Qwen3-30B-A3B plan on 4 x DGX H100: tp4 sp ep1 (etp = tp = 4, Megatron-Core's
+    # The search's former "conventional" Qwen3-30B-A3B plan on 4 x DGX H100 (before docs/validation.md#conv-ep
+    # gave MoE models EP inside the NVLink domain): tp4 sp ep1 (etp = tp = 4, Megatron-Core's
     # default), so TEGroupedMLP runs (the fused grouped MLP needs expert TP 1) over all 128 experts on every
     # rank. Hand count, per micro-batch: 2 linears x 128 local experts x 3 passes x 48 MoE layers = 36,864
     # per-expert GEMM calls at EXPERT_GEMM_S (0.912 s), nothing else per expert (docs/validation.md#conv-moe).

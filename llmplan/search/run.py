@@ -1033,31 +1033,71 @@ def runs_on(m: ModelSpec, cluster: ClusterSpec, w: Workload) -> Workload:
 def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance: MemoryAllowance | None,
                       order: tuple[str, ...], min_headroom: float,
                       checkpoint: CheckpointPolicy | None = None) -> TrainingEstimate | None:
-    """What an experienced team would try first: TP over the node's GPUs (the largest valid degree), the
-    fewest pipeline stages across nodes that fit (balanced split), DP over the rest with the distributed
-    optimizer, sequence parallelism, micro-batch 1, selective recompute (full only when nothing else fits);
-    None when none fits."""
+    """What an experienced team would try first (conventional_layouts orders the tp and pp tried): the fewest
+    pipeline stages across nodes that fit (balanced split), DP over the rest with the distributed optimizer,
+    sequence parallelism, micro-batch 1, selective recompute (full only when nothing else fits); None when none
+    fits. Dense: TP over the node's GPUs (the largest valid degree). MoE, as Megatron-Core's MoE guide
+    (Megatron-LM d98e8a64dd megatron/core/transformer/moe/README.md, "Best Practices": guidelines 1 (keep
+    TP / EP / PP small), 2 (EP and TP inside the NVLink domain) and 4 (EP over TP for the experts, ETP 1))
+    and the recipes built on it run: small TP, the experts over expert parallelism inside one NVLink
+    domain with expert TP 1 (conventional_moe_plan), the search's MoE dispatcher. The recipes
+    (Megatron-Bridge 067f987df0 src/megatron/bridge/perf_recipes): DeepSeek-V3 tp1 ep32-64 on GB300
+    (deepseek/gb300/deepseek_v3.py) and tp2 ep64 on H100 (deepseek/h100); Qwen3-30B-A3B tp1 ep8-16 and
+    Qwen3-235B-A22B tp1 ep32 on GB300 / tp2 ep32 on H100 (qwen/*/qwen3_moe.py); GPT-OSS-120B tp1 ep8 on H100
+    (gpt_oss/h100/gpt_oss.py); Mixtral-8x7B tp1 pp4 ep8 (NeMo-Framework-Launcher
+    examples/training/mixtral/h100/mixtral_8x7b_bf16.sh)."""
     from llmplan.cost.memory import training_memory
     from llmplan.specs.check import balanced_split, valid_tp
 
     n, node = cluster.num_gpus, cluster.gpus_per_node_used
     tps = [t for t in valid_tp(m, node) if n % t == 0]
-    if not tps:
-        return None
-    tp = max(tps)
     for recompute in ("selective", "full"):
-        for pp in (p for p in range(1, min(m.num_hidden_layers, n // tp) + 1) if (n // tp) % p == 0):
+        for tp, pp in conventional_layouts(m, n, tps):
             first, last = balanced_split(m.num_hidden_layers, pp)
             dp = n // (tp * pp)
-            plan = settle(w.plan(tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, sp=tp > 1,
-                                 zero=1 if dp > 1 else 0, recompute=recompute, micro_batch=1))
-            if check_plan(m, plan, cluster):
+            plan = w.plan(tp=tp, pp=pp, pp_first=first, pp_last=last, dp=dp, sp=tp > 1, zero=1 if dp > 1 else 0,
+                          recompute=recompute, micro_batch=1)
+            found = conventional_moe_plan(m, cluster, plan, order) if m.is_moe else settle(plan)
+            if found is None or check_plan(m, found, cluster):
                 continue
             gpu = cluster.system.gpu
-            mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms,
+            mem = training_memory(m, found, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms,
                                   gpu.compute_capability, gpu.sparse_gather_efficiency is not None)
             if float(mem.headroom) >= min_headroom:
-                return estimate_training(m, cluster, plan, allowance, order, checkpoint)
+                return estimate_training(m, cluster, found, allowance, order, checkpoint)
+    return None
+
+
+def conventional_layouts(m: ModelSpec, n: int, tps: list[int]) -> list[tuple[int, int]]:
+    """The (tp, pp) layouts conventional_plan tries, in order, for `n` GPUs and the valid TP degrees `tps`: every
+    pipeline depth dividing the GPUs left by TP (up to the layers), fewest first. Dense: at the largest TP only.
+    MoE: every TP, the least model parallelism tp x pp first and the smaller TP on a tie (Megatron-Core's MoE
+    guideline 1: keep model parallelism small; the recipes' TP 1-2 with EP carrying the experts)."""
+    def depths(tp: int) -> list[int]:
+        return [p for p in range(1, min(m.num_hidden_layers, n // tp) + 1) if (n // tp) % p == 0]
+
+    if not tps:
+        return []
+    if not m.is_moe:
+        return [(max(tps), p) for p in depths(max(tps))]
+    return sorted(((t, p) for t in tps for p in depths(t)), key=lambda tp_pp: (tp_pp[0] * tp_pp[1], tp_pp[0]))
+
+
+def conventional_moe_plan(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                          order: tuple[str, ...]) -> ParallelPlan | None:
+    """`plan` (an MoE model's TP / PP / DP layout) with the experts as the MoE recipes place them: expert TP 1
+    and the largest EP dividing the experts whose groups stay inside one NVLink domain (placement.place), the
+    fewest virtual stages Megatron-Core accepts (vpp 2+ where the EP overlap runs with a pipeline); None when no
+    such plan passes check_plan. Source: Megatron-LM d98e8a64dd megatron/core/transformer/moe/README.md
+    (guidelines 2 and 4; --expert-tensor-parallel-size 'recommended to set to 1 for fine-grained MoE')"""
+    from llmplan.specs.stages import divisors
+
+    for ep in sorted(divisors(m.num_experts), reverse=True):
+        for vpp in range(1, 5):
+            cand = settle(plan.model_copy(update={"ep": ep, "etp": 1, "vpp": vpp}))
+            if (plan.tp * plan.dp) % ep == 0 and place(cand.degrees, cluster, order)["ep"].domains == 1 \
+                    and not check_plan(m, cand, cluster):
+                return cand
     return None
 
 
