@@ -2502,7 +2502,7 @@ def grid_estimate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Gri
     plan = on_cluster(plan, one)  # the NVLink domain's EP ranks, as estimate_training reads them (#moe-memory-leftovers)
     runs = with_fallbacks(plan, operator_uses(m, plan, one.system.gpu))
     mem = training_memory(m, runs, gpu.hbm_bytes, None, gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability,
-                          gpu.sparse_gather_efficiency is not None)
+                          gpu.has_sparse_gather_rate)
     comm = comm_seconds(step_comm(m, runs, place(runs.degrees, one, DEFAULT_ORDER), one.system), one.system)
     st = step_time(m, runs, gpu, comm)
     return GridEstimate(mem, st, throughput(runs, gpu, st))

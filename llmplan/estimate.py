@@ -107,7 +107,7 @@ def _evaluate(m: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, allowance:
     gpu = cluster.system.gpu
     plan = on_cluster(plan, cluster)  # the NVLink domain the compute costs read (ParallelPlan.nvlink_domain_ranks)
     mem = training_memory(m, plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms,
-                          gpu.compute_capability, gpu.sparse_gather_efficiency is not None)
+                          gpu.compute_capability, gpu.has_sparse_gather_rate)
     comm = step_comm(m, plan, place(plan.degrees, cluster, order), cluster.system)
     return mem, comm, step_time(m, plan, gpu, comm_seconds(comm, cluster.system))
 
@@ -135,7 +135,7 @@ def stage_views(e: TrainingEstimate, allowance: MemoryAllowance | None = None) -
         dense, moe = stage_layers(m, runs, i)
         sc = stage_compute(m, tp_overlap_as_run(m, runs), gpu, dense, moe, i == plan.pp - 1)  # as step_time
         mem = stage_memory(m, runs, i, allowance, gpu.hbm_bytes, gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability,
-                           gpu.sparse_gather_efficiency is not None)
+                           gpu.has_sparse_gather_rate)
         out.append(StageView(i, e.stage_layers[i], mem, float(sc.forward), float(sc.total - sc.forward)))
     return out
 

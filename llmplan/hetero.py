@@ -199,7 +199,7 @@ def _stages(m: ModelSpec, pc: PoolCluster, hp: HeteroPlan, allowance: MemoryAllo
     allowance = allowance or MemoryAllowance()
     mems = [stage_memory(m, runs, i, allowance, pc.pools[g].system.gpu.hbm_bytes, pc.pools[g].system.gpu.fp8_tn_only,
                          pc.pools[g].system.gpu.nccl_sms, pc.pools[g].system.gpu.compute_capability,
-                         pc.pools[g].system.gpu.sparse_gather_efficiency is not None)
+                         pc.pools[g].system.gpu.has_sparse_gather_rate)
             for i, g in enumerate(sp)]
     worst = max(range(plan.pp), key=lambda i: (float(mems[i].total / mems[i].capacity), -i))
     # Sends between stages of two pools cross the inter-pool fabric: the slowest link paces every send.

@@ -1469,7 +1469,9 @@ def zero3_units(m: ModelSpec, plan: ParallelPlan, stage: Any = 0) -> tuple[Any, 
     and parameter group, the stage's layers (an MTP module counted as a layer, stage_weight_layers) plus the root
     unit (embedding, final norm, output layer) over the dense group, and one per MoE layer over the expert group:
     Megatron-FSDP groups a unit's buckets by (unit, expert or not) and coalesces each group into one all-gather /
-    reduce-scatter on its own data-parallel group; FSDP2 runs one per fully_shard module.
+    reduce-scatter on its own data-parallel group; FSDP2 runs one per fully_shard module. DeepSpeed's ZeRO-2/3
+    reduce in reduce_bucket_size buckets instead (stage_1_and_2.py average_tensor), not by unit: priced by unit
+    here too, a known difference (docs/formulas.md#comm.zero3_unit).
     Source: microsoft/DeepSpeed v0.3.13 runtime/zero/partition_parameters.py
     (_allgather_param and _reduce_scatter_gradient: one torch.distributed call per parameter); NVIDIA/Megatron-LM
     d98e8a64dd megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py

@@ -98,7 +98,7 @@ from llmplan.cost.quantize import (  # noqa: F401  (re-exported: their home was 
     nvfp4_quantize_bytes,
     quantize_bytes,
 )
-from llmplan.cost.sparse_gather import gather_layer_seconds, indexer_loss_layer_seconds, reference_indexer_seconds
+from llmplan.cost.sparse_gather import fused_csa_priced, gather_layer_seconds, indexer_loss_layer_seconds, reference_indexer_seconds
 from llmplan.cost.stages import recomputed_share
 from llmplan.specs.hardware import GpuSpec
 from llmplan.specs.model import ModelSpec
@@ -347,11 +347,12 @@ def attention_seconds(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec, attention_
     core = attention_score_flops(m, plan, attention_keys(m, plan.seq_len))  # the counted (query, key) pairs
     scores = attention_flops - core  # the indexers' scores (forward FLOPs)
     unfused = core / peak_attn + reference_indexer_seconds(m, plan, gpu, scores)
-    if not m.compressed_layers or gpu.sparse_gather_efficiency is None:
+    if not m.compressed_layers or not gpu.has_sparse_gather_rate:  # the gather rates below need both
         return unfused
     fwd, bwd = gather_layer_seconds(m, plan, gpu)
     target, indexer_bwd = indexer_loss_layer_seconds(m, plan, gpu)
-    return where(plan.flash_attention, (fwd + bwd + target + indexer_bwd + scores / peak_attn) / 3, unfused)
+    return where(fused_csa_priced(m, plan, gpu), (fwd + bwd + target + indexer_bwd + scores / peak_attn) / 3,
+                 unfused)
 
 
 def grad_accumulation_bytes(plan: ParallelPlan) -> float:

@@ -66,10 +66,10 @@ def fused_csa_priced(m: ModelSpec, plan: ParallelPlan, gpu: GpuSpec) -> Any:
     the indexer with the sparse KL loss. Source: NVIDIA/Megatron-LM transformer_config.py (apply_dsa_kernel_fusion
     -> dsa_kernel_backend) and csa.py (_forward_fused_indexer_training) at 1e23526adc. A Python bool
     for one plan (the export's question, which Hydra writes as true/false), a bool array for plans whose
-    flash_attention is an array (check_plan's rule indexer_reference_rate asks it of either);
-    cost.compute.attention_seconds prices the same condition.
+    flash_attention is an array (check_plan's rule indexer_reference_rate and cost.compute.attention_seconds
+    ask it of either).
     Derived: docs/formulas.md#compute.indexer_loss"""
-    return fused_csa(m, plan, gpu.sparse_gather_efficiency is not None)
+    return fused_csa(m, plan, gpu.has_sparse_gather_rate)
 
 
 def fused_csa(m: ModelSpec, plan: ParallelPlan, gather_rate: bool) -> Any:

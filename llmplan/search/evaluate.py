@@ -43,7 +43,7 @@ def evaluate_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays,
     """training_memory of the plan arrays on the cluster's GPU (`known`: training_memory's)."""
     gpu = cluster.system.gpu
     return training_memory(m, plans.as_plan, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms,
-                           gpu.compute_capability, gpu.sparse_gather_efficiency is not None, known)
+                           gpu.compute_capability, gpu.has_sparse_gather_rate, known)
 
 
 SCREEN_STAGE = 2
@@ -76,7 +76,7 @@ def screened_memory(m: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, allow
     gpu = cluster.system.gpu
     stage = candidate_stages(m, plans.as_plan)[SCREEN_STAGE]
     screen = stage_memory(m, plans.as_plan, stage, allowance or MemoryAllowance(), gpu.hbm_bytes, gpu.fp8_tn_only,
-                          gpu.nccl_sms, gpu.compute_capability, gpu.sparse_gather_efficiency is not None)
+                          gpu.nccl_sms, gpu.compute_capability, gpu.has_sparse_gather_rate)
     bound = np.asarray(screen.total, dtype=np.float64)
     maybe = np.flatnonzero(bound + headroom <= gpu.hbm_bytes)
     fits = np.zeros(len(plans), dtype=bool)

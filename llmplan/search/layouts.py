@@ -148,7 +148,7 @@ def price(m: ModelSpec, cluster: ClusterSpec, plans: list[ParallelPlan], allowan
             continue
         mem = training_memory(m, with_fallbacks(p, operator_uses(m, p, gpu)), gpu.hbm_bytes, allowance,
                               gpu.fp8_tn_only, gpu.nccl_sms, gpu.compute_capability,
-                              gpu.sparse_gather_efficiency is not None)
+                              gpu.has_sparse_gather_rate)
         if float(mem.total) + min_headroom > float(mem.capacity):
             continue
         e = estimate_training(m, cluster, p, allowance, order, checkpoint)

@@ -1062,7 +1062,7 @@ def conventional_plan(m: ModelSpec, cluster: ClusterSpec, w: Workload, allowance
                 continue
             gpu = cluster.system.gpu
             mem = training_memory(m, found, gpu.hbm_bytes, allowance, gpu.fp8_tn_only, gpu.nccl_sms,
-                                  gpu.compute_capability, gpu.sparse_gather_efficiency is not None)
+                                  gpu.compute_capability, gpu.has_sparse_gather_rate)
             if float(mem.headroom) >= min_headroom:
                 return estimate_training(m, cluster, found, allowance, order, checkpoint)
     return None

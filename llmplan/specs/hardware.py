@@ -307,6 +307,12 @@ class GpuSpec(Spec):
         return (self.hbm_gib - self.hbm_reserve_gib) * GIB
 
     @property
+    def has_sparse_gather_rate(self) -> bool:
+        """The GPU lists a sparse gather rate (sparse_gather_efficiency): DeepSeek-V4's fused CSA path is priced on
+        it (cost.sparse_gather.fused_csa); the memory functions take it as `gather_rate`."""
+        return self.sparse_gather_efficiency is not None
+
+    @property
     def hbm_bytes_per_s(self) -> float:
         return self.hbm_gb_per_s * GB
 
